@@ -1,0 +1,127 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Phase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PHASE_UNSPECIFIED: _ClassVar[Phase]
+    JOINING: _ClassVar[Phase]
+    FROZEN: _ClassVar[Phase]
+    CLOSED: _ClassVar[Phase]
+
+class Outcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OUTCOME_UNSPECIFIED: _ClassVar[Outcome]
+    SUCCEEDED: _ClassVar[Outcome]
+    FAILED: _ClassVar[Outcome]
+    ABORTED: _ClassVar[Outcome]
+PHASE_UNSPECIFIED: Phase
+JOINING: Phase
+FROZEN: Phase
+CLOSED: Phase
+OUTCOME_UNSPECIFIED: Outcome
+SUCCEEDED: Outcome
+FAILED: Outcome
+ABORTED: Outcome
+
+class AgentInfo(_message.Message):
+    __slots__ = ("schema_version", "node_id", "host", "addr", "pid", "local_world_size", "version", "started_unix_ms")
+    SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    ADDR_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    STARTED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    schema_version: int
+    node_id: str
+    host: str
+    addr: str
+    pid: int
+    local_world_size: int
+    version: str
+    started_unix_ms: int
+    def __init__(self, schema_version: _Optional[int] = ..., node_id: _Optional[str] = ..., host: _Optional[str] = ..., addr: _Optional[str] = ..., pid: _Optional[int] = ..., local_world_size: _Optional[int] = ..., version: _Optional[str] = ..., started_unix_ms: _Optional[int] = ...) -> None: ...
+
+class JoinRecord(_message.Message):
+    __slots__ = ("schema_version", "node_id", "addr", "local_world_size", "master_port", "agent_create_revision")
+    SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDR_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MASTER_PORT_FIELD_NUMBER: _ClassVar[int]
+    AGENT_CREATE_REVISION_FIELD_NUMBER: _ClassVar[int]
+    schema_version: int
+    node_id: str
+    addr: str
+    local_world_size: int
+    master_port: int
+    agent_create_revision: int
+    def __init__(self, schema_version: _Optional[int] = ..., node_id: _Optional[str] = ..., addr: _Optional[str] = ..., local_world_size: _Optional[int] = ..., master_port: _Optional[int] = ..., agent_create_revision: _Optional[int] = ...) -> None: ...
+
+class Participant(_message.Message):
+    __slots__ = ("node_id", "node_rank", "local_world_size", "addr", "first_global_rank")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_RANK_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    ADDR_FIELD_NUMBER: _ClassVar[int]
+    FIRST_GLOBAL_RANK_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    node_rank: int
+    local_world_size: int
+    addr: str
+    first_global_rank: int
+    def __init__(self, node_id: _Optional[str] = ..., node_rank: _Optional[int] = ..., local_world_size: _Optional[int] = ..., addr: _Optional[str] = ..., first_global_rank: _Optional[int] = ...) -> None: ...
+
+class Failure(_message.Message):
+    __slots__ = ("node_id", "host", "global_rank", "exit_code", "signal_name", "message", "timestamp_ms")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_RANK_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    SIGNAL_NAME_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    host: str
+    global_rank: int
+    exit_code: int
+    signal_name: str
+    message: str
+    timestamp_ms: int
+    def __init__(self, node_id: _Optional[str] = ..., host: _Optional[str] = ..., global_rank: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal_name: _Optional[str] = ..., message: _Optional[str] = ..., timestamp_ms: _Optional[int] = ...) -> None: ...
+
+class RoundState(_message.Message):
+    __slots__ = ("schema_version", "number", "phase", "participants", "master_addr", "master_port", "restart_count", "last_call_deadline_unix_ms", "reason", "decided_by", "outcome", "failure", "world_size")
+    SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    NUMBER_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    PARTICIPANTS_FIELD_NUMBER: _ClassVar[int]
+    MASTER_ADDR_FIELD_NUMBER: _ClassVar[int]
+    MASTER_PORT_FIELD_NUMBER: _ClassVar[int]
+    RESTART_COUNT_FIELD_NUMBER: _ClassVar[int]
+    LAST_CALL_DEADLINE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    DECIDED_BY_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    schema_version: int
+    number: int
+    phase: Phase
+    participants: _containers.RepeatedCompositeFieldContainer[Participant]
+    master_addr: str
+    master_port: int
+    restart_count: int
+    last_call_deadline_unix_ms: int
+    reason: str
+    decided_by: str
+    outcome: Outcome
+    failure: Failure
+    world_size: int
+    def __init__(self, schema_version: _Optional[int] = ..., number: _Optional[int] = ..., phase: _Optional[_Union[Phase, str]] = ..., participants: _Optional[_Iterable[_Union[Participant, _Mapping]]] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., restart_count: _Optional[int] = ..., last_call_deadline_unix_ms: _Optional[int] = ..., reason: _Optional[str] = ..., decided_by: _Optional[str] = ..., outcome: _Optional[_Union[Outcome, str]] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ..., world_size: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,120 @@
+"""The rendezvous contract the agent (and a torchrun plugin) programs against.
+
+Why an ABC and dataclasses rather than torch's classes: the agent never imports torch, yet the
+names and meanings match torch.distributed.elastic.rendezvous so a user maps them one to one.
+"""
+
+from __future__ import annotations
+
+import abc
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Participant:
+    """One node of a frozen round."""
+
+    node_id: str
+    node_rank: int
+    local_world_size: int
+    addr: str
+    first_global_rank: int
+
+
+@dataclass(frozen=True)
+class RendezvousInfo:
+    """What one node learns from a completed round.
+
+    ``first_global_rank`` is this node's first worker rank: its workers get
+    ``first_global_rank + local_rank``. ``restart_count`` is job-wide (the same on every node).
+    """
+
+    run_id: str
+    round: int
+    node_id: str
+    node_rank: int
+    node_count: int
+    first_global_rank: int
+    world_size: int
+    master_addr: str
+    master_port: int
+    restart_count: int
+    participants: tuple[Participant, ...] = ()
+
+
+@dataclass
+class RendezvousParameters:
+    """Everything needed to build a handler; ``config`` holds backend-specific keys."""
+
+    backend: str
+    endpoint: str
+    run_id: str
+    min_nodes: int = 1
+    max_nodes: int = 1
+    local_addr: str | None = None
+    node_rank: int = 0
+    local_world_size: int = 1
+    config: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.backend:
+            raise ValueError("The rendezvous backend name must be a non-empty string.")
+        if self.min_nodes < 1:
+            raise ValueError(f"min_nodes ({self.min_nodes}) must be a positive integer.")
+        if self.max_nodes < self.min_nodes:
+            raise ValueError(
+                f"max_nodes ({self.max_nodes}) must be >= min_nodes ({self.min_nodes})."
+            )
+        if self.local_world_size < 1:
+            raise ValueError(
+                f"local_world_size ({self.local_world_size}) must be a positive integer."
+            )
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.config.get(key, default)
+
+
+class RendezvousHandler(abc.ABC):
+    """A backend's view of the job's membership, as the agent uses it.
+
+    Lifecycle: ``next_rendezvous()`` (repeatedly: once per round) → ``shutdown()``. The handler
+    pushes membership changes through ``membership_changed``: the agent waits on that event
+    (together with its workers) instead of asking etcd in a loop.
+    """
+
+    @abc.abstractmethod
+    def get_backend(self) -> str: ...
+
+    @abc.abstractmethod
+    def next_rendezvous(self) -> RendezvousInfo:
+        """Join the next round and block until it is frozen with this node in it."""
+
+    @abc.abstractmethod
+    def is_closed(self) -> bool: ...
+
+    @abc.abstractmethod
+    def set_closed(self) -> None:
+        """Mark the run finished so that late joiners fail at once."""
+
+    @abc.abstractmethod
+    def num_nodes_waiting(self) -> int:
+        """Live nodes that are not in the current round (newcomers and hot spares)."""
+
+    @property
+    @abc.abstractmethod
+    def membership_changed(self) -> threading.Event:
+        """Set when the round this node runs in is superseded (or its session is lost)."""
+
+    @abc.abstractmethod
+    def shutdown(self) -> bool:
+        """Leave gracefully (peers see it at once); True when it left cleanly."""
+
+    def get_run_id(self) -> str:
+        return ""
+
+    @property
+    def use_agent_store(self) -> bool:
+        """TORCHELASTIC_USE_AGENT_STORE: our workers build their own store from MASTER_*."""
+        return False
