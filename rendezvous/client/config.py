@@ -1,0 +1,100 @@
+"""How to reach etcd: endpoints, TLS, credentials, timeouts.
+
+Why short per-request deadlines: a request in flight to a follower when the leader dies is never
+answered (measured: it waits for the client's deadline, every time). A short deadline plus retry
+on the next endpoint turns a dead leader into a ~deadline + election pause instead of a hang.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+
+DEFAULT_PORT = 2379
+_HOST_PORT = re.compile(
+    r"^(?:\[(?P<ip6>[0-9a-fA-F:.]+)\]|(?P<host>[A-Za-z0-9_.\-]+))(?::(?P<port>\d+))?$"
+)
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    host: str
+    port: int
+    secure: bool | None  # True for https://, False for http://, None when no scheme was given
+
+    @property
+    def target(self) -> str:
+        """The grpc target string."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+    def __str__(self) -> str:
+        scheme = {True: "https://", False: "http://", None: ""}[self.secure]
+        return f"{scheme}{self.target}"
+
+
+def parse_endpoint(text: str) -> Endpoint:
+    """Parse ``host[:port]`` with an optional ``http://`` or ``https://`` scheme."""
+    raw = text.strip()
+    secure: bool | None = None
+    for scheme, flag in (("https://", True), ("http://", False)):
+        if raw.lower().startswith(scheme):
+            raw, secure = raw[len(scheme):], flag
+            break
+    raw = raw.rstrip("/")
+    m = _HOST_PORT.match(raw)
+    if not m:
+        raise ValueError(f"malformed etcd endpoint {text!r}: expected host[:port]")
+    port = int(m.group("port") or DEFAULT_PORT)
+    if not 0 < port < 65536:
+        raise ValueError(f"malformed etcd endpoint {text!r}: port {port} out of range")
+    return Endpoint(m.group("ip6") or m.group("host"), port, secure)
+
+
+def parse_endpoints(spec: str | list[str] | tuple[str, ...]) -> tuple[Endpoint, ...]:
+    """Parse a comma list (or a sequence) of endpoints; at least one is required."""
+    items = spec.split(",") if isinstance(spec, str) else list(spec)
+    eps = tuple(parse_endpoint(s) for s in items if s.strip())
+    if not eps:
+        raise ValueError("no etcd endpoint given")
+    return eps
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    """Everything the client needs; ``password`` is never printed (repr hides it)."""
+
+    endpoints: tuple[Endpoint, ...]
+    ca_cert: str | None = None
+    cert: str | None = None
+    key: str | None = None
+    user: str | None = None
+    password: str | None = field(default=None, repr=False)
+    request_timeout: float = 2.0   # one attempt on one endpoint
+    retry_timeout: float = 30.0    # all attempts of one call, across endpoints
+    connect_timeout: float = 2.0   # a stream's (re)connection attempt
+
+    def __post_init__(self) -> None:
+        if (self.cert is None) != (self.key is None):
+            raise ValueError("a client certificate needs both cert and key")
+        if (self.user is None) != (self.password is None):
+            raise ValueError("etcd auth needs both user and password")
+        for name in ("ca_cert", "cert", "key"):
+            path = getattr(self, name)
+            if path is not None and not os.path.isfile(path):
+                raise ValueError(f"etcd TLS {name} file not found: {path}")
+        if self.request_timeout <= 0 or self.retry_timeout <= 0:
+            raise ValueError("etcd timeouts must be positive")
+
+    @property
+    def tls(self) -> bool:
+        return self.ca_cert is not None or self.cert is not None
+
+    def secure(self, ep: Endpoint) -> bool:
+        """An explicit scheme wins; without one, TLS is used when TLS files were given."""
+        return self.tls if ep.secure is None else ep.secure
+
+    @classmethod
+    def create(cls, endpoints: str | list[str] | tuple[str, ...], **kw) -> ClientConfig:
+        return cls(endpoints=parse_endpoints(endpoints), **kw)

@@ -1,0 +1,109 @@
+"""Typed errors for the etcd client: one root, a few leaves, never a raw grpc exception.
+
+Why: callers decide by kind (retry? re-login? give up with a clear line?) and the messages name
+the endpoint and etcd's own reason, which is what a user needs to fix a misconfiguration.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+
+class EtcdError(Exception):
+    """Root of every etcd client error."""
+
+    def __init__(self, message: str, *, endpoint: str | None = None, code: str | None = None):
+        self.endpoint = endpoint
+        self.code = code
+        super().__init__(f"{message} [{endpoint}]" if endpoint else message)
+
+
+class EtcdConnectionError(EtcdError):
+    """No endpoint answered within the retry budget (down, unreachable, no leader, TLS refused)."""
+
+
+class EtcdAuthError(EtcdError):
+    """Authentication failed: wrong user or password, or auth misconfigured."""
+
+
+class EtcdTokenExpiredError(EtcdAuthError):
+    """Our auth token expired or went stale: the client logs in again by itself."""
+
+
+class EtcdPermissionError(EtcdError):
+    """The user is authenticated but its roles do not cover the key."""
+
+
+class EtcdCompactedError(EtcdError):
+    """The requested revision was compacted away; ``compact_revision`` is the oldest one left."""
+
+    def __init__(self, message: str, *, compact_revision: int = 0, **kw):
+        self.compact_revision = compact_revision
+        super().__init__(message, **kw)
+
+
+class EtcdLeaseNotFoundError(EtcdError):
+    """The lease expired or was revoked on the server."""
+
+
+class EtcdRequestError(EtcdError):
+    """etcd rejected the request itself (invalid argument, too large, ...)."""
+
+
+class EtcdClosedError(EtcdError):
+    """The client was closed."""
+
+
+# etcd's error strings (server/etcdserver/api/v3rpc/rpctypes) that decide the error's kind.
+_INVALID_TOKEN = ("invalid auth token", "revision of auth store is old", "auth token is expired")
+_TRANSIENT_CODES = {
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+}
+
+
+def is_token_expired(exc: BaseException) -> bool:
+    """True when etcd refused the request only because our auth token is stale."""
+    details = _details(exc)
+    return any(s in details for s in _INVALID_TOKEN)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True when another attempt (maybe on another endpoint) may succeed."""
+    if isinstance(exc, grpc.RpcError):
+        return exc.code() in _TRANSIENT_CODES and not is_token_expired(exc)
+    return isinstance(exc, EtcdConnectionError)
+
+
+def _details(exc: BaseException) -> str:
+    if isinstance(exc, grpc.RpcError):
+        return (exc.details() or "") if hasattr(exc, "details") else str(exc)
+    return str(exc)
+
+
+def from_rpc_error(exc: grpc.RpcError, endpoint: str | None = None) -> EtcdError:
+    """Translate a grpc error into the client's typed errors."""
+    code = exc.code() if hasattr(exc, "code") else None
+    details = _details(exc)
+    name = code.name if code is not None else None
+    text = f"etcd: {details or name}"
+    kw = {"endpoint": endpoint, "code": name}
+    if "permission denied" in details or code == grpc.StatusCode.PERMISSION_DENIED:
+        return EtcdPermissionError(text, **kw)
+    if "compacted" in details:
+        return EtcdCompactedError(text, **kw)
+    if "lease not found" in details:
+        return EtcdLeaseNotFoundError(text, **kw)
+    if is_token_expired(exc):
+        return EtcdTokenExpiredError(text, **kw)
+    if (
+        code == grpc.StatusCode.UNAUTHENTICATED
+        or "authentication failed" in details
+        or "user name" in details
+        or "authentication is not enabled" in details
+    ):
+        return EtcdAuthError(text, **kw)
+    if code in _TRANSIENT_CODES or code == grpc.StatusCode.CANCELLED:
+        return EtcdConnectionError(text, **kw)
+    return EtcdRequestError(text, **kw)

@@ -1,0 +1,209 @@
+"""Leases and the one thread per client that keeps them alive.
+
+Why the client knows when a lease is lost before etcd does: fencing. A lease lives on the server
+at least until ``sent + TTL``, where ``sent`` is when we sent the keep-alive etcd acknowledged
+(etcd refreshes on receipt, which is later). So when no keep-alive has been acknowledged for
+``TTL - margin``, we declare the lease lost *before* it can expire: the owner stops its workers
+while its keys still exist, and no two live agents ever hold the same place.
+
+Why one short stream per keep-alive tick rather than one long-lived stream: a tick is a complete
+request/answer with its own deadline and endpoint, so failover, deadlines and re-login work
+exactly as for unary calls, and a half-dead stream can never silently stall the keep-alives.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+import grpc
+
+from etcdrun.proto import etcd_api_pb2 as pb
+from etcdrun.rendezvous.client.transport import Transport
+
+log = logging.getLogger(__name__)
+
+
+def fence_margin(ttl: float) -> float:
+    """How long before the earliest possible expiry we give up on a lease: enough to stop
+    workers, but small enough that a short etcd blip (leader change) is ridden out."""
+    return min(max(0.2 * ttl, 0.5), ttl / 2)
+
+
+class Lease:
+    """A granted lease. ``lost`` is set once it expired, was revoked, or must be presumed gone.
+
+    Connection loss: keep-alives are retried across endpoints until ``TTL - margin`` after the
+    last acknowledged one; then ``lost`` is set and the callbacks run (on the keeper thread; keep
+    them short). A lost lease never comes back: the owner grants a new one.
+    """
+
+    def __init__(self, keeper: LeaseKeeper | None, lease_id: int, ttl: int, sent_at: float):
+        self.id = lease_id
+        self.ttl = ttl
+        self.lost = threading.Event()
+        self.lost_reason = ""
+        self._keeper = keeper
+        self._callbacks: list[Callable[[Lease], None]] = []
+        self._acked_sent_at = sent_at
+        self._next_at = sent_at + ttl / 3.0
+        self._revoked = False
+        self.keepalives = 0
+
+    @property
+    def expires_no_earlier_than(self) -> float:
+        """Monotonic time before which etcd cannot have expired the lease."""
+        return self._acked_sent_at + self.ttl
+
+    @property
+    def presumed_lost_at(self) -> float:
+        return self.expires_no_earlier_than - fence_margin(self.ttl)
+
+    def on_lost(self, callback: Callable[[Lease], None]) -> None:
+        """Run ``callback(lease)`` once when the lease is lost (at once if it already is)."""
+        self._callbacks.append(callback)
+        if self.lost.is_set():
+            callback(self)
+
+    def _mark_lost(self, reason: str) -> None:
+        if self.lost.is_set():
+            return
+        self.lost_reason = reason
+        self.lost.set()
+        if not self._revoked:
+            log.warning("etcd lease %x lost: %s", self.id, reason)
+        for cb in list(self._callbacks):
+            try:
+                cb(self)
+            except Exception:  # a callback must not kill the keeper thread
+                log.exception("lease-lost callback failed")
+
+    def revoke(self, timeout: float = 2.0) -> bool:
+        """Revoke on the server (its keys vanish at once) and stop keeping it alive. Idempotent;
+        True when etcd confirmed (or the lease was already gone)."""
+        if self._keeper is not None:
+            self._keeper.forget(self)
+        was_lost = self.lost.is_set()
+        self._revoked = True
+        self._mark_lost("revoked")
+        if was_lost and self.lost_reason != "revoked":
+            return True
+        return self._keeper.revoke(self.id, timeout) if self._keeper else True
+
+    def __repr__(self) -> str:
+        return f"Lease(id={self.id:x}, ttl={self.ttl}, lost={self.lost.is_set()})"
+
+
+class LeaseKeeper:
+    """Keeps every lease of one client alive from a single daemon thread (started lazily)."""
+
+    def __init__(self, transport: Transport) -> None:
+        self._t = transport
+        self._leases: dict[int, Lease] = {}
+        self._cv = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+
+    def grant(self, ttl: int, keepalive: bool = True) -> Lease:
+        sent = time.monotonic()
+        resp = self._t.call("LeaseGrant", pb.LeaseGrantRequest(TTL=int(ttl)))
+        lease = Lease(self if keepalive else None, resp.ID, int(resp.TTL), sent)
+        if keepalive:
+            with self._cv:
+                self._leases[lease.id] = lease
+                if self._thread is None or not self._thread.is_alive():
+                    self._stopping = False
+                    self._thread = threading.Thread(
+                        target=self._run, name="etcd-lease-keepalive", daemon=True)
+                    self._thread.start()
+                self._cv.notify_all()
+        return lease
+
+    def forget(self, lease: Lease) -> None:
+        with self._cv:
+            self._leases.pop(lease.id, None)
+            self._cv.notify_all()
+
+    def revoke(self, lease_id: int, timeout: float) -> bool:
+        from etcdrun.rendezvous.client.errors import EtcdError, EtcdLeaseNotFoundError
+
+        try:
+            self._t.call("LeaseRevoke", pb.LeaseRevokeRequest(ID=lease_id), timeout=timeout)
+            return True
+        except EtcdLeaseNotFoundError:
+            return True
+        except EtcdError as e:
+            log.warning("etcd lease %x: revoke failed: %s", lease_id, e)
+            return False
+
+    def leases(self) -> list[Lease]:
+        with self._cv:
+            return list(self._leases.values())
+
+    # ---- the keeper thread ------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._stopping and not self._leases:
+                    self._cv.wait()
+                if self._stopping:
+                    return
+                now = time.monotonic()
+                due = [ls for ls in self._leases.values() if ls._next_at <= now]
+                if not due:
+                    wake = min(ls._next_at for ls in self._leases.values())
+                    self._cv.wait(timeout=max(0.0, wake - now))
+                    continue
+            self._tick(due)
+
+    def _tick(self, due: list[Lease]) -> None:
+        idx = self._t.preferred()
+        sent = time.monotonic()
+        timeout = min(self._t.config.request_timeout,
+                      max(0.1, min(ls.ttl for ls in due) / 3.0))
+        acked: dict[int, int] = {}
+        try:
+            call = self._t.stream(
+                "LeaseKeepAlive", iter([pb.LeaseKeepAliveRequest(ID=ls.id) for ls in due]),
+                idx, timeout=timeout)
+            for resp in call:
+                acked[resp.ID] = resp.TTL
+                if len(acked) == len(due):
+                    call.cancel()
+                    break
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.CANCELLED or len(acked) < len(due):
+                self._t.on_stream_error(e, idx)
+                log.debug("lease keep-alive on %s failed: %s", self._t.endpoint(idx), e.code())
+        except Exception as e:  # closed channel, fork, ...
+            log.debug("lease keep-alive failed: %r", e)
+        now = time.monotonic()
+        for ls in due:
+            ttl = acked.get(ls.id)
+            if ttl is not None and ttl <= 0:
+                self.forget(ls)
+                ls._mark_lost("expired on the server")
+            elif ttl is not None:
+                ls._acked_sent_at = sent
+                ls.keepalives += 1
+                ls._next_at = sent + ls.ttl / 3.0
+            elif now >= ls.presumed_lost_at:
+                self.forget(ls)
+                ls._mark_lost(f"no keep-alive acknowledged for {now - (ls._acked_sent_at):.1f}s")
+            else:
+                # Retry soon on the next endpoint, but never past the point of presumed loss.
+                ls._next_at = min(now + 0.1, ls.presumed_lost_at)
+
+    def close(self, revoke: bool = True) -> None:
+        """Stop the thread; revoke what is still kept alive (bounded), so close leaves no lease."""
+        with self._cv:
+            leases = list(self._leases.values())
+            self._stopping = True
+            self._cv.notify_all()
+        if revoke:
+            for ls in leases:
+                ls.revoke(timeout=1.0)
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)

@@ -1,0 +1,240 @@
+"""Channels to etcd's endpoints, failover, retry, auth tokens, and fork safety.
+
+Why one place: every unary call and every stream (watch, keep-alive) needs the same three things —
+a live channel to some endpoint, the current auth token, and a rule for what to do on failure.
+
+- Failover: calls go to the preferred endpoint; a transient failure (UNAVAILABLE, our short
+  DEADLINE_EXCEEDED) moves the preference to the next endpoint and retries (tenacity), within
+  ``retry_timeout``.
+- Auth: when the token expires (``etcdserver: invalid auth token``), log in again once and retry.
+- Fork: a grpc channel created before ``fork()`` is broken in the child (measured). Channels are
+  created lazily and dropped — never reused — when the process id changes.
+- Idempotence: a Put or Txn whose answer was lost may have been applied; a retried Txn then fails
+  its compare, and callers re-read (the rendezvous fences every write on mod_revision).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import tenacity
+
+from etcdrun.proto import etcd_api_pb2 as pb
+from etcdrun.proto.etcd_stubs import bind
+from etcdrun.rendezvous.client import policies
+from etcdrun.rendezvous.client.config import ClientConfig, Endpoint
+from etcdrun.rendezvous.client.errors import (
+    EtcdClosedError,
+    EtcdConnectionError,
+    EtcdError,
+    EtcdTokenExpiredError,
+    from_rpc_error,
+    is_token_expired,
+    is_transient,
+)
+
+log = logging.getLogger(__name__)
+
+# Reconnect fast after an etcd restart (grpc's default backoff grows to 120 s); keep-alive pings
+# no more often than etcd's --grpc-keepalive-min-time (5 s) allows, and only with open streams.
+CHANNEL_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 0),
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.enable_retries", 0),
+]
+
+
+def _read(path: str | None) -> bytes | None:
+    if path is None:
+        return None
+    with open(path, "rb") as f:
+        return f.read()
+
+
+class Transport:
+    """Owns the channels and the auth token; everything else calls through it."""
+
+    def __init__(self, config: ClientConfig) -> None:
+        self.config = config
+        self._lock = threading.Lock()
+        self._channels: dict[int, grpc.Channel] = {}
+        self._pid = os.getpid()
+        self._preferred = 0
+        self._token: str | None = None
+        self._closed = False
+        self._credentials = None
+        if config.tls or any(ep.secure for ep in config.endpoints):
+            self._credentials = grpc.ssl_channel_credentials(
+                root_certificates=_read(config.ca_cert),
+                private_key=_read(config.key),
+                certificate_chain=_read(config.cert),
+            )
+
+    # ---- channels -------------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _check_fork(self) -> None:
+        if os.getpid() != self._pid:
+            # The parent's channels are unusable here, and closing them could disturb the parent.
+            self._channels = {}
+            self._pid = os.getpid()
+            self._lock = threading.Lock()
+
+    def channel(self, index: int) -> grpc.Channel:
+        self._check_fork()
+        with self._lock:
+            if self._closed:
+                raise EtcdClosedError("etcd client is closed")
+            ch = self._channels.get(index)
+            if ch is None:
+                ep = self.config.endpoints[index]
+                if self.config.secure(ep):
+                    if self._credentials is None:
+                        self._credentials = grpc.ssl_channel_credentials()
+                    ch = grpc.secure_channel(ep.target, self._credentials, CHANNEL_OPTIONS)
+                else:
+                    ch = grpc.insecure_channel(ep.target, CHANNEL_OPTIONS)
+                self._channels[index] = ch
+            return ch
+
+    def preferred(self) -> int:
+        return self._preferred
+
+    def fail_over(self, index: int) -> None:
+        """Move the preference past ``index`` (unless someone already did)."""
+        with self._lock:
+            if self._preferred == index:
+                self._preferred = (index + 1) % len(self.config.endpoints)
+
+    def endpoint(self, index: int) -> Endpoint:
+        return self.config.endpoints[index]
+
+    # ---- auth ------------------------------------------------------------------------------
+    def metadata(self, streaming: bool = False) -> list[tuple[str, str]]:
+        md = []
+        if self.config.user is not None:
+            md.append(("token", self._token or self.login()))
+        if streaming:
+            # A member cut off from the leader cancels the stream instead of going silent.
+            md.append(("hasleader", "true"))
+        return md
+
+    def login(self, stale: str | None = None) -> str:
+        """Authenticate and return the token (a no-op when another thread already refreshed
+        ``stale``)."""
+        with self._lock:
+            if self._token is not None and self._token != stale:
+                return self._token
+        req = pb.AuthenticateRequest(name=self.config.user, password=self.config.password)
+        resp = self._retrying(lambda idx: bind(self.channel(idx), "Authenticate")(
+            req, timeout=self.config.request_timeout))
+        with self._lock:
+            self._token = resp.token
+        log.debug("etcd: logged in as %s", self.config.user)
+        return resp.token
+
+    # ---- calls -----------------------------------------------------------------------------
+    def _retrying(self, attempt, timeout: float | None = None) -> Any:
+        """Run ``attempt(endpoint_index)`` with failover and backoff; raise typed errors."""
+        n = len(self.config.endpoints)
+        retryer = tenacity.Retrying(
+            retry=policies.retry_if_transient,
+            wait=policies.failover_wait(n),
+            stop=policies.stop_after(timeout or self.config.retry_timeout, lambda: self._closed),
+            reraise=True,
+        )
+        last_index = [self._preferred]
+
+        def one() -> Any:
+            idx = self._preferred
+            last_index[0] = idx
+            try:
+                return attempt(idx)
+            except grpc.RpcError as e:
+                if is_transient(e):
+                    self.fail_over(idx)
+                raise
+
+        try:
+            return retryer(one)
+        except grpc.RpcError as e:
+            err = from_rpc_error(e, str(self.endpoint(last_index[0])))
+            if is_transient(e):
+                raise EtcdConnectionError(
+                    f"etcd unreachable at {self.endpoints_text()} "
+                    f"(last error: {e.details() or e.code().name})",
+                    code=e.code().name,
+                ) from None
+            raise err from None
+        except ValueError as e:  # grpc raises it for calls on a closed channel
+            if self._closed:
+                raise EtcdClosedError("etcd client is closed") from None
+            raise EtcdError(f"etcd: {e}") from None
+
+    def call(self, name: str, request: Any, *, timeout: float | None = None) -> Any:
+        """One unary RPC by name, with failover, retry and re-login."""
+        if self._closed:
+            raise EtcdClosedError("etcd client is closed")
+        per_request = self.config.request_timeout
+
+        def attempt(idx: int) -> Any:
+            return bind(self.channel(idx), name)(
+                request, timeout=per_request, metadata=self.metadata() or None)
+
+        try:
+            return self._retrying(attempt, timeout)
+        except EtcdTokenExpiredError:
+            if self.config.user is None:
+                raise
+            self.login(self._token)
+            return self._retrying(attempt, timeout)
+
+    def call_on(self, index: int, name: str, request: Any, timeout: float | None = None) -> Any:
+        """One unary RPC on one endpoint, no failover (Status of a given member)."""
+        try:
+            return bind(self.channel(index), name)(
+                request, timeout=timeout or self.config.request_timeout,
+                metadata=self.metadata() or None)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e, str(self.endpoint(index))) from None
+
+    def stream(self, name: str, requests: Iterator, index: int, timeout: float | None = None):
+        """Open a bidirectional stream on endpoint ``index`` (the caller handles failover)."""
+        return bind(self.channel(index), name)(
+            requests, timeout=timeout, metadata=self.metadata(streaming=True))
+
+    def on_stream_error(self, exc: BaseException, index: int) -> EtcdError:
+        """Book-keeping for a failed stream: fail over or re-login; return the typed error."""
+        if isinstance(exc, grpc.RpcError):
+            if is_token_expired(exc) and self.config.user is not None:
+                try:
+                    self.login(self._token)
+                except EtcdError as e:
+                    return e
+            elif is_transient(exc) or exc.code() == grpc.StatusCode.CANCELLED:
+                self.fail_over(index)
+            return from_rpc_error(exc, str(self.endpoint(index)))
+        return exc if isinstance(exc, EtcdError) else EtcdError(str(exc))
+
+    def endpoints_text(self) -> str:
+        return ",".join(str(ep) for ep in self.config.endpoints)
+
+    def close(self) -> None:
+        self._check_fork()
+        with self._lock:
+            self._closed = True
+            channels, self._channels = self._channels, {}
+        for ch in channels.values():
+            ch.close()
