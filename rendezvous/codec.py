@@ -1,0 +1,81 @@
+"""Values in etcd are our protobuf messages; this is the one place that reads and writes them.
+
+Why strict: a value another program wrote under our prefix, a truncated value, or one from a newer
+schema must stop the rendezvous with a RendezvousStateError naming the key — not surface later as
+an AttributeError deep inside a decision.
+"""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+from google.protobuf.message import DecodeError, Message
+
+from etcdrun.proto import etcdrun_state_pb2 as st
+from etcdrun.rendezvous.errors import RendezvousStateError
+from etcdrun.rendezvous.protocol import Agent, Join, Member, Phase, Round
+
+SCHEMA_VERSION = 1
+M = TypeVar("M", bound=Message)
+
+
+def decode(cls: type[M], key: bytes | str, value: bytes, run_id: str | None = None) -> M:
+    k = key.decode(errors="replace") if isinstance(key, bytes) else key
+    try:
+        msg = cls.FromString(value)
+    except (DecodeError, ValueError) as e:
+        raise RendezvousStateError(f"corrupt value at {k}: {e}", run_id=run_id) from None
+    ver = getattr(msg, "schema_version", None)
+    if ver != SCHEMA_VERSION:
+        what = "not an etcdrun value" if not ver else f"unknown schema version {ver}"
+        raise RendezvousStateError(f"cannot read {k}: {what} ({cls.__name__} expected)",
+                                   run_id=run_id)
+    return msg
+
+
+def encode(msg: Message) -> bytes:
+    msg.schema_version = SCHEMA_VERSION  # type: ignore[attr-defined]
+    return msg.SerializeToString()
+
+
+def round_from(key: bytes | str, value: bytes, mod_revision: int, run_id: str | None) -> Round:
+    msg = decode(st.RoundState, key, value, run_id)
+    if msg.phase not in (st.JOINING, st.FROZEN, st.CLOSED) or msg.number < 1:
+        raise RendezvousStateError(
+            f"cannot read {key!r}: round {msg.number} in phase {msg.phase}", run_id=run_id)
+    members = tuple(Member(p.node_id, p.node_rank, p.local_world_size, p.addr,
+                           p.first_global_rank) for p in msg.participants)
+    return Round(msg.number, Phase(msg.phase), members, msg.restart_count, msg.master_addr,
+                 msg.master_port, mod_revision)
+
+
+def round_to(r: Round, *, reason: str = "", decided_by: str = "",
+             outcome: int = 0, failure: st.Failure | None = None) -> bytes:
+    msg = st.RoundState(
+        number=r.number, phase=r.phase.value, restart_count=r.restart_count,
+        master_addr=r.master_addr, master_port=r.master_port, reason=reason,
+        decided_by=decided_by, outcome=outcome,
+        world_size=sum(m.local_world_size for m in r.members) if r.phase is Phase.FROZEN else 0,
+        participants=[st.Participant(node_id=m.node_id, node_rank=m.node_rank,
+                                     local_world_size=m.local_world_size, addr=m.addr,
+                                     first_global_rank=m.first_global_rank)
+                      for m in r.members])
+    if failure is not None:
+        msg.failure.CopyFrom(failure)
+    return encode(msg)
+
+
+def round_message(value: bytes, key: str, run_id: str | None = None) -> st.RoundState:
+    return decode(st.RoundState, key, value, run_id)
+
+
+def agent_from(key: bytes | str, value: bytes, create_revision: int,
+               run_id: str | None) -> Agent:
+    msg = decode(st.AgentInfo, key, value, run_id)
+    return Agent(msg.node_id, create_revision, msg.local_world_size, msg.addr)
+
+
+def join_from(key: bytes | str, value: bytes, run_id: str | None) -> Join:
+    msg = decode(st.JoinRecord, key, value, run_id)
+    return Join(msg.node_id, msg.local_world_size, msg.addr, msg.master_port,
+                msg.agent_create_revision)

@@ -1,0 +1,499 @@
+"""The elastic rendezvous on etcd v3: EtcdRendezvousHandler.
+
+Roles (design.md §2–3): every agent holds a Session (lease + agent key), joins rounds by writing a
+leased join record, and watches the round key alone; the oldest agent is also the Leader, which
+decides (protocol.py) and applies. Membership changes reach the agent through
+``membership_changed`` — set by the round-key watch, never by polling.
+
+Threads: the agent's own thread (next_rendezvous, joins, restarts, close), the client's watch and
+keep-alive threads (callbacks only update caches and post to a queue), and one driver thread per
+session that runs the election and the leader's decisions from that queue.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+import uuid
+
+from etcdrun.proto import etcdrun_state_pb2 as st
+from etcdrun.rendezvous import codec, events
+from etcdrun.rendezvous.api import (
+    Participant,
+    RendezvousHandler,
+    RendezvousInfo,
+    RendezvousParameters,
+)
+from etcdrun.rendezvous.client import (
+    ClientConfig,
+    EtcdAuthError,
+    EtcdClient,
+    EtcdError,
+    EtcdPermissionError,
+    Watch,
+    WatchBatch,
+)
+from etcdrun.rendezvous.client import txn as t
+from etcdrun.rendezvous.election import Election
+from etcdrun.rendezvous.errors import (
+    RendezvousClosedError,
+    RendezvousConnectionError,
+    RendezvousError,
+    RendezvousTimeoutError,
+)
+from etcdrun.rendezvous.etcd_config import EtcdRendezvousConfig
+from etcdrun.rendezvous.keys import RunKeys
+from etcdrun.rendezvous.leader import Leader
+from etcdrun.rendezvous.protocol import Phase, Round, Settings
+from etcdrun.rendezvous.session import Session
+
+log = logging.getLogger(__name__)
+VERSION = "0.1.0"
+
+
+def free_port(addr: str = "") -> int:
+    """A port the OS considers free now (the seed's way: bind to 0, read it, release it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((addr if addr and not addr[0].isalpha() else "", 0))
+        return s.getsockname()[1]
+
+
+def client_for(params: RendezvousParameters, cfg: EtcdRendezvousConfig) -> EtcdClient:
+    return EtcdClient(ClientConfig.create(
+        params.endpoint, ca_cert=cfg.cacert, cert=cfg.cert, key=cfg.key, user=cfg.user,
+        password=cfg.password, request_timeout=cfg.request_timeout,
+        retry_timeout=cfg.retry_timeout))
+
+
+class EtcdRendezvousHandler(RendezvousHandler):
+    """Elastic rendezvous for one node; see the module docstring for the moving parts.
+
+    Connection loss: etcd calls retry across endpoints for ``retry_timeout``; a lease that cannot
+    be refreshed is declared lost before it can expire, ``membership_changed`` is set, and the
+    next ``next_rendezvous()`` rejoins as a new participant.
+    """
+
+    def __init__(self, params: RendezvousParameters, client: EtcdClient | None = None) -> None:
+        self.params = params
+        self.cfg = EtcdRendezvousConfig.from_conf(params.config)
+        self.settings = Settings(params.min_nodes, params.max_nodes, self.cfg.last_call_timeout)
+        self.keys = RunKeys(self.cfg.prefix, params.run_id)
+        self.run_id = params.run_id
+        self._own_client = client is None
+        self.client = client or client_for(params, self.cfg)
+        self.host = socket.gethostname()
+        self.addr = params.local_addr or self.host
+        self._cond = threading.Condition()
+        self._round: Round | None = None
+        self._round_msg: st.RoundState | None = None
+        self._running: Round | None = None
+        self._changed = threading.Event()
+        self._session: Session | None = None
+        self._incarnation = 0
+        self._tag = uuid.uuid4().hex[:6]  # several handlers may share one process
+        self._driver: _Driver | None = None
+        self._round_watch: Watch | None = None
+        self._joined: int | None = None
+        self._shutdown = False
+
+    # ---- RendezvousHandler -------------------------------------------------------------------
+    def get_backend(self) -> str:
+        return "etcd"
+
+    def get_run_id(self) -> str:
+        return self.run_id
+
+    @property
+    def membership_changed(self) -> threading.Event:
+        return self._changed
+
+    @property
+    def node_id(self) -> str | None:
+        return self._session.node_id if self._session else None
+
+    def next_rendezvous(self) -> RendezvousInfo:
+        deadline = time.monotonic() + self.cfg.join_timeout
+        try:
+            return self._next(deadline)
+        except EtcdError as e:
+            raise self._wrap(e) from None
+
+    def _next(self, deadline: float) -> RendezvousInfo:
+        self._ensure_session()
+        self._running = None
+        self._changed.clear()
+        sess = self._session
+        assert sess is not None
+        while True:
+            with self._cond:
+                r = self._round
+            if sess.lost.is_set():
+                self._drop_session()
+                return self._next(deadline)
+            if r is not None and r.phase is Phase.CLOSED:
+                raise RendezvousClosedError("the run is closed", run_id=self.run_id,
+                                            round=r.number, node=sess.node_id)
+            if r is not None and r.phase is Phase.JOINING and self._joined != r.number:
+                self._join(sess, r)
+                continue
+            if r is not None and r.phase is Phase.FROZEN and r.member(sess.node_id):
+                return self._accept(sess, r)
+            with self._cond:
+                if self._round is r and not sess.lost.is_set():
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise RendezvousTimeoutError(
+                            f"no round with this node completed within join_timeout="
+                            f"{self.cfg.join_timeout:g}s ({self.status()})", run_id=self.run_id,
+                            round=r.number if r else None, node=sess.node_id)
+                    self._cond.wait(min(left, 1.0))
+
+    def _join(self, sess: Session, r: Round) -> None:
+        rec = st.JoinRecord(node_id=sess.node_id, addr=self.addr,
+                            local_world_size=self.params.local_world_size,
+                            master_port=free_port(self.addr),
+                            agent_create_revision=sess.create_revision)
+        res = self.client.txn([t.mod_revision(self.keys.round, "==", r.mod_revision)],
+                              [t.put(self.keys.join(r.number, sess.node_id), codec.encode(rec),
+                                     sess.lease.id)])
+        if res.succeeded:
+            self._joined = r.number
+            events.emit("node_joined", run_id=self.run_id, round=r.number, node=sess.node_id)
+        else:
+            self._wait_newer(r)
+
+    def _wait_newer(self, r: Round, timeout: float = 1.0) -> None:
+        with self._cond:
+            if self._round is r:
+                self._cond.wait(timeout)
+
+    def _accept(self, sess: Session, r: Round) -> RendezvousInfo:
+        me = r.member(sess.node_id)
+        assert me is not None
+        self._running = r
+        info = RendezvousInfo(
+            run_id=self.run_id, round=r.number, node_id=sess.node_id, node_rank=me.node_rank,
+            node_count=len(r.members), first_global_rank=me.first_global_rank,
+            world_size=sum(m.local_world_size for m in r.members), master_addr=r.master_addr,
+            master_port=r.master_port, restart_count=r.restart_count,
+            participants=tuple(Participant(m.node_id, m.node_rank, m.local_world_size, m.addr,
+                                           m.first_global_rank) for m in r.members))
+        with self._cond:
+            if self._round is not r:
+                self._on_round_locked(self._round)
+        events.emit("round_accepted", run_id=self.run_id, round=r.number, node=sess.node_id,
+                    node_rank=me.node_rank, node_count=len(r.members))
+        return info
+
+    def is_closed(self) -> bool:
+        try:
+            kv = self.client.get(self.keys.round)
+        except EtcdError as e:
+            raise self._wrap(e) from None
+        if kv is None:
+            return False
+        return codec.round_from(kv.key, kv.value, kv.mod_revision, self.run_id).phase \
+            is Phase.CLOSED
+
+    def set_closed(self, outcome: int = st.SUCCEEDED, failure: st.Failure | None = None) -> None:
+        """Close the run (fenced on the round key); a run already closed stays as it is.
+        The closed marker lives for join_timeout, so late joiners fail at once meanwhile."""
+        try:
+            ttl_lease = self.client.lease(int(self.cfg.join_timeout), keepalive=False)
+            while True:
+                kv = self.client.get(self.keys.round)
+                cur = codec.round_from(kv.key, kv.value, kv.mod_revision, self.run_id) \
+                    if kv else None
+                if cur is not None and cur.phase is Phase.CLOSED:
+                    return
+                closed = Round(cur.number if cur else 1, Phase.CLOSED,
+                               cur.members if cur else (), cur.restart_count if cur else 0)
+                guard = t.mod_revision(self.keys.round, "==", kv.mod_revision) if kv else \
+                    t.create_revision(self.keys.round, "==", 0)
+                res = self.client.txn([guard], [t.put(self.keys.round, codec.round_to(
+                    closed, decided_by=self.node_id or "", outcome=outcome, failure=failure),
+                    ttl_lease.id)])
+                if res.succeeded:
+                    events.emit("run_closed", run_id=self.run_id, round=closed.number,
+                                node=self.node_id, outcome=st.Outcome.Name(outcome))
+                    return
+        except EtcdError as e:
+            raise self._wrap(e) from None
+
+    def closed_state(self) -> st.RoundState | None:
+        """The CLOSED round record (outcome, failure) once the run is closed, else None."""
+        with self._cond:
+            msg = self._round_msg
+        return msg if msg is not None and msg.phase == st.CLOSED else None
+
+    def num_nodes_waiting(self) -> int:
+        try:
+            res = self.client.get_prefix(self.keys.agents, keys_only=True)
+        except EtcdError as e:
+            raise self._wrap(e) from None
+        with self._cond:
+            r = self._round
+        members = {m.node_id for m in r.members} if r and r.phase is Phase.FROZEN else set()
+        return sum(1 for kv in res.kvs
+                   if self.keys.parse(kv.key)[2] not in members)
+
+    def request_restart(self, reason: str) -> bool:
+        """Open the next round for a worker failure, spending one restart of the job-wide
+        budget. False when the round had already moved on (someone else restarted it)."""
+        r = self._running
+        if r is None:
+            return False
+        new = Round(r.number + 1, Phase.JOINING, r.members, r.restart_count + 1)
+        try:
+            res = self.client.txn(
+                [t.mod_revision(self.keys.round, "==", r.mod_revision)],
+                [t.put(self.keys.round, codec.round_to(new, reason=reason,
+                                                       decided_by=self.node_id or "")),
+                 t.delete(self.keys.rounds, range_end=self.keys.round_dir(new.number))])
+        except EtcdError as e:
+            raise self._wrap(e) from None
+        if res.succeeded:
+            events.emit("round_started", run_id=self.run_id, round=new.number,
+                        node=self.node_id, reason=reason, restart_count=new.restart_count)
+        return res.succeeded
+
+    def exit_barrier(self, timeout: float | None = None) -> bool:
+        """Wait until every node of the running round finished (or the run closed); the last
+        one to arrive closes the run as SUCCEEDED. True when everyone made it in time."""
+        r, sess = self._running, self._session
+        if r is None or sess is None:
+            return False
+        prefix = self.keys.barrier(r.number, "exit")
+        try:
+            self.client.put(prefix + sess.node_id, b"", lease=sess.lease.id)
+            count = self.client.get_prefix(prefix, count_only=True).count
+            if count >= len(r.members):
+                self.set_closed(st.SUCCEEDED)
+                return True
+        except EtcdError as e:
+            raise self._wrap(e) from None
+        end = time.monotonic() + (self.cfg.close_timeout if timeout is None else timeout)
+        with self._cond:
+            while time.monotonic() < end:
+                cur = self._round
+                if cur is not r and cur is not None and (
+                        cur.phase is Phase.CLOSED or cur.number > r.number):
+                    return cur.phase is Phase.CLOSED
+                self._cond.wait(min(1.0, max(0.0, end - time.monotonic())))
+        return False
+
+    def shutdown(self) -> bool:
+        """Leave now: revoke the lease so peers start a new round at once. Idempotent."""
+        if self._shutdown:
+            return True
+        self._shutdown = True
+        ok = self._drop_session()
+        if self._own_client:
+            self.client.close()
+        events.emit("node_left", run_id=self.run_id, node=self.node_id)
+        return ok
+
+    # ---- status ------------------------------------------------------------------------------
+    def status(self) -> str:
+        with self._cond:
+            r = self._round
+        if r is None:
+            return "waiting for the first round"
+        s = f"round {r.number} {r.phase.name.lower()}"
+        d = self._driver
+        if d is not None and d.leader is not None and r.phase is Phase.JOINING:
+            s += (f": {d.leader.joined_count(r.number)}/{len(d.leader.agents)} live nodes "
+                  f"joined (min {self.settings.min_nodes}, max {self.settings.max_nodes})")
+        elif r.phase is Phase.FROZEN:
+            s += f" with {len(r.members)} nodes"
+        return s
+
+    # ---- internals ---------------------------------------------------------------------------
+    def _wrap(self, e: EtcdError) -> RendezvousError:
+        kind = RendezvousConnectionError
+        what = "etcd refused access" if isinstance(e, (EtcdAuthError, EtcdPermissionError)) \
+            else "etcd error"
+        r = self._round
+        return kind(f"{what}: {e}", run_id=self.run_id, round=r.number if r else None,
+                    node=self.node_id)
+
+    def _ensure_session(self) -> None:
+        if self._shutdown:
+            raise RendezvousClosedError("handler was shut down", run_id=self.run_id)
+        if self._session is not None and not self._session.lost.is_set():
+            return
+        self._drop_session()
+        self._incarnation += 1
+        node_id = f"{self.host}-{os.getpid()}-{self._tag}.{self._incarnation}"
+        info = st.AgentInfo(node_id=node_id, host=self.host, addr=self.addr, pid=os.getpid(),
+                            local_world_size=self.params.local_world_size, version=VERSION,
+                            started_unix_ms=int(time.time() * 1000))
+        sess = Session(self.client, self.keys, info, self.cfg.lease_ttl).open()
+        self._session = sess
+        self._joined = None
+        sess.lease.on_lost(self._on_lost)
+        kv_rev = self._load_round()
+        self._round_watch = self.client.watch(self.keys.round, start_revision=kv_rev + 1,
+                                              callback=self._on_round_batch)
+        self._driver = _Driver(self, sess)
+        events.emit("session_opened", run_id=self.run_id, node=node_id,
+                    create_revision=sess.create_revision, lease=sess.lease.id)
+
+    def _load_round(self) -> int:
+        res = self.client.range(self.keys.round)
+        with self._cond:
+            if res.kvs:
+                kv = res.kvs[0]
+                self._set_round_locked(
+                    codec.round_from(kv.key, kv.value, kv.mod_revision, self.run_id),
+                    codec.round_message(kv.value, self.keys.round, self.run_id))
+            else:
+                self._round, self._round_msg = None, None
+        return res.revision
+
+    def _drop_session(self) -> bool:
+        if self._round_watch is not None:
+            self._round_watch.cancel()
+            self._round_watch = None
+        if self._driver is not None:
+            self._driver.stop()
+            self._driver = None
+        ok = True
+        if self._session is not None:
+            ok = self._session.close()
+            self._session = None
+        return ok
+
+    def _on_lost(self, lease) -> None:
+        events.emit("session_lost", run_id=self.run_id, node=self.node_id,
+                    reason=lease.lost_reason)
+        with self._cond:
+            self._changed.set()
+            self._cond.notify_all()
+        d = self._driver
+        if d is not None:
+            d.post(("lost",))
+
+    def _on_round_batch(self, batch: WatchBatch) -> None:
+        if batch.error is not None:
+            log.error("round watch ended: %s", batch.error)
+            self._changed.set()
+            return
+        for ev in batch.events:
+            if ev.type == 1:  # DELETE: the closed marker expired or the run was cleaned up
+                with self._cond:
+                    self._round, self._round_msg = None, None
+                    self._on_round_locked(None)
+                continue
+            try:
+                r = codec.round_from(ev.kv.key, ev.kv.value, ev.kv.mod_revision, self.run_id)
+                msg = codec.round_message(ev.kv.value, self.keys.round, self.run_id)
+            except RendezvousError as e:
+                log.error("%s", e)
+                continue
+            with self._cond:
+                self._set_round_locked(r, msg)
+        d = self._driver
+        if d is not None:
+            d.post(("round",))
+
+    def set_round(self, r: Round) -> None:
+        """The leader's own successful write, applied before its watch event arrives."""
+        with self._cond:
+            self._set_round_locked(r, None)
+
+    def get_round(self) -> Round | None:
+        with self._cond:
+            return self._round
+
+    def _set_round_locked(self, r: Round, msg: st.RoundState | None) -> None:
+        cur = self._round
+        if cur is not None and r.mod_revision < cur.mod_revision:
+            return
+        if cur is not None and r.mod_revision == cur.mod_revision and msg is None:
+            return
+        self._round = r
+        if msg is not None or cur is None or r.mod_revision > cur.mod_revision:
+            self._round_msg = msg
+        self._on_round_locked(r)
+
+    def _on_round_locked(self, r: Round | None) -> None:
+        run = self._running
+        if run is not None and (r is None or r.number != run.number or r.phase is not run.phase):
+            self._changed.set()
+        self._cond.notify_all()
+
+
+class _Driver:
+    """One thread per session: the election and, when leader, the decisions."""
+
+    def __init__(self, h: EtcdRendezvousHandler, sess: Session) -> None:
+        self.h = h
+        self.sess = sess
+        self.q: queue.Queue = queue.Queue()
+        self.leader: Leader | None = None
+        self.election = Election(h.client, h.keys.agents, sess.create_revision,
+                                 lambda: self.post(("election",)))
+        self.thread = threading.Thread(target=self._run, name=f"rdzv-{sess.node_id}",
+                                       daemon=True)
+        self.q.put(("election",))
+        self.thread.start()
+
+    def post(self, item: object) -> None:
+        self.q.put(item)
+
+    def _run(self) -> None:
+        until: float | None = None
+        while True:
+            timeout = None if until is None else max(0.0, until - time.monotonic())
+            try:
+                items = [self.q.get(timeout=timeout)]
+            except queue.Empty:
+                items = []
+            while True:
+                try:
+                    items.append(self.q.get_nowait())
+                except queue.Empty:
+                    break
+            try:
+                for item in items:
+                    if isinstance(item, tuple) and item[0] == "stop":
+                        self._stop_leader()
+                        self.election.close()
+                        return
+                    if isinstance(item, tuple) and item[0] == "lost":
+                        self._stop_leader()
+                        self.election.close()
+                    elif isinstance(item, tuple) and item[0] == "election":
+                        if not self.sess.lost.is_set() and self.leader is None \
+                                and self.election.check():
+                            self.leader = Leader(self.h.client, self.h.keys, self.h.settings,
+                                                 self.sess.node_id, self.sess.create_revision,
+                                                 self.h.get_round, self.h.set_round, self.post)
+                            self.leader.start()
+                    elif isinstance(item, WatchBatch) and self.leader is not None:
+                        self.leader.on_batch(item)
+                until = None
+                if self.leader is not None and not self.sess.lost.is_set():
+                    until = self.leader.act(time.monotonic())
+            except RendezvousError as e:
+                log.error("rendezvous driver: %s", e)
+                until = time.monotonic() + 1.0
+            except EtcdError as e:
+                log.warning("rendezvous driver: etcd: %s; retrying", e)
+                self.q.put(("election",))
+                until = time.monotonic() + 0.5
+
+    def _stop_leader(self) -> None:
+        if self.leader is not None:
+            self.leader.stop()
+            self.leader = None
+
+    def stop(self) -> None:
+        self.q.put(("stop",))
+        if self.thread is not threading.current_thread():
+            self.thread.join(timeout=10)

@@ -1,0 +1,68 @@
+"""The key layout of one run (design.md §2). Everything of a run lives under one prefix.
+
+Round numbers are zero-padded so that key order is numeric order: one DeleteRange
+``[rounds/, rounds/<n>)`` removes every older round's records in the transaction that opens
+round n, and nothing grows with the number of rounds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+_ROUND_DIGITS = 10
+
+
+@dataclass(frozen=True)
+class RunKeys:
+    prefix: str
+    run_id: str
+
+    def __post_init__(self) -> None:
+        if not self.run_id or "/" in self.run_id:
+            raise ValueError(f"invalid run id {self.run_id!r}: non-empty, without '/'")
+
+    @property
+    def root(self) -> str:
+        return f"{self.prefix.rstrip('/')}/{self.run_id}/"
+
+    @property
+    def agents(self) -> str:
+        return self.root + "agents/"
+
+    def agent(self, node_id: str) -> str:
+        return self.agents + node_id
+
+    @property
+    def round(self) -> str:
+        return self.root + "round"
+
+    @property
+    def rounds(self) -> str:
+        return self.root + "rounds/"
+
+    def round_dir(self, n: int) -> str:
+        return f"{self.rounds}{n:0{_ROUND_DIGITS}d}/"
+
+    def joined(self, n: int) -> str:
+        return self.round_dir(n) + "joined/"
+
+    def join(self, n: int, node_id: str) -> str:
+        return self.joined(n) + node_id
+
+    def barrier(self, n: int, name: str) -> str:
+        return f"{self.round_dir(n)}barrier/{name}/"
+
+    def parse(self, key: bytes | str) -> tuple[str, int | None, str | None]:
+        """Classify a key of this run: ("agent", None, node) | ("round", None, None) |
+        ("join", n, node) | ("barrier", n, node) | ("other", None, None)."""
+        k = key.decode() if isinstance(key, bytes) else key
+        if k == self.round:
+            return "round", None, None
+        if k.startswith(self.agents):
+            return "agent", None, k[len(self.agents):]
+        if k.startswith(self.rounds):
+            parts = k[len(self.rounds):].split("/")
+            if len(parts) >= 3 and parts[0].isdigit():
+                kind = "join" if parts[1] == "joined" else "barrier"
+                return kind, int(parts[0]), parts[-1]
+        return "other", None, None

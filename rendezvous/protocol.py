@@ -1,0 +1,187 @@
+"""The rendezvous' decision logic: pure, no I/O, no clock of its own.
+
+Why pure: every rule of the protocol (design.md §3, S1–S6 and L1–L5) lives here and is unit-tested
+exhaustively against a fake clock; etcd_rendezvous.py only gathers the inputs from its watch caches
+and applies the one transaction an Action names, fenced on the round key's mod_revision.
+
+Only the leader (the oldest live agent) calls ``decide``; the other agents just join rounds and
+read the round key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class Phase(Enum):
+    JOINING = 1
+    FROZEN = 2
+    CLOSED = 3
+
+
+@dataclass(frozen=True)
+class Agent:
+    """A live agent (its key exists under agents/, so its lease is alive)."""
+
+    node_id: str
+    create_revision: int
+    local_world_size: int = 1
+    addr: str = ""
+
+
+@dataclass(frozen=True)
+class Join:
+    """A join record of the current round."""
+
+    node_id: str
+    local_world_size: int
+    addr: str
+    master_port: int
+    agent_create_revision: int
+
+
+@dataclass(frozen=True)
+class Member:
+    """A participant of a frozen round (or, in a JOINING round, of the previous one: the hint)."""
+
+    node_id: str
+    node_rank: int
+    local_world_size: int
+    addr: str
+    first_global_rank: int
+
+
+@dataclass(frozen=True)
+class Round:
+    number: int
+    phase: Phase
+    members: tuple[Member, ...] = ()  # FROZEN: the participants; JOINING: the previous ones
+    restart_count: int = 0
+    master_addr: str = ""
+    master_port: int = 0
+    mod_revision: int = 0
+
+    def member(self, node_id: str) -> Member | None:
+        return next((m for m in self.members if m.node_id == node_id), None)
+
+
+@dataclass(frozen=True)
+class Settings:
+    min_nodes: int
+    max_nodes: int
+    last_call_timeout: float = 30.0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_nodes <= self.max_nodes:
+            raise ValueError(
+                f"need 1 <= min_nodes ({self.min_nodes}) <= max_nodes ({self.max_nodes})")
+        if self.last_call_timeout < 0:
+            raise ValueError("last_call_timeout must be >= 0")
+
+
+@dataclass(frozen=True)
+class View:
+    """What the leader knows, from its watch caches."""
+
+    round: Round | None
+    agents: Mapping[str, Agent]
+    joined: Mapping[str, Join] = field(default_factory=dict)  # records of round.number
+    last_call_deadline: float | None = None  # leader-local monotonic time, first round only
+
+
+# ---- actions ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Wait:
+    """Nothing to do until the next event (or ``until``, a leader-local monotonic time)."""
+
+    reason: str
+    until: float | None = None
+
+
+@dataclass(frozen=True)
+class StartRound:
+    """Open round ``number`` for joining; ``hint`` orders survivors (S6)."""
+
+    number: int
+    reason: str
+    hint: tuple[Member, ...]
+    restart_count: int
+
+
+@dataclass(frozen=True)
+class Freeze:
+    """Freeze the current round with these members (ranks assigned, S2)."""
+
+    number: int
+    members: tuple[Member, ...]
+    master_addr: str
+    master_port: int
+
+
+Action = Wait | StartRound | Freeze
+
+
+def is_first_round(r: Round) -> bool:
+    """The last-call wait applies only while the job has never run (L1)."""
+    return not r.members and r.restart_count == 0
+
+
+def order(joined: Mapping[str, Join], hint: tuple[Member, ...]) -> list[Join]:
+    """Survivors first in their previous rank order, then newcomers by age (S6)."""
+    prev = {m.node_id: m.node_rank for m in hint}
+    return sorted(joined.values(), key=lambda j: (
+        prev.get(j.node_id, len(prev)), j.agent_create_revision, j.node_id))
+
+
+def assign(chosen: list[Join]) -> tuple[Member, ...]:
+    """Contiguous node ranks and global ranks (S2)."""
+    members, first = [], 0
+    for rank, j in enumerate(chosen):
+        members.append(Member(j.node_id, rank, j.local_world_size, j.addr, first))
+        first += j.local_world_size
+    return tuple(members)
+
+
+def decide(view: View, settings: Settings, now: float) -> Action:
+    """The leader's one decision for the current view."""
+    r, agents = view.round, view.agents
+    if r is None:
+        return StartRound(1, "first agent", (), 0)
+    if r.phase is Phase.CLOSED:
+        return Wait("run closed")
+    if r.phase is Phase.FROZEN:
+        gone = [m.node_id for m in r.members if m.node_id not in agents]
+        if gone:
+            survivors = tuple(m for m in r.members if m.node_id in agents)
+            return StartRound(r.number + 1, f"node(s) left: {', '.join(gone)}", survivors,
+                              r.restart_count)
+        waiting = sorted((a for a in agents.values() if r.member(a.node_id) is None),
+                         key=lambda a: a.create_revision)
+        if waiting and len(r.members) < settings.max_nodes:
+            return StartRound(r.number + 1, f"node(s) joined: "
+                              f"{', '.join(a.node_id for a in waiting)}", r.members,
+                              r.restart_count)
+        if waiting:
+            return Wait(f"{len(waiting)} hot spare(s) waiting for a place")
+        return Wait("round running")
+    # JOINING
+    live = {n: j for n, j in view.joined.items() if n in agents}
+    if len(live) >= settings.max_nodes:
+        return _freeze(r, live, settings)
+    if len(live) >= settings.min_nodes and len(live) == len(agents):
+        if is_first_round(r) and len(agents) < settings.max_nodes:
+            deadline = view.last_call_deadline
+            if deadline is None:
+                deadline = now + settings.last_call_timeout
+            if now < deadline:
+                return Wait(f"last call: {len(live)}/{settings.max_nodes} nodes", until=deadline)
+        return _freeze(r, live, settings)
+    return Wait(f"{len(live)}/{max(settings.min_nodes, len(agents))} nodes joined")
+
+
+def _freeze(r: Round, live: Mapping[str, Join], settings: Settings) -> Freeze:
+    chosen = order(live, r.members)[: settings.max_nodes]
+    members = assign(chosen)
+    return Freeze(r.number, members, members[0].addr, chosen[0].master_port)
