@@ -1,0 +1,169 @@
+"""``elastic_launch`` and ``launch_agent``: the Python API behind the ``etcdrun`` command.
+
+Why the reference launcher's shape (``elastic_launch(config, entrypoint)(*args)``,
+``launch_agent(config, entrypoint, args)``): code that launches jobs through
+torch.distributed.launcher switches to etcdrun by changing its imports.
+
+Why the agent is imported inside ``launch_agent``: it pulls in the worker runtime and, with the
+etcd backend, gRPC; building a config or a handler must stay cheap.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from etcdrun.agent.config import LaunchConfig
+from etcdrun.rendezvous.api import RendezvousHandler, RendezvousParameters
+from etcdrun.rendezvous.registry import create_handler
+from etcdrun.rendezvous.static import DEFAULT_MASTER_ADDR, format_endpoint, reserve_free_port
+
+__all__ = ["LaunchConfig", "elastic_launch", "launch_agent"]
+
+logger = logging.getLogger(__name__)
+
+
+def _get_entrypoint_name(entrypoint: Callable[..., Any] | str | None, args: list[Any]) -> str:
+    """A short name for logs: the script rather than "python3.11" when run by the interpreter."""
+    if entrypoint is None:
+        return "None"
+    if isinstance(entrypoint, str):
+        if entrypoint in (sys.executable, os.environ.get("PYTHON_EXEC")):
+            script = next((str(a) for a in args if not str(a).startswith("-")), None)
+            if script is not None:
+                return os.path.basename(script)
+        return os.path.basename(entrypoint)
+    return getattr(entrypoint, "__qualname__", str(entrypoint))
+
+
+def _setup_logs(config: LaunchConfig) -> logging.Handler | None:
+    """With ``log_dir``, the agent's own log also goes to ``<log_dir>/agent.log``.
+
+    The handler is returned so that ``launch_agent`` removes it again: several launches in one
+    process (tests, notebooks) must not stack handlers or leak open files.
+    """
+    if not config.log_dir:
+        return None
+    os.makedirs(config.log_dir, exist_ok=True)
+    handler = logging.FileHandler(os.path.join(config.log_dir, "agent.log"))
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    logging.getLogger("etcdrun").addHandler(handler)
+    return handler
+
+
+def _make_rdzv_handler(config: LaunchConfig) -> RendezvousHandler:
+    """The rendezvous handler for ``config`` (the reference's rules, plus min/max as fields)."""
+    endpoint = config.rdzv_endpoint
+    if config.rdzv_backend == "static" and not endpoint:
+        port = config.master_port if config.master_port is not None else reserve_free_port()
+        endpoint = format_endpoint(config.master_addr or DEFAULT_MASTER_ADDR, port)
+    rdzv_configs = dict(config.rdzv_configs)
+    if config.rdzv_timeout > 0:
+        rdzv_configs.setdefault("join_timeout", config.rdzv_timeout)
+    if config.rdzv_backend == "static":
+        rdzv_configs.setdefault("rank", config.node_rank)
+    params = RendezvousParameters(
+        backend=config.rdzv_backend,
+        endpoint=endpoint,
+        run_id=config.run_id,
+        min_nodes=config.min_nodes,
+        max_nodes=config.max_nodes,
+        local_addr=config.local_addr,
+        node_rank=config.node_rank,
+        local_world_size=config.nproc_per_node,
+        config=rdzv_configs,
+    )
+    return create_handler(params)
+
+
+def _shutdown_quietly(handler: RendezvousHandler) -> None:
+    # Never let a failing shutdown replace the exception (or result) that matters.
+    try:
+        handler.shutdown()
+    except Exception:
+        logger.warning("rendezvous shutdown failed (run %s)", handler.get_run_id(), exc_info=True)
+
+
+def launch_agent(
+    config: LaunchConfig,
+    entrypoint: Callable[..., Any] | str | None,
+    args: list[Any],
+) -> dict[int, Any]:
+    """Run this node's agent for ``entrypoint`` until the job ends.
+
+    Returns ``{global_rank: return value}`` for this node's workers (values are None unless the
+    entrypoint is a callable). Raises ``ChildFailedError`` when workers failed and the restart
+    budget is spent; the rendezvous is left (lease revoked) on every way out.
+    """
+    from etcdrun.agent.api import WorkerSpec
+
+    log_handler = _setup_logs(config)
+    rdzv_handler: RendezvousHandler | None = None
+    try:
+        rdzv_handler = _make_rdzv_handler(config)
+        extra: dict[str, Any] = {}
+        if config.stop_grace is not None:
+            extra["stop_grace"] = config.stop_grace
+        spec = WorkerSpec(
+            role=config.role,
+            local_world_size=config.nproc_per_node,
+            rdzv_handler=rdzv_handler,
+            entrypoint=entrypoint,
+            args=tuple(args),
+            max_restarts=config.max_restarts,
+            monitor_interval=config.monitor_interval,
+            master_addr=config.master_addr,
+            master_port=config.master_port,
+            local_addr=config.local_addr,
+            start_method=config.start_method,
+            redirects=config.redirects,
+            tee=config.tee,
+            log_dir=config.log_dir,
+            local_ranks_filter=config.local_ranks_filter,
+            entrypoint_kind=config.entrypoint_kind,
+            **extra,
+        )
+        from etcdrun.agent.elastic_agent import ElasticAgent
+
+        logger.info(
+            "starting %s: run %s, %d..%d nodes x %d workers, backend %s",
+            _get_entrypoint_name(entrypoint, args),
+            config.run_id,
+            config.min_nodes,
+            config.max_nodes,
+            config.nproc_per_node,
+            config.rdzv_backend,
+        )
+        result = ElasticAgent(spec).run()
+        if result.is_failed():
+            from etcdrun.agent.errors import ChildFailedError
+
+            raise ChildFailedError(
+                name=_get_entrypoint_name(entrypoint, args), failures=result.failures
+            )
+        return result.return_values
+    finally:
+        if rdzv_handler is not None:
+            _shutdown_quietly(rdzv_handler)
+        if log_handler is not None:
+            logging.getLogger("etcdrun").removeHandler(log_handler)
+            log_handler.close()
+
+
+class elastic_launch:
+    """``elastic_launch(config, entrypoint)(*args)``: launch_agent as a callable.
+
+    Usage::
+
+        elastic_launch(LaunchConfig(nproc_per_node=2), "train.py")("--epochs", "10")
+    """
+
+    def __init__(self, config: LaunchConfig, entrypoint: Callable[..., Any] | str | None) -> None:
+        self._config = config
+        self._entrypoint = entrypoint
+
+    def __call__(self, *args: Any) -> dict[int, Any]:
+        return launch_agent(self._config, self._entrypoint, list(args))

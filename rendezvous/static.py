@@ -1,0 +1,217 @@
+"""The static backend: a fixed-size job with node ranks given up front, no etcd.
+
+Why it exists: it is torchrun's default and what ``--standalone`` uses, so a single-node job (or a
+multi-node one with ranks assigned by a scheduler) runs with nothing to install or start.
+
+What it assumes, like torchrun's static backend: every node runs the same number of workers
+(``local_world_size``), so this node's global ranks follow from its node rank alone; the node count
+is ``max_nodes`` (``min_nodes`` has no meaning without a live membership).
+
+Restarts: there is one round only. Each ``next_rendezvous()`` after the first re-runs that round
+with ``restart_count + 1``. The count is local to this node (as in torchrun) — unlike the etcd
+backend, nothing keeps it equal across nodes.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from typing import Any
+
+from etcdrun.rendezvous.api import (
+    Participant,
+    RendezvousHandler,
+    RendezvousInfo,
+    RendezvousParameters,
+)
+from etcdrun.rendezvous.errors import RendezvousClosedError, RendezvousTooManyNodesError
+
+DEFAULT_MASTER_ADDR = "127.0.0.1"
+
+# "rank" is set by the launcher; "join_timeout" may come from LaunchConfig.rdzv_timeout and has
+# nothing to wait for here. Any other key is a mistake (most likely an etcd key with the wrong
+# --rdzv-backend), so it is refused rather than ignored.
+_KNOWN_KEYS = frozenset({"rank", "join_timeout"})
+
+
+def parse_static_endpoint(endpoint: str) -> tuple[str, int | None]:
+    """Split ``host:port`` (``[v6]:port``, ``host``, or empty) into (host, port or None).
+
+    An empty host means 127.0.0.1; a missing port or port 0 means "reserve a free one".
+    """
+    text = endpoint.strip()
+    if not text:
+        return DEFAULT_MASTER_ADDR, None
+    malformed = ValueError(f"malformed static rendezvous endpoint {endpoint!r}: expected host:port")
+    host, port_text = text, ""
+    if text.startswith("["):
+        host, closed, tail = text[1:].partition("]")
+        if not closed or (tail and not tail.startswith(":")):
+            raise malformed
+        port_text = tail[1:]
+    elif text.count(":") == 1:
+        host, port_text = text.split(":")
+    # More than one colon without brackets: a bare IPv6 address, no port.
+    if not host or any(c.isspace() for c in host) or "/" in host:
+        raise malformed
+    if not port_text:
+        return host, None
+    if not port_text.isdigit() or int(port_text) > 65535:
+        raise ValueError(
+            f"malformed static rendezvous endpoint {endpoint!r}: port {port_text!r} "
+            "is not in 0..65535"
+        )
+    port = int(port_text)
+    return host, (port or None)
+
+
+def format_endpoint(host: str, port: int) -> str:
+    """``host:port``, with an IPv6 host in brackets so that the colon stays unambiguous."""
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"{host}:{port}"
+
+
+def reserve_free_port() -> int:
+    """A TCP port free on every local interface right now (the OS picks it).
+
+    The socket is closed before returning: rank 0's workers must be able to bind it. The window
+    in which another process could take it is the same one torchrun and the reference accept.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return int(sock.getsockname()[1])
+
+
+def _node_rank(params: RendezvousParameters) -> int:
+    value: Any = params.config.get("rank", params.node_rank)
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"static rendezvous: rank {value!r} is not an integer") from None
+
+
+class StaticRendezvousHandler(RendezvousHandler):
+    """One fixed round; membership never changes, so ``membership_changed`` is never set."""
+
+    def __init__(self, params: RendezvousParameters) -> None:
+        unknown = sorted(set(params.config) - _KNOWN_KEYS)
+        if unknown:
+            raise ValueError(
+                f"unknown static rendezvous option(s) {', '.join(unknown)}; "
+                f"known: {', '.join(sorted(_KNOWN_KEYS))}"
+            )
+        self._run_id = params.run_id
+        self._node_rank = _node_rank(params)
+        self._node_count = params.max_nodes
+        self._node_id = f"node{self._node_rank}"
+        if not 0 <= self._node_rank < self._node_count:
+            raise RendezvousTooManyNodesError(
+                f"node rank {self._node_rank} is outside the static job's "
+                f"{self._node_count} node(s) (valid ranks 0..{self._node_count - 1})",
+                run_id=self._run_id,
+                round=0,
+                node=self._node_id,
+            )
+        self._local_world_size = params.local_world_size
+        host, port = parse_static_endpoint(params.endpoint)
+        self._master_addr = host
+        self._master_port = port if port is not None else reserve_free_port()
+        self._local_addr = params.local_addr or socket.gethostname()
+        self._lock = threading.Lock()
+        self._restart_count = -1
+        self._closed = False
+        self._shut_down = False
+        self._changed = threading.Event()
+
+    def get_backend(self) -> str:
+        return "static"
+
+    def get_run_id(self) -> str:
+        return self._run_id
+
+    @property
+    def master_addr(self) -> str:
+        return self._master_addr
+
+    @property
+    def master_port(self) -> int:
+        return self._master_port
+
+    def _participants(self) -> tuple[Participant, ...]:
+        # Only rank 0's address (the master) and our own are known; others are left empty.
+        def addr(rank: int) -> str:
+            if rank == 0:
+                return self._master_addr
+            return self._local_addr if rank == self._node_rank else ""
+
+        return tuple(
+            Participant(
+                node_id=f"node{r}",
+                node_rank=r,
+                local_world_size=self._local_world_size,
+                addr=addr(r),
+                first_global_rank=r * self._local_world_size,
+            )
+            for r in range(self._node_count)
+        )
+
+    def next_rendezvous(self) -> RendezvousInfo:
+        with self._lock:
+            if self._closed or self._shut_down:
+                why = "closed" if self._closed else "shut down"
+                raise RendezvousClosedError(
+                    f"the static rendezvous is {why}",
+                    run_id=self._run_id,
+                    round=0,
+                    node=self._node_id,
+                )
+            self._restart_count += 1
+            restart_count = self._restart_count
+        return RendezvousInfo(
+            run_id=self._run_id,
+            round=0,
+            node_id=self._node_id,
+            node_rank=self._node_rank,
+            node_count=self._node_count,
+            first_global_rank=self._node_rank * self._local_world_size,
+            world_size=self._node_count * self._local_world_size,
+            master_addr=self._master_addr,
+            master_port=self._master_port,
+            restart_count=restart_count,
+            participants=self._participants(),
+        )
+
+    def is_closed(self) -> bool:
+        with self._lock:
+            return self._closed
+
+    def set_closed(self) -> None:
+        with self._lock:
+            self._closed = True
+
+    def num_nodes_waiting(self) -> int:
+        return 0
+
+    @property
+    def membership_changed(self) -> threading.Event:
+        return self._changed
+
+    def shutdown(self) -> bool:
+        with self._lock:
+            self._shut_down = True
+        return True
+
+
+def create_rdzv_handler(params: RendezvousParameters) -> RendezvousHandler:
+    return StaticRendezvousHandler(params)
+
+
+__all__ = [
+    "DEFAULT_MASTER_ADDR",
+    "StaticRendezvousHandler",
+    "create_rdzv_handler",
+    "format_endpoint",
+    "parse_static_endpoint",
+    "reserve_free_port",
+]

@@ -1,0 +1,309 @@
+"""The etcdrun command line: torchrun's flags and meanings, one-line errors, a light start-up."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+
+from etcdrun.agent.api import Std
+from etcdrun.agent.cli import UsageError, main, parse_args
+
+PY = sys.executable
+
+
+def etcdrun_bin() -> str:
+    """The installed console script (next to this interpreter; not a pyenv shim)."""
+    beside = Path(PY).parent / "etcdrun"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("etcdrun")
+    assert found, "the etcdrun console script is not installed (pip install -e '.[test]')"
+    return found
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("PET_")}
+    full_env.update(env or {})
+    return subprocess.run([etcdrun_bin(), *args], capture_output=True, text=True,
+                          env=full_env, timeout=60)
+
+
+@pytest.fixture(autouse=True)
+def no_pet_env(monkeypatch):
+    for key in list(os.environ):
+        if key.startswith("PET_"):
+            monkeypatch.delenv(key)
+    monkeypatch.delenv("PYTHON_EXEC", raising=False)
+
+
+# --- defaults and meanings --------------------------------------------------------------------
+def test_defaults_are_torchruns():
+    c, entrypoint, args = parse_args(["train.py"])
+    assert (c.min_nodes, c.max_nodes, c.nproc_per_node) == (1, 1, 1)
+    assert (c.rdzv_backend, c.rdzv_endpoint, c.run_id) == ("static", "127.0.0.1:29500", "none")
+    assert (c.master_addr, c.master_port) == ("127.0.0.1", 29500)
+    assert c.rdzv_configs == {"rank": 0}
+    assert (c.role, c.max_restarts, c.monitor_interval, c.start_method) == (
+        "default", 0, 0.1, "spawn")
+    assert (c.redirects, c.tee, c.log_dir, c.local_ranks_filter) == (None, None, None, None)
+    assert c.stop_grace is None and c.entrypoint_kind == "executable"
+    assert entrypoint == PY and args == ["-u", "train.py"]
+
+
+def test_all_flags():
+    c, entrypoint, args = parse_args([
+        "--nnodes", "2:4", "--nproc-per-node", "3", "--rdzv-backend", "etcd",
+        "--rdzv-endpoint", "e1,https://e2:2380", "--rdzv-id", "job7",
+        "--rdzv-conf", "lease_ttl=2, join_timeout = 60", "--max-restarts", "5",
+        "--monitor-interval", "0.5", "--start-method", "fork", "--role", "trainer",
+        "--log-dir", "/tmp/l", "-r", "3", "-t", "0:1,1:2", "--local-ranks-filter", "0,2",
+        "--node-rank", "1", "--local-addr", "10.0.0.5", "--stop-grace", "7.5",
+        "train.py", "a"])
+    assert (c.min_nodes, c.max_nodes, c.nproc_per_node) == (2, 4, 3)
+    assert (c.rdzv_backend, c.rdzv_endpoint, c.run_id) == ("etcd", "e1:2379,https://e2:2380",
+                                                           "job7")
+    assert c.rdzv_configs == {"lease_ttl": "2", "join_timeout": "60"}
+    assert (c.max_restarts, c.monitor_interval, c.start_method, c.role) == (5, 0.5, "fork",
+                                                                            "trainer")
+    assert c.log_dir == "/tmp/l" and c.redirects == Std.ALL
+    assert c.tee == {0: Std.OUT, 1: Std.ERR}
+    assert c.local_ranks_filter == {0, 2} and c.node_rank == 1 and c.local_addr == "10.0.0.5"
+    assert c.stop_grace == 7.5
+    assert (c.master_addr, c.master_port) == (None, None)  # static-only settings
+    assert (entrypoint, args) == (PY, ["-u", "train.py", "a"])
+
+
+@pytest.mark.parametrize(
+    "flag",
+    ["--nproc_per_node", "--rdzv_backend", "--rdzv_endpoint", "--rdzv_id", "--rdzv_conf",
+     "--max_restarts", "--monitor_interval", "--start_method", "--no_python", "--run_path",
+     "--log_dir", "--local_ranks_filter", "--node_rank", "--master_addr", "--master_port",
+     "--local_addr", "--stop_grace"],
+)
+def test_underscore_spellings_are_accepted(flag):
+    values = {"--nproc_per_node": "2", "--rdzv_backend": "static", "--rdzv_endpoint": "h:1",
+              "--rdzv_id": "x", "--rdzv_conf": "join_timeout=1", "--max_restarts": "1",
+              "--monitor_interval": "1", "--start_method": "fork", "--log_dir": "/tmp",
+              "--local_ranks_filter": "0", "--node_rank": "0", "--master_addr": "h",
+              "--master_port": "1", "--local_addr": "h", "--stop_grace": "1"}
+    argv = [flag, values[flag]] if flag in values else [flag]
+    dashed = ["--" + argv[0][2:].replace("_", "-"), *argv[1:]]
+    assert parse_args([*argv, "train.py"]) == parse_args([*dashed, "train.py"])
+
+
+def test_script_args_pass_through_untouched():
+    tail = ["--epochs", "10", "--nnodes", "3", "-m", "--help", "--", "-x", "--version"]
+    _, _, args = parse_args(["--nproc-per-node", "2", "train.py", *tail])
+    assert args == ["-u", "train.py", *tail]
+    _, _, args = parse_args(["train.py", "--", "a"])  # argparse alone would drop this "--"
+    assert args == ["-u", "train.py", "--", "a"]
+    _, _, args = parse_args(["--", "train.py", "b"])  # a "--" before the script is ours
+    assert args == ["-u", "train.py", "b"]
+
+
+def test_module_no_python_run_path():
+    c, e, a = parse_args(["-m", "pkg.train", "--lr", "1"])
+    assert (e, a, c.entrypoint_kind) == (PY, ["-u", "-m", "pkg.train", "--lr", "1"], "executable")
+    c, e, a = parse_args(["--no-python", "/bin/echo", "hi"])
+    assert (e, a, c.entrypoint_kind) == ("/bin/echo", ["hi"], "executable")
+    c, e, a = parse_args(["--run-path", "--no-python", "/abs/t.py", "x"])
+    assert (e, a, c.entrypoint_kind) == ("/abs/t.py", ["x"], "run_path")
+
+
+def test_python_exec_env(monkeypatch):
+    monkeypatch.setenv("PYTHON_EXEC", "/opt/py/bin/python")
+    assert parse_args(["t.py"])[1] == "/opt/py/bin/python"
+
+
+def test_nproc_per_node_words():
+    cpus = os.cpu_count()
+    assert parse_args(["--nproc-per-node", "cpu", "t.py"])[0].nproc_per_node == cpus
+    from etcdrun.agent.cli import _gpu_count
+
+    gpus = _gpu_count()
+    assert parse_args(["--nproc-per-node", "auto", "t.py"])[0].nproc_per_node == (gpus or cpus)
+    if gpus == 0:
+        with pytest.raises(UsageError, match="no GPU"):
+            parse_args(["--nproc-per-node", "gpu", "t.py"])
+
+
+def test_static_endpoint_from_master_flags():
+    c = parse_args(["--master-addr", "10.0.0.1", "--master-port", "1234", "t.py"])[0]
+    assert (c.rdzv_endpoint, c.master_addr, c.master_port) == ("10.0.0.1:1234", "10.0.0.1", 1234)
+    c = parse_args(["--master-addr", "::1", "t.py"])[0]
+    assert (c.rdzv_endpoint, c.master_addr, c.master_port) == ("[::1]:29500", "::1", 29500)
+    c = parse_args(["--rdzv-endpoint", "h:99", "--master-port", "1", "t.py"])[0]
+    assert (c.rdzv_endpoint, c.master_port) == ("h:99", 99)  # the endpoint wins, like torchrun
+
+
+def test_node_rank_goes_to_static_config():
+    c = parse_args(["--nnodes", "3", "--node-rank", "2", "--rdzv-conf", "rank=0", "t.py"])[0]
+    assert c.node_rank == 2 and c.rdzv_configs == {"rank": 2}
+
+
+def test_standalone():
+    c1 = parse_args(["--standalone", "--nproc-per-node", "2", "--rdzv-backend", "etcd",
+                     "--rdzv-endpoint", "x:1", "--rdzv-id", "ignored", "t.py"])[0]
+    c2 = parse_args(["--standalone", "t.py"])[0]
+    assert (c1.rdzv_backend, c1.rdzv_endpoint, c1.master_addr, c1.master_port) == (
+        "static", "", None, None)  # the launcher reserves a free local port
+    assert c1.run_id not in ("ignored", "none") and len(c1.run_id) == 36
+    assert c1.run_id != c2.run_id
+    assert (c1.min_nodes, c1.max_nodes, c1.nproc_per_node) == (1, 1, 2)
+
+
+# --- PET_ environment --------------------------------------------------------------------------
+def test_pet_env(monkeypatch):
+    for k, v in {"PET_NNODES": "2:3", "PET_NPROC_PER_NODE": "4", "PET_MAX_RESTARTS": "2",
+                 "PET_RDZV_BACKEND": "etcd", "PET_RDZV_ENDPOINT": "e:1", "PET_RDZV_ID": "j",
+                 "PET_MODULE": "1", "PET_MONITOR_INTERVAL": "0.25", "PET_ROLE": "r",
+                 "PET_START_METHOD": "forkserver", "PET_LOCAL_RANKS_FILTER": "1"}.items():
+        monkeypatch.setenv(k, v)
+    c, e, a = parse_args(["mod"])
+    assert (c.min_nodes, c.max_nodes, c.nproc_per_node, c.max_restarts) == (2, 3, 4, 2)
+    assert (c.rdzv_backend, c.rdzv_endpoint, c.run_id) == ("etcd", "e:1", "j")
+    assert (c.monitor_interval, c.role, c.start_method) == (0.25, "r", "forkserver")
+    assert c.local_ranks_filter == {1} and a == ["-u", "-m", "mod"]
+
+
+def test_command_line_wins_over_pet_env(monkeypatch):
+    monkeypatch.setenv("PET_NPROC_PER_NODE", "4")
+    monkeypatch.setenv("PET_NNODES", "2")
+    c = parse_args(["--nproc_per_node", "2", "--nnodes", "1", "t.py"])[0]
+    assert (c.nproc_per_node, c.max_nodes) == (2, 1)
+
+
+def test_pet_flags(monkeypatch):
+    monkeypatch.setenv("PET_STANDALONE", "1")
+    assert parse_args(["t.py"])[0].run_id != "none"
+    monkeypatch.setenv("PET_STANDALONE", "0")
+    assert parse_args(["t.py"])[0].run_id == "none"
+
+
+# --- errors ----------------------------------------------------------------------------------
+BAD = [
+    (["--nnodes", "2:1", "t.py"], "max_nodes (1) must be >= min_nodes (2)"),
+    (["--nnodes", "0", "t.py"], "min_nodes (0) must be positive"),
+    (["--nnodes", "1:2:3", "t.py"], "--nnodes '1:2:3'"),
+    (["--nnodes", "x", "t.py"], "--nnodes 'x'"),
+    (["--nproc-per-node", "0", "t.py"], "nproc_per_node (0) must be positive"),
+    (["--nproc-per-node", "many", "t.py"], "--nproc-per-node 'many'"),
+    (["--rdzv-backend", "nope", "t.py"], "unknown rendezvous backend 'nope'"),
+    (["--rdzv-backend", "etcd", "t.py"], "--rdzv-endpoint is required"),
+    (["--rdzv-backend", "etcd", "--rdzv-endpoint", "h:1:2", "t.py"], "malformed etcd endpoint"),
+    (["--rdzv-backend", "etcd", "--rdzv-endpoint", "ftp://h", "t.py"], "malformed etcd endpoint"),
+    (["--rdzv-endpoint", "h:port", "t.py"], "malformed static rendezvous endpoint"),
+    (["--master-port", "70000", "t.py"], "malformed static rendezvous endpoint"),
+    (["--rdzv-conf", "lease_ttl", "t.py"], "--rdzv-conf: 'lease_ttl' is not key=value"),
+    (["--rdzv-conf", "a=1,=2", "t.py"], "--rdzv-conf: '=2' is not key=value"),
+    (["--max-restarts", "-1", "t.py"], "max_restarts (-1) must be non-negative"),
+    (["--max-restarts", "x", "t.py"], "invalid int value"),
+    (["--start-method", "thread", "t.py"], "invalid choice"),
+    (["--node-rank", "1", "t.py"], "node_rank (1) must be smaller than max_nodes (1)"),
+    (["--no-python", "-m", "t"], "--no-python and --module cannot be used together"),
+    (["--standalone", "--nnodes", "2", "t.py"], "--standalone runs a single node"),
+    (["-r", "5", "t.py"], "--redirects: invalid redirects/tee value '5'"),
+    (["--local-ranks-filter", "a,b", "t.py"], "--local-ranks-filter 'a,b'"),
+    (["--stop-grace", "-1", "t.py"], "stop_grace (-1.0) must be non-negative"),
+    (["--bogus", "t.py"], "unrecognized arguments: --bogus"),
+    ([], "no script to run"),
+]
+
+
+@pytest.mark.parametrize("argv, message", BAD)
+def test_parse_errors(argv, message):
+    with pytest.raises(UsageError) as err:
+        parse_args(argv)
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"PET_MAX_RESTARTS": "x"}, "PET_MAX_RESTARTS='x': invalid int value"),
+    ({"PET_START_METHOD": "thread"}, "PET_START_METHOD='thread': must be one of"),
+    ({"PET_STANDALONE": "yes"}, "PET_STANDALONE='yes': expected 0 or 1"),
+])
+def test_pet_env_errors_name_the_variable(monkeypatch, env, message):
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(UsageError) as err:
+        parse_args(["t.py"])
+    assert message in str(err.value)
+
+
+def test_main_reports_one_line_and_returns_2(capsys):
+    assert main(["--nnodes", "3:2", "t.py"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == "etcdrun: error: max_nodes (2) must be >= min_nodes (3)\n"
+
+
+CLI_ERRORS = [argv for argv, _ in BAD] + [
+    # found by the static backend when the launcher builds it, not by the parser
+    ["--rdzv-conf", "lease_ttl=2", "t.py"],
+]
+
+
+@pytest.mark.parametrize("argv", CLI_ERRORS, ids=lambda a: " ".join(a) or "<none>")
+def test_real_command_one_line_exit_2(argv):
+    proc = run_cli(*argv)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout == ""
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("etcdrun: error: "), proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_real_command_pet_error():
+    proc = run_cli("t.py", env={"PET_NPROC_PER_NODE": "lots"})
+    assert proc.returncode == 2
+    assert proc.stderr == "etcdrun: error: --nproc-per-node 'lots': expected an integer, " \
+                          "cpu, gpu or auto\n"
+
+
+def test_help_and_version():
+    proc = run_cli("--help")
+    assert proc.returncode == 0 and proc.stderr == ""
+    for flag in ("--nnodes", "--nproc-per-node", "--rdzv-backend", "--standalone",
+                 "--local-ranks-filter", "PET_"):
+        assert flag in proc.stdout
+    assert "--nproc_per_node" not in proc.stdout  # accepted, but not cluttering the help
+    proc = run_cli("--version")
+    assert (proc.returncode, proc.stdout) == (0, f"etcdrun {version('etcdrun')}\n")
+
+
+HEAVY_PREFIXES = ("grpc", "google.protobuf", "tenacity", "torch", "etcdrun.rendezvous.client",
+                  "etcdrun.proto", "etcdrun.agent.launcher", "etcdrun.rendezvous.etcd")
+
+
+def _modules_after(code: str) -> set[str]:
+    script = (
+        "import sys, json, io, contextlib\n"
+        "import etcdrun.agent.cli as cli\n"
+        f"{code}\n"
+        "sys.__stdout__.write(json.dumps(sorted(sys.modules)))\n"
+    )
+    out = subprocess.run([PY, "-c", script], capture_output=True, text=True, check=True)
+    return set(json.loads(out.stdout))
+
+
+def test_help_imports_nothing_heavy():
+    mods = _modules_after(
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    try:\n        cli.parse_args(['--help'])\n"
+        "    except SystemExit:\n        pass")
+    assert "argparse" in mods and "etcdrun.agent.cli" in mods
+    assert not {m for m in mods if m.startswith(HEAVY_PREFIXES)}
+    # Not even our config/registry modules: --help needs argparse alone.
+    assert not {m for m in mods if m.startswith(("etcdrun.agent.config", "etcdrun.rendezvous"))}
+
+
+def test_static_parse_imports_nothing_heavy():
+    mods = _modules_after("cli.parse_args(['--nproc-per-node', '2', 'train.py'])")
+    assert "etcdrun.agent.config" in mods
+    assert not {m for m in mods if m.startswith(HEAVY_PREFIXES)}

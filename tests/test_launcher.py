@@ -1,0 +1,109 @@
+"""launch_agent's rendezvous set-up (the reference's rules) and its small helpers.
+
+Running a whole job needs the elastic agent; those tests live with it. Here a capturing backend
+records the RendezvousParameters the launcher builds.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import pytest
+
+from etcdrun.agent.config import LaunchConfig
+from etcdrun.agent.launcher import _get_entrypoint_name, _make_rdzv_handler, _setup_logs
+from etcdrun.rendezvous import registry
+from etcdrun.rendezvous.static import StaticRendezvousHandler
+
+
+@pytest.fixture
+def captured():
+    """Registers 'capture' (a static handler that records its parameters) for one test."""
+    before = dict(registry._backends)
+    seen = []
+
+    def factory(params):
+        seen.append(params)
+        return StaticRendezvousHandler(params)
+
+    registry.register_backend("capture", factory)
+    yield seen
+    registry._backends.clear()
+    registry._backends.update(before)
+
+
+def test_static_without_endpoint_reserves_a_free_port():
+    h = _make_rdzv_handler(LaunchConfig())
+    info = h.next_rendezvous()
+    assert info.master_addr == "127.0.0.1" and 0 < info.master_port < 65536
+
+
+def test_static_uses_master_addr_and_port():
+    h = _make_rdzv_handler(LaunchConfig(master_addr="10.0.0.7", master_port=23456))
+    info = h.next_rendezvous()
+    assert (info.master_addr, info.master_port) == ("10.0.0.7", 23456)
+
+
+def test_static_master_addr_with_free_port_and_ipv6():
+    info = _make_rdzv_handler(LaunchConfig(master_addr="::1")).next_rendezvous()
+    assert info.master_addr == "::1" and info.master_port > 0
+
+
+def test_static_node_rank_and_sizes():
+    c = LaunchConfig(min_nodes=2, max_nodes=2, nproc_per_node=3, node_rank=1, master_port=1)
+    info = _make_rdzv_handler(c).next_rendezvous()
+    assert (info.node_rank, info.first_global_rank, info.world_size) == (1, 3, 6)
+
+
+def test_parameters_passed_to_the_backend(captured):
+    c = LaunchConfig(min_nodes=2, max_nodes=5, nproc_per_node=4, run_id="r1",
+                     rdzv_backend="capture", rdzv_endpoint="h:1", rdzv_timeout=30,
+                     rdzv_configs={"rank": 0}, local_addr="10.9.9.9", node_rank=0)
+    _make_rdzv_handler(c)
+    (p,) = captured
+    assert (p.backend, p.endpoint, p.run_id) == ("capture", "h:1", "r1")
+    assert (p.min_nodes, p.max_nodes, p.local_world_size) == (2, 5, 4)
+    assert p.local_addr == "10.9.9.9"
+    assert p.config == {"rank": 0, "join_timeout": 30}  # min/max are fields, not config keys
+    assert c.rdzv_configs == {"rank": 0}  # the caller's dict is not modified
+
+
+def test_rdzv_timeout_does_not_override_join_timeout(captured):
+    c = LaunchConfig(rdzv_backend="capture", rdzv_timeout=30,
+                     rdzv_configs={"join_timeout": 5, "rank": 0})
+    _make_rdzv_handler(c)
+    assert captured[0].config["join_timeout"] == 5
+
+
+def test_no_rdzv_timeout_no_join_timeout(captured):
+    _make_rdzv_handler(LaunchConfig(rdzv_backend="capture", rdzv_configs={"rank": 0}))
+    assert "join_timeout" not in captured[0].config
+
+
+def test_unknown_backend():
+    with pytest.raises(ValueError, match="unknown rendezvous backend 'nope'"):
+        _make_rdzv_handler(LaunchConfig(rdzv_backend="nope"))
+
+
+def test_entrypoint_name():
+    def train():
+        pass
+
+    assert _get_entrypoint_name(None, []) == "None"
+    assert _get_entrypoint_name("/usr/bin/env", ["x"]) == "env"
+    assert _get_entrypoint_name(sys.executable, ["-u", "/a/train.py", "--lr", "1"]) == "train.py"
+    assert _get_entrypoint_name(sys.executable, ["-u", "-m", "pkg.mod"]) == "pkg.mod"
+    assert _get_entrypoint_name(train, []) == "test_entrypoint_name.<locals>.train"
+
+
+def test_setup_logs_writes_agent_log(tmp_path):
+    c = LaunchConfig(log_dir=str(tmp_path / "logs"))
+    handler = _setup_logs(c)
+    try:
+        logging.getLogger("etcdrun").error("hello from the agent")
+    finally:
+        logging.getLogger("etcdrun").removeHandler(handler)
+        handler.close()
+    assert "hello from the agent" in (tmp_path / "logs" / "agent.log").read_text()
+    assert _setup_logs(LaunchConfig()) is None
