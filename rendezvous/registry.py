@@ -4,8 +4,8 @@ Why lazy entries ("module:function" strings resolved on first use): the etcd bac
 gRPC and protobuf, and ``etcdrun --help`` or a static single-node run must not pay for them. Names
 can be checked (``known_backends``) without importing any backend.
 
-A backend module exposes ``create_rdzv_handler(params) -> RendezvousHandler`` (torch's name for the
-same hook), so a module written for our registry also reads naturally as a torchrun plugin.
+A lazy entry names any callable that takes the RendezvousParameters and returns the handler: a
+function (``create_rdzv_handler``, torch's name for the hook) or the handler class itself.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from etcdrun.rendezvous.errors import RendezvousError
 
 HandlerFactory = Callable[[RendezvousParameters], RendezvousHandler]
 
-_ETCD = "etcdrun.rendezvous.etcd_rendezvous:create_rdzv_handler"
+_ETCD = "etcdrun.rendezvous.etcd_rendezvous:EtcdRendezvousHandler"
 
 _lock = threading.Lock()
 _backends: dict[str, HandlerFactory | str] = {

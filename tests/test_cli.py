@@ -246,6 +246,8 @@ def test_main_reports_one_line_and_returns_2(capsys):
 CLI_ERRORS = [argv for argv, _ in BAD] + [
     # found by the static backend when the launcher builds it, not by the parser
     ["--rdzv-conf", "lease_ttl=2", "t.py"],
+    # ... and by the etcd backend (its key validation runs before any connection)
+    ["--rdzv-backend", "etcd", "--rdzv-endpoint", "localhost:1", "--rdzv-conf", "bogus=1", "t.py"],
 ]
 
 

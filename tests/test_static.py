@@ -64,6 +64,13 @@ def test_etcd_v3_is_an_alias_of_etcd():
     assert registry._backends["etcd-v3"] == registry._backends["etcd"]
 
 
+def test_etcd_entries_resolve_to_the_etcd_handler_class():
+    from etcdrun.rendezvous.etcd_rendezvous import EtcdRendezvousHandler
+
+    assert registry._resolve("etcd", "r") is EtcdRendezvousHandler
+    assert registry._resolve("etcd-v3", "r") is EtcdRendezvousHandler
+
+
 def test_create_handler_static():
     h = create_handler(params())
     assert isinstance(h, StaticRendezvousHandler) and h.get_backend() == "static"
