@@ -1,0 +1,239 @@
+"""How one worker process is made: its environment, its files, its streams and its process.
+
+Why separate from ``workers.py``: this is the per-process mechanics (fds, exec shim,
+multiprocessing); ``workers.py`` is the group's life cycle (state, stop, results).
+"""
+
+from __future__ import annotations
+
+import io
+import multiprocessing
+import os
+import pickle
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from . import _boot
+from .api import EntrypointKind, Std, Worker, WorkerSpec
+
+if TYPE_CHECKING:  # pragma: no cover
+    from etcdrun.rendezvous.api import RendezvousInfo
+
+# Where a stream goes: console only (torchrun's default), file only (redirect), or both (tee).
+CONSOLE, FILE, TEE = "console", "file", "tee"
+
+
+@dataclass(frozen=True)
+class WorkerFiles:
+    """A worker's files: ``<log_dir>/<run_id>/attempt_<n>/<global rank>/``.
+
+    stdout.log/stderr.log exist when the stream is redirected or teed (or filtered off the
+    console); error.json when the worker raised under ``@record``; return.pkl for a callable.
+    """
+
+    dir: str
+    stdout: str
+    stderr: str
+    error_file: str
+    return_file: str
+
+    @classmethod
+    def under(cls, attempt_dir: str, global_rank: int) -> WorkerFiles:
+        d = os.path.join(attempt_dir, str(global_rank))
+        return cls(
+            dir=d,
+            stdout=os.path.join(d, "stdout.log"),
+            stderr=os.path.join(d, "stderr.log"),
+            error_file=os.path.join(d, "error.json"),
+            return_file=os.path.join(d, "return.pkl"),
+        )
+
+    def prepare(self) -> None:
+        """Create the directory; drop a previous run's error/return files (they would lie)."""
+        os.makedirs(self.dir, exist_ok=True)
+        for stale in (self.error_file, self.return_file):
+            try:
+                os.unlink(stale)
+            except FileNotFoundError:
+                pass
+
+
+def worker_env(
+    spec: WorkerSpec, info: RendezvousInfo, worker: Worker, error_file: str
+) -> dict[str, str]:
+    """The variables torchrun sets (design.md §4), plus ``ETCDRUN_ROUND``.
+
+    ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` defaults to 1 as under torchrun (a user value wins), so a
+    NCCL job fails instead of hanging the same way under both launchers.
+    """
+    env = {
+        "RANK": str(worker.global_rank),
+        "LOCAL_RANK": str(worker.local_rank),
+        "WORLD_SIZE": str(worker.world_size),
+        "LOCAL_WORLD_SIZE": str(spec.local_world_size),
+        "GROUP_RANK": str(info.node_rank),
+        "GROUP_WORLD_SIZE": str(info.node_count),
+        "ROLE_NAME": spec.role,
+        "ROLE_RANK": str(worker.role_rank),
+        "ROLE_WORLD_SIZE": str(worker.role_world_size),
+        "MASTER_ADDR": info.master_addr,
+        "MASTER_PORT": str(info.master_port),
+        "TORCHELASTIC_RESTART_COUNT": str(info.restart_count),
+        "TORCHELASTIC_MAX_RESTARTS": str(spec.max_restarts),
+        "TORCHELASTIC_RUN_ID": info.run_id,
+        "TORCHELASTIC_USE_AGENT_STORE": str(False),
+        "TORCHELASTIC_ERROR_FILE": error_file,
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+        "ETCDRUN_ROUND": str(info.round),
+    }
+    if "OMP_NUM_THREADS" not in os.environ and spec.local_world_size > 1:
+        env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def stream_modes(spec: WorkerSpec, worker: Worker) -> tuple[str, str]:
+    """(stdout, stderr) destinations for one worker, with torchrun's meaning of the flags.
+
+    A worker filtered off the console keeps its output in its log file (torchrun does the same).
+    """
+    redirects, tee = spec.redirect_map(), spec.tee_map()
+    shown = (
+        spec.local_ranks_filter is None or worker.local_rank in spec.local_ranks_filter
+    ) and (spec.global_ranks_filter is None or worker.global_rank in spec.global_ranks_filter)
+    modes = []
+    for std in (Std.OUT, Std.ERR):
+        if tee[worker.local_rank] & std:
+            mode = TEE
+        elif redirects[worker.local_rank] & std:
+            mode = FILE
+        else:
+            mode = CONSOLE
+        if not shown:
+            mode = FILE
+        modes.append(mode)
+    return modes[0], modes[1]
+
+
+def command_for(spec: WorkerSpec, kind: EntrypointKind) -> list[str]:
+    """The real command of a SCRIPT/MODULE/EXECUTABLE worker (before the shim)."""
+    args = [str(a) for a in spec.args]
+    entry = str(spec.entrypoint)
+    if kind is EntrypointKind.SCRIPT:
+        return [sys.executable, "-u", entry, *args]
+    if kind is EntrypointKind.MODULE:
+        return [sys.executable, "-u", "-m", entry, *args]
+    return [entry, *args]
+
+
+def callable_target(spec: WorkerSpec, kind: EntrypointKind) -> tuple[Any, tuple[Any, ...]]:
+    if kind is EntrypointKind.RUN_PATH:
+        return _boot.run_path_main, (str(spec.entrypoint), *spec.args)
+    return spec.entrypoint, tuple(spec.args)
+
+
+def spawn_payload(spec: WorkerSpec, kind: EntrypointKind) -> bytes:
+    """What a spawned callable worker loads: multiprocessing's preparation data, then (fn, args).
+
+    Pickled in the caller's thread so that an unpicklable entrypoint fails ``start()`` cleanly.
+    """
+    import multiprocessing.spawn
+
+    fn, args = callable_target(spec, kind)
+    buf = io.BytesIO()
+    prep = multiprocessing.spawn.get_preparation_data(spec.role)
+    if "authkey" in prep:  # an AuthenticationString pickles only inside multiprocessing
+        prep["authkey"] = bytes(prep["authkey"])
+    try:
+        pickle.dump(prep, buf)
+        pickle.dump((fn, args), buf)
+    except Exception as e:  # noqa: BLE001 - pickling raises many types
+        raise ValueError(
+            f"cannot pickle the entrypoint {spec.get_entrypoint_name()!r} or its arguments for"
+            f" start_method 'spawn' ({type(e).__name__}: {e}); use a module-level function"
+            " or start_method 'fork'"
+        ) from e
+    return buf.getvalue()
+
+
+class Handle:
+    """A started worker process, whichever way it was made."""
+
+    def __init__(self, proc: subprocess.Popen[bytes] | Any, via_mp: bool, forkserver: bool):
+        self._proc = proc
+        self._via_mp = via_mp
+        self.forkserver = forkserver
+        self.pid: int = proc.pid
+
+    def poll(self) -> int | None:
+        """Exit code (negative: killed by that signal) once exited (reaps it), else None."""
+        return self._proc.exitcode if self._via_mp else self._proc.poll()
+
+    def exit_fd(self) -> tuple[int | None, bool]:
+        """(fd readable at exit, whether the caller owns it); (None, False) → poll instead."""
+        if self.forkserver:
+            return self._proc.sentinel, False  # not our child: the forkserver reports the exit
+        try:
+            return os.pidfd_open(self.pid), True
+        except (AttributeError, OSError):
+            return None, False
+
+    def close(self) -> None:
+        if self._via_mp:
+            try:
+                self._proc.close()
+            except ValueError:
+                pass  # still running (unkillable): leave it to multiprocessing
+
+
+def launch(
+    spec: WorkerSpec,
+    kind: EntrypointKind,
+    *,
+    env: Mapping[str, str],
+    stdout: int,
+    stderr: int,
+    files: WorkerFiles,
+    payload_file: str | None,
+    close_in_child: list[int],
+    name: str,
+) -> Handle:
+    """Start one worker in its own session, with the parent-death signal armed."""
+    agent_pid = os.getpid()
+    full_env = {**os.environ, **env}
+    if kind is not EntrypointKind.CALLABLE and kind is not EntrypointKind.RUN_PATH:
+        argv = _boot.shim_argv(agent_pid, command_for(spec, kind))
+        return Handle(_popen(argv, full_env, stdout, stderr), via_mp=False, forkserver=False)
+    if spec.start_method == "spawn":
+        assert payload_file is not None
+        argv = [
+            sys.executable, "-u", "-c", _boot.SPAWN_CODE,
+            str(agent_pid), payload_file, files.return_file,
+        ]
+        return Handle(_popen(argv, full_env, stdout, stderr), via_mp=False, forkserver=False)
+    fn, args = callable_target(spec, kind)
+    params = {
+        "agent_pid": agent_pid,
+        "direct_child": spec.start_method == "fork",
+        "close_fds": close_in_child if spec.start_method == "fork" else [],
+        "stdout": _boot.InheritFd(stdout),
+        "stderr": _boot.InheritFd(stderr),
+        "env": dict(env),
+        "fn": fn,
+        "args": args,
+        "return_file": files.return_file,
+    }
+    ctx = multiprocessing.get_context(spec.start_method)
+    proc = ctx.Process(target=_boot.mp_child_main, args=(params,), name=name, daemon=False)
+    proc.start()
+    return Handle(proc, via_mp=True, forkserver=spec.start_method == "forkserver")
+
+
+def _popen(argv: list[str], env: dict[str, str], stdout: int, stderr: int) -> subprocess.Popen:
+    # No preexec_fn (unsafe with threads): the session is made by _posixsubprocess in C, the
+    # death signal by the child itself.
+    return subprocess.Popen(
+        argv, env=env, stdout=stdout, stderr=stderr, start_new_session=True, close_fds=True
+    )
