@@ -131,6 +131,10 @@ class Transport:
             md.append(("hasleader", "true"))
         return md
 
+    @property
+    def token(self) -> str | None:
+        return self._token
+
     def login(self, stale: str | None = None) -> str:
         """Authenticate and return the token (a no-op when another thread already refreshed
         ``stale``)."""

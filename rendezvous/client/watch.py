@@ -19,6 +19,7 @@ import logging
 import queue
 import random
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
@@ -32,6 +33,7 @@ from etcdrun.rendezvous.client.errors import (
     EtcdError,
     EtcdPermissionError,
     EtcdTokenExpiredError,
+    is_token_expired,
 )
 from etcdrun.rendezvous.client.transport import Transport
 
@@ -113,6 +115,7 @@ class WatchManager:
         self._requests: queue.Queue | None = None
         self._call = None
         self._closing = False
+        self._pending: deque[int] = deque()  # creates sent on this stream, not yet answered
         self.reconnects = 0
 
     def watch(self, key: bytes, range_end: bytes = b"", start_revision: int = 0,
@@ -125,6 +128,7 @@ class WatchManager:
             self._next_id += 1
             self._watches[w.id] = w
             if self._requests is not None:
+                self._pending.append(w.id)
                 self._requests.put(w.create_request())
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="etcd-watch", daemon=True)
@@ -167,7 +171,9 @@ class WatchManager:
                     return
                 idx = self._t.preferred()
                 q: queue.Queue = queue.Queue()
+                self._pending.clear()
                 for w in self._watches.values():
+                    self._pending.append(w.id)
                     q.put(w.create_request())
                 self._requests = q
             try:
@@ -196,6 +202,11 @@ class WatchManager:
                 typed = self._t.on_stream_error(err, idx)
             else:
                 typed = err if isinstance(err, EtcdError) else EtcdError(f"etcd: {err!r}")
+            if isinstance(typed, EtcdTokenExpiredError) and not isinstance(err, grpc.RpcError):
+                try:
+                    self._t.login(stale=self._t.token)
+                except EtcdError as e:
+                    typed = e
             if isinstance(typed, (EtcdAuthError, EtcdPermissionError)) and not isinstance(
                     typed, EtcdTokenExpiredError):
                 for w in list(self._watches.values()):
@@ -210,10 +221,21 @@ class WatchManager:
                 backoff = min(backoff * 2, 1.0)
 
     def _handle(self, resp: pb.WatchResponse) -> None:
-        w = self._watches.get(resp.watch_id)
+        wid = resp.watch_id
+        if resp.created:
+            # Creates are answered in order. A refused one (permission denied) comes back with
+            # watch_id -1 instead of the id we asked for: it belongs to the oldest pending.
+            with self._lock:
+                if wid in self._pending:
+                    self._pending.remove(wid)
+                elif wid == -1 and self._pending:
+                    wid = self._pending.popleft()
+        w = self._watches.get(wid)
         if w is None:
             return  # cancelled by us, or a progress notification for all watches
         if resp.created:
+            if resp.canceled and is_token_expired(Exception(resp.cancel_reason)):
+                raise EtcdTokenExpiredError(f"etcd: {resp.cancel_reason}")  # re-login, reopen
             if resp.canceled:
                 reason = resp.cancel_reason or "watch refused"
                 kind = EtcdPermissionError if "permission denied" in reason else EtcdError
@@ -229,8 +251,9 @@ class WatchManager:
                     f"(oldest revision left: {resp.compact_revision})",
                     compact_revision=resp.compact_revision))
             elif not w.cancelled:
-                self._end(w, EtcdError(f"etcd: watch on {w.key!r} cancelled: "
-                                       f"{resp.cancel_reason or 'no reason given'}"))
+                reason = resp.cancel_reason or "no reason given"
+                kind = EtcdPermissionError if "permission denied" in reason else EtcdError
+                self._end(w, kind(f"etcd: watch on {w.key!r} cancelled: {reason}"))
             return
         if resp.events:
             w.next_revision = resp.events[-1].kv.mod_revision + 1
