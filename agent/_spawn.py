@@ -231,6 +231,24 @@ def launch(
     return Handle(proc, via_mp=True, forkserver=spec.start_method == "forkserver")
 
 
+def release_forkserver() -> None:
+    """Stop multiprocessing's forkserver and resource tracker after a forkserver attempt.
+
+    Why: they are process-wide helpers that outlive the workers; an agent that promises to leave
+    no child process behind after ``stop()`` must end them (the next attempt starts new ones).
+    They are private APIs of multiprocessing, hence the guards.
+    """
+    from multiprocessing import forkserver, resource_tracker
+
+    for owner, name in ((forkserver, "_forkserver"), (resource_tracker, "_resource_tracker")):
+        stop = getattr(getattr(owner, name, None), "_stop", None)
+        if stop is not None:
+            try:
+                stop()
+            except (OSError, ChildProcessError):
+                pass
+
+
 def _popen(argv: list[str], env: dict[str, str], stdout: int, stderr: int) -> subprocess.Popen:
     # No preexec_fn (unsafe with threads): the session is made by _posixsubprocess in C, the
     # death signal by the child itself.

@@ -331,6 +331,8 @@ class WorkerGroup:
         with self._cond:
             exited = [(p, p.exitcode) for p in self._procs if p.exitcode is not None]
             everyone = len(exited) == len(self._procs)
+            # A worker that exits 0 on the agent's SIGTERM did not finish its job.
+            interrupted = any(p.signalled_at is not None for p, _ in exited)
         failures: dict[int, ProcessFailure] = {}
         returns: dict[int, Any] = {}
         for proc, code in exited:
@@ -342,7 +344,7 @@ class WorkerGroup:
                 returns[proc.worker.global_rank] = None
         if any(not f.stopped_by_agent for f in failures.values()):
             return RunResult(WorkerState.FAILED, returns, failures)
-        if everyone and not failures:
+        if everyone and not failures and not interrupted:
             return RunResult(WorkerState.SUCCEEDED, returns, failures)
         if everyone or final:
             return RunResult(WorkerState.STOPPED, returns, failures)
@@ -447,6 +449,8 @@ class WorkerGroup:
         for proc in self._procs:
             if proc.handle is not None:
                 proc.handle.close()
+        if self._spec.start_method == "forkserver":
+            _spawn.release_forkserver()
         if self._payload_file:
             try:
                 os.unlink(self._payload_file)
