@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import socket
 import threading
 import time
@@ -38,7 +37,7 @@ from etcdrun.rendezvous.client import (
     WatchBatch,
 )
 from etcdrun.rendezvous.client import txn as t
-from etcdrun.rendezvous.election import Election
+from etcdrun.rendezvous.driver import Driver
 from etcdrun.rendezvous.errors import (
     RendezvousClosedError,
     RendezvousConnectionError,
@@ -47,7 +46,6 @@ from etcdrun.rendezvous.errors import (
 )
 from etcdrun.rendezvous.etcd_config import EtcdRendezvousConfig
 from etcdrun.rendezvous.keys import RunKeys
-from etcdrun.rendezvous.leader import Leader
 from etcdrun.rendezvous.protocol import Phase, Round, Settings
 from etcdrun.rendezvous.session import Session
 
@@ -95,7 +93,7 @@ class EtcdRendezvousHandler(RendezvousHandler):
         self._session: Session | None = None
         self._incarnation = 0
         self._tag = uuid.uuid4().hex[:6]  # several handlers may share one process
-        self._driver: _Driver | None = None
+        self._driver: Driver | None = None
         self._round_watch: Watch | None = None
         self._joined: int | None = None
         self._shutdown = False
@@ -291,11 +289,33 @@ class EtcdRendezvousHandler(RendezvousHandler):
         if self._shutdown:
             return True
         self._shutdown = True
+        self._stop_watching()  # a leader must not reopen the round it is about to remove
+        self._clean_up_if_last()
         ok = self._drop_session()
         if self._own_client:
             self.client.close()
         events.emit("node_left", run_id=self.run_id, node=self.node_id)
         return ok
+
+    def _clean_up_if_last(self) -> None:
+        """The last agent out removes the run's keys (a closed run keeps its marker, which
+        expires by itself), so nothing of a finished job stays in etcd."""
+        sess = self._session
+        if sess is None or sess.lease is None or sess.lost.is_set():
+            return
+        with self._cond:
+            r = self._round
+        guard = [t.create_revision(self.keys.agents, "==", sess.create_revision, prefix=True)]
+        ops = [t.delete(self.keys.rounds, prefix=True)]
+        if r is None or r.phase is not Phase.CLOSED:
+            guard.append(t.mod_revision(self.keys.round, "==", r.mod_revision) if r else
+                         t.create_revision(self.keys.round, "==", 0))
+            ops.append(t.delete(self.keys.round))
+        try:
+            if self.client.txn(guard, ops).succeeded:
+                events.emit("run_cleaned", run_id=self.run_id, node=sess.node_id)
+        except EtcdError as e:
+            log.warning("could not remove the run's keys: %s", e)
 
     # ---- status ------------------------------------------------------------------------------
     def status(self) -> str:
@@ -339,7 +359,7 @@ class EtcdRendezvousHandler(RendezvousHandler):
         kv_rev = self._load_round()
         self._round_watch = self.client.watch(self.keys.round, start_revision=kv_rev + 1,
                                               callback=self._on_round_batch)
-        self._driver = _Driver(self, sess)
+        self._driver = Driver(self, sess)
         events.emit("session_opened", run_id=self.run_id, node=node_id,
                     create_revision=sess.create_revision, lease=sess.lease.id)
 
@@ -355,13 +375,16 @@ class EtcdRendezvousHandler(RendezvousHandler):
                 self._round, self._round_msg = None, None
         return res.revision
 
-    def _drop_session(self) -> bool:
+    def _stop_watching(self) -> None:
         if self._round_watch is not None:
             self._round_watch.cancel()
             self._round_watch = None
         if self._driver is not None:
             self._driver.stop()
             self._driver = None
+
+    def _drop_session(self) -> bool:
+        self._stop_watching()
         ok = True
         if self._session is not None:
             ok = self._session.close()
@@ -426,74 +449,3 @@ class EtcdRendezvousHandler(RendezvousHandler):
         if run is not None and (r is None or r.number != run.number or r.phase is not run.phase):
             self._changed.set()
         self._cond.notify_all()
-
-
-class _Driver:
-    """One thread per session: the election and, when leader, the decisions."""
-
-    def __init__(self, h: EtcdRendezvousHandler, sess: Session) -> None:
-        self.h = h
-        self.sess = sess
-        self.q: queue.Queue = queue.Queue()
-        self.leader: Leader | None = None
-        self.election = Election(h.client, h.keys.agents, sess.create_revision,
-                                 lambda: self.post(("election",)))
-        self.thread = threading.Thread(target=self._run, name=f"rdzv-{sess.node_id}",
-                                       daemon=True)
-        self.q.put(("election",))
-        self.thread.start()
-
-    def post(self, item: object) -> None:
-        self.q.put(item)
-
-    def _run(self) -> None:
-        until: float | None = None
-        while True:
-            timeout = None if until is None else max(0.0, until - time.monotonic())
-            try:
-                items = [self.q.get(timeout=timeout)]
-            except queue.Empty:
-                items = []
-            while True:
-                try:
-                    items.append(self.q.get_nowait())
-                except queue.Empty:
-                    break
-            try:
-                for item in items:
-                    if isinstance(item, tuple) and item[0] == "stop":
-                        self._stop_leader()
-                        self.election.close()
-                        return
-                    if isinstance(item, tuple) and item[0] == "lost":
-                        self._stop_leader()
-                        self.election.close()
-                    elif isinstance(item, tuple) and item[0] == "election":
-                        if not self.sess.lost.is_set() and self.leader is None \
-                                and self.election.check():
-                            self.leader = Leader(self.h.client, self.h.keys, self.h.settings,
-                                                 self.sess.node_id, self.sess.create_revision,
-                                                 self.h.get_round, self.h.set_round, self.post)
-                            self.leader.start()
-                    elif isinstance(item, WatchBatch) and self.leader is not None:
-                        self.leader.on_batch(item)
-                until = None
-                if self.leader is not None and not self.sess.lost.is_set():
-                    until = self.leader.act(time.monotonic())
-            except RendezvousError as e:
-                log.error("rendezvous driver: %s", e)
-                until = time.monotonic() + 1.0
-            except EtcdError as e:
-                log.warning("rendezvous driver: etcd: %s; retrying", e)
-                self.q.put(("election",))
-                until = time.monotonic() + 0.5
-
-    def _stop_leader(self) -> None:
-        if self.leader is not None:
-            self.leader.stop()
-            self.leader = None
-
-    def stop(self) -> None:
-        self.q.put(("stop",))
-        if self.thread is not threading.current_thread():
-            self.thread.join(timeout=10)

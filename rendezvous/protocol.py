@@ -168,6 +168,11 @@ def decide(view: View, settings: Settings, now: float) -> Action:
         return Wait("round running")
     # JOINING
     live = {n: j for n, j in view.joined.items() if n in agents}
+    late = [m.node_id for m in r.members if m.node_id in agents and m.node_id not in live]
+    if late:
+        # Survivors of the previous round keep their places (S6), even when spares are quicker
+        # to join than a survivor is to stop its workers. They are alive: they will come.
+        return Wait(f"waiting for survivor(s) {', '.join(late)} to rejoin")
     if len(live) >= settings.max_nodes:
         return _freeze(r, live, settings)
     if len(live) >= settings.min_nodes and len(live) == len(agents):

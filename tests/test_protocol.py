@@ -120,6 +120,15 @@ def test_newcomer_below_max_starts_new_round():
     assert isinstance(a, StartRound) and "c" in a.reason
 
 
+def test_survivors_keep_their_places_against_quicker_spares():
+    s = Settings(1, 2)
+    r = joining(2, hint=members("a"))  # b left; a survives but is still stopping its workers
+    w = decide(View(r, agents("a", "c", "d"), joins("c", "d")), s, 0.0)
+    assert isinstance(w, Wait) and "a" in w.reason
+    f = decide(View(r, agents("a", "c", "d"), joins("a", "c", "d")), s, 0.0)
+    assert [m.node_id for m in f.members] == ["a", "c"]
+
+
 def test_dead_joiner_is_ignored():
     f = decide(View(joining(2, hint=members("a")), agents("a", "b"), joins("a", "b", "c")),
                Settings(1, 3), 0.0)
@@ -186,6 +195,10 @@ def test_exhaustive_invariants(mn, mx):
                     assert len(ids) == min(len(live_joined), mx)
                 else:
                     assert isinstance(a, Wait)
+                    late = [n for n in hint_nodes if n in ag and n not in joined]
+                    if late:
+                        assert "survivor" in a.reason
+                        continue
                     # L1: never wait when max nodes joined, or all live joined past first round
                     assert len(live_joined) < mx
                     if hint and len(live_joined) >= mn:

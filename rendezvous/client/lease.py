@@ -83,14 +83,15 @@ class Lease:
     def revoke(self, timeout: float = 2.0) -> bool:
         """Revoke on the server (its keys vanish at once) and stop keeping it alive. Idempotent;
         True when etcd confirmed (or the lease was already gone)."""
-        if self._keeper is not None:
-            self._keeper.forget(self)
+        if self._keeper is None:
+            return True
+        self._keeper.forget(self)
         was_lost = self.lost.is_set()
         self._revoked = True
         self._mark_lost("revoked")
         if was_lost and self.lost_reason != "revoked":
             return True
-        return self._keeper.revoke(self.id, timeout) if self._keeper else True
+        return self._keeper.revoke(self.id, timeout)
 
     def __repr__(self) -> str:
         return f"Lease(id={self.id:x}, ttl={self.ttl}, lost={self.lost.is_set()})"
@@ -109,7 +110,7 @@ class LeaseKeeper:
     def grant(self, ttl: int, keepalive: bool = True) -> Lease:
         sent = time.monotonic()
         resp = self._t.call("LeaseGrant", pb.LeaseGrantRequest(TTL=int(ttl)))
-        lease = Lease(self if keepalive else None, resp.ID, int(resp.TTL), sent)
+        lease = Lease(self, resp.ID, int(resp.TTL), sent)
         if keepalive:
             with self._cv:
                 self._leases[lease.id] = lease

@@ -30,19 +30,23 @@ def prefix_end(prefix: Key) -> bytes:
     return b"\0"  # the prefix was all 0xff: every key from there on
 
 
-def _compare(key: Key, op: str, target: int, **field) -> pb.Compare:
+def _compare(key: Key, op: str, target: int, prefix: bool = False, **field) -> pb.Compare:
+    """With ``prefix``, the comparison must hold for every key under ``key``."""
     if op not in _OPS:
         raise ValueError(f"unknown compare operator {op!r}")
-    return pb.Compare(key=to_bytes(key), result=_OPS[op], target=target, **field)
+    return pb.Compare(key=to_bytes(key), result=_OPS[op], target=target,
+                      range_end=prefix_end(key) if prefix else b"", **field)
 
 
-def mod_revision(key: Key, op: str, rev: int) -> pb.Compare:
-    return _compare(key, op, pb.Compare.MOD, mod_revision=rev)
+def mod_revision(key: Key, op: str, rev: int, prefix: bool = False) -> pb.Compare:
+    return _compare(key, op, pb.Compare.MOD, prefix, mod_revision=rev)
 
 
-def create_revision(key: Key, op: str, rev: int) -> pb.Compare:
-    """``create_revision(k, "==", 0)`` means: k does not exist."""
-    return _compare(key, op, pb.Compare.CREATE, create_revision=rev)
+def create_revision(key: Key, op: str, rev: int, prefix: bool = False) -> pb.Compare:
+    """``create_revision(k, "==", 0)`` means: k does not exist. With ``prefix``, every key under
+    ``k`` must match: ``create_revision(agents/, "==", mine, prefix=True)`` means "I am the only
+    agent left"."""
+    return _compare(key, op, pb.Compare.CREATE, prefix, create_revision=rev)
 
 
 def version(key: Key, op: str, ver: int) -> pb.Compare:

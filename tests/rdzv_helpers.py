@@ -1,0 +1,83 @@
+"""Helpers for rendezvous tests: N in-process participants on a real etcd."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import uuid
+from collections.abc import Iterator, Sequence
+
+from etcdrun.rendezvous import checker, events
+from etcdrun.rendezvous.api import RendezvousInfo, RendezvousParameters
+from etcdrun.rendezvous.client import EtcdClient
+from etcdrun.rendezvous.etcd_rendezvous import EtcdRendezvousHandler
+from etcdrun.rendezvous.keys import RunKeys
+
+
+def new_run_id() -> str:
+    return "t-" + uuid.uuid4().hex[:8]
+
+
+def handler(endpoints: str, run_id: str, min_nodes: int, max_nodes: int, *, lws: int = 1,
+            **conf) -> EtcdRendezvousHandler:
+    conf.setdefault("last_call_timeout", 0.5)
+    conf.setdefault("join_timeout", 30)
+    return EtcdRendezvousHandler(RendezvousParameters(
+        "etcd", endpoints, run_id, min_nodes, max_nodes, local_world_size=lws, config=conf))
+
+
+def rendezvous(handlers: Sequence[EtcdRendezvousHandler], timeout: float = 30
+               ) -> list[RendezvousInfo]:
+    """next_rendezvous() on every handler at once; re-raise the first error."""
+    out: list = [None] * len(handlers)
+
+    def go(i: int) -> None:
+        try:
+            out[i] = handlers[i].next_rendezvous()
+        except BaseException as e:  # reported below
+            out[i] = e
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(len(handlers))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout)
+    for th, o in zip(threads, out):
+        if th.is_alive():
+            raise TimeoutError("next_rendezvous did not return")
+        if isinstance(o, BaseException):
+            raise o
+    return out
+
+
+def crash(h: EtcdRendezvousHandler) -> None:
+    """What kill -9 does to an agent: no revoke, no goodbye; its lease expires after the TTL."""
+    h._shutdown = True
+    if h._round_watch is not None:
+        h._round_watch.cancel()
+    if h._driver is not None:
+        h._driver.stop()
+    h.client.close(revoke_leases=False)
+
+
+@contextlib.contextmanager
+def accepted_events() -> Iterator[list[dict]]:
+    got: list[dict] = []
+    unsubscribe = events.subscribe(lambda e: got.append(e) if e["event"] == "round_accepted"
+                                   else None)
+    try:
+        yield got
+    finally:
+        unsubscribe()
+
+
+def violations(endpoints: str, run_id: str, min_nodes: int, max_nodes: int,
+               accepted: Sequence[dict] = (), prefix: str = "/etcdrun") -> list[str]:
+    with EtcdClient(endpoints) as c:
+        return checker.check_run(c, RunKeys(prefix, run_id), min_nodes, max_nodes,
+                                 [e for e in accepted if e["run_id"] == run_id])
+
+
+def shutdown_all(handlers: Sequence[EtcdRendezvousHandler]) -> None:
+    for h in handlers:
+        h.shutdown()

@@ -1,0 +1,266 @@
+"""The etcd rendezvous with N in-process participants on a real etcd, checked by the invariant
+checker (S1–S6) after every scenario."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from etcd_helpers import assert_no_leases
+from rdzv_helpers import (
+    accepted_events,
+    crash,
+    handler,
+    new_run_id,
+    rendezvous,
+    shutdown_all,
+    violations,
+)
+
+from etcdrun.rendezvous.client import EtcdClient
+from etcdrun.rendezvous.errors import (
+    RendezvousClosedError,
+    RendezvousStateError,
+    RendezvousTimeoutError,
+)
+
+
+def ranks(infos):
+    return sorted(i.node_rank for i in infos)
+
+
+@pytest.mark.parametrize("n", [1, 8, 64])
+def test_n_participants_agree_on_one_round(etcd, n):
+    run = new_run_id()
+    hs = [handler(etcd.endpoints, run, 1, n, lws=2) for _ in range(n)]
+    with accepted_events() as acc:
+        try:
+            infos = rendezvous(hs)
+            assert {i.round for i in infos} == {1}
+            assert ranks(infos) == list(range(n))
+            assert {i.world_size for i in infos} == {2 * n}
+            assert sorted(i.first_global_rank for i in infos) == list(range(0, 2 * n, 2))
+            assert len({(i.master_addr, i.master_port) for i in infos}) == 1
+            assert {i.restart_count for i in infos} == {0}
+        finally:
+            shutdown_all(hs)
+    assert violations(etcd.endpoints, run, 1, n, acc) == []
+    assert_no_leases(etcd.endpoints)
+    with EtcdClient(etcd.endpoints) as c:  # the last agent out removed the run's keys
+        assert c.get_prefix(f"/etcdrun/{run}/").kvs == []
+
+
+def test_graceful_leave_after_freeze_starts_new_round_with_stable_ranks(etcd):
+    run = new_run_id()
+    hs = [handler(etcd.endpoints, run, 2, 4) for _ in range(4)]
+    with accepted_events() as acc:
+        try:
+            infos = rendezvous(hs)
+            by_rank = {i.node_rank: h for i, h in zip(infos, hs)}
+            leaving = by_rank[1]
+            rest = [by_rank[0], by_rank[2], by_rank[3]]
+            leaving.shutdown()
+            for h in rest:
+                assert h.membership_changed.wait(5)
+            infos2 = rendezvous(rest)
+            assert {i.round for i in infos2} == {2}
+            assert [i.node_rank for i in infos2] == [0, 1, 2]  # order kept, rank 0 stays
+            assert infos2[0].master_addr == infos[0].master_addr
+        finally:
+            shutdown_all(hs)
+    assert violations(etcd.endpoints, run, 2, 4, acc) == []
+
+
+def test_crash_after_freeze_is_seen_after_lease_expiry(etcd):
+    run = new_run_id()
+    hs = [handler(etcd.endpoints, run, 1, 3, lease_ttl=2) for _ in range(3)]
+    with accepted_events() as acc:
+        try:
+            infos = rendezvous(hs)
+            victim = next(h for h, i in zip(hs, infos) if i.node_rank == 0)  # the master host
+            rest = [h for h in hs if h is not victim]
+            t0 = time.monotonic()
+            crash(victim)
+            for h in rest:
+                assert h.membership_changed.wait(10)
+            seen = time.monotonic() - t0
+            infos2 = rendezvous(rest)
+            assert ranks(infos2) == [0, 1] and {i.round for i in infos2} == {2}
+            assert seen < 2 + 1.5, seen  # TTL + one watch round trip (+ etcd's lease tick)
+        finally:
+            shutdown_all(hs)
+    assert violations(etcd.endpoints, run, 1, 3, acc) == []
+    assert_no_leases(etcd.endpoints, within=3)
+
+
+def test_death_mid_round_does_not_block_the_round(etcd):
+    run = new_run_id()
+    hs = [handler(etcd.endpoints, run, 2, 4, lease_ttl=2, last_call_timeout=5)
+          for _ in range(3)]
+    with accepted_events() as acc:
+        try:
+            first = rendezvous(hs[:2], timeout=0) if False else None  # noqa: F841
+            results: list = []
+            th = threading.Thread(target=lambda: results.append(rendezvous(hs[:2])))
+            th.start()
+            hs[2]._ensure_session()  # registered, then dies before joining
+            crash(hs[2])
+            th.join(20)
+            infos = results[0]
+            assert ranks(infos) == [0, 1] and infos[0].node_count == 2
+        finally:
+            shutdown_all(hs)
+    assert violations(etcd.endpoints, run, 2, 4, acc) == []
+
+
+def test_newcomer_below_max_triggers_a_new_round(etcd):
+    run = new_run_id()
+    hs = [handler(etcd.endpoints, run, 1, 3) for _ in range(2)]
+    with accepted_events() as acc:
+        try:
+            first = rendezvous(hs)
+            new = handler(etcd.endpoints, run, 1, 3)
+            hs.append(new)
+            results: list = []
+            th = threading.Thread(target=lambda: results.append(rendezvous([new])))
+            th.start()
+            for h in hs[:2]:
+                assert h.membership_changed.wait(5)
+            infos = rendezvous(hs[:2])
+            th.join(10)
+            assert [i.node_rank for i in infos] == [i.node_rank for i in first]
+            assert results[0][0].node_rank == 2 and results[0][0].node_count == 3
+        finally:
+            shutdown_all(hs)
+    assert violations(etcd.endpoints, run, 1, 3, acc) == []
+
+
+def test_hot_spares_wait_without_restarting_anyone_and_fill_a_freed_place(etcd):
+    run = new_run_id()
+    hs = [handler(etcd.endpoints, run, 1, 2) for _ in range(2)]
+    spares = [handler(etcd.endpoints, run, 1, 2) for _ in range(2)]
+    with accepted_events() as acc:
+        try:
+            infos = rendezvous(hs)
+            got: list = []
+
+            def spare(h):
+                try:
+                    got.append((h, h.next_rendezvous()))
+                except BaseException as e:
+                    got.append((h, e))
+
+            ths = [threading.Thread(target=spare, args=(s,)) for s in spares]
+            for th in ths:
+                th.start()
+                time.sleep(0.2)
+            time.sleep(1)
+            assert not any(h.membership_changed.is_set() for h in hs)  # spares restart nobody
+            assert got == []
+            leaver = next(h for h, i in zip(hs, infos) if i.node_rank == 1)
+            stay = next(h for h in hs if h is not leaver)
+            leaver.shutdown()
+            assert stay.membership_changed.wait(5)
+            info = rendezvous([stay])[0]
+            deadline = time.monotonic() + 5
+            while not got and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert info.node_rank == 0 and info.node_count == 2
+            assert len(got) == 1 and got[0][0] is spares[0]  # the oldest spare
+            assert got[0][1].node_rank == 1
+        finally:
+            shutdown_all(hs + spares)
+            for th in ths:
+                th.join(10)
+    assert violations(etcd.endpoints, run, 1, 2, acc) == []
+
+
+def test_min_equals_max_waits_for_a_replacement(etcd):
+    run = new_run_id()
+    hs = [handler(etcd.endpoints, run, 2, 2) for _ in range(2)]
+    with accepted_events() as acc:
+        try:
+            rendezvous(hs)
+            hs[1].shutdown()
+            assert hs[0].membership_changed.wait(5)
+            results: list = []
+            th = threading.Thread(target=lambda: results.append(rendezvous([hs[0]])))
+            th.start()
+            time.sleep(1.0)
+            assert results == []  # waiting, not frozen with 1 < min
+            repl = handler(etcd.endpoints, run, 2, 2)
+            hs.append(repl)
+            info = rendezvous([repl])[0]
+            th.join(10)
+            assert info.node_rank == 1 and results[0][0].node_rank == 0
+        finally:
+            shutdown_all(hs)
+    assert violations(etcd.endpoints, run, 2, 2, acc) == []
+
+
+def test_min_equals_max_times_out_clearly(etcd):
+    run = new_run_id()
+    h = handler(etcd.endpoints, run, 2, 2, join_timeout=1.5)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(RendezvousTimeoutError) as err:
+            h.next_rendezvous()
+        assert 1.5 <= time.monotonic() - t0 < 4
+        msg = str(err.value)
+        assert run in msg and "join_timeout=1.5" in msg and "round 1" in msg
+    finally:
+        h.shutdown()
+
+
+def test_closed_run_fails_joiners_at_once(etcd):
+    run = new_run_id()
+    hs = [handler(etcd.endpoints, run, 1, 2) for _ in range(2)]
+    try:
+        rendezvous(hs)
+        hs[0].set_closed()
+        assert hs[1].membership_changed.wait(5)
+        assert hs[1].is_closed()
+        late = handler(etcd.endpoints, run, 1, 2)
+        hs.append(late)
+        t0 = time.monotonic()
+        with pytest.raises(RendezvousClosedError, match=run):
+            late.next_rendezvous()
+        assert time.monotonic() - t0 < 2
+    finally:
+        shutdown_all(hs)
+
+
+def test_corrupt_round_value_is_a_state_error_naming_the_key(etcd):
+    run = new_run_id()
+    with EtcdClient(etcd.endpoints) as c:
+        c.put(f"/etcdrun/{run}/round", b"\xff\xfe not a protobuf")
+    h = handler(etcd.endpoints, run, 1, 1)
+    try:
+        with pytest.raises(RendezvousStateError, match=f"/etcdrun/{run}/round"):
+            h.next_rendezvous()
+    finally:
+        h.shutdown()
+    with EtcdClient(etcd.endpoints) as c:  # other state is left intact for inspection
+        assert c.get(f"/etcdrun/{run}/round").value.startswith(b"\xff")
+
+
+def test_unknown_conf_key_is_an_error_naming_it(etcd):
+    with pytest.raises(ValueError, match="lease_tll"):
+        handler(etcd.endpoints, new_run_id(), 1, 1, lease_tll=2)
+
+
+def test_worker_failure_restart_is_job_wide(etcd):
+    run = new_run_id()
+    hs = [handler(etcd.endpoints, run, 1, 3) for _ in range(3)]
+    with accepted_events() as acc:
+        try:
+            infos = rendezvous(hs)
+            assert hs[2].request_restart("worker failed")
+            assert not hs[1].request_restart("worker failed too")  # same round: counted once
+            infos2 = rendezvous(hs)
+            assert {i.restart_count for i in infos2} == {1}
+            assert [i.node_rank for i in infos2] == [i.node_rank for i in infos]
+        finally:
+            shutdown_all(hs)
+    assert violations(etcd.endpoints, run, 1, 3, acc) == []
