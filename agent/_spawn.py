@@ -6,6 +6,7 @@ multiprocessing); ``workers.py`` is the group's life cycle (state, stop, results
 
 from __future__ import annotations
 
+import collections
 import io
 import multiprocessing
 import os
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _boot
 from .api import EntrypointKind, Std, Worker, WorkerSpec
+from .logs import STDERR, STDOUT, Reactor
 
 if TYPE_CHECKING:  # pragma: no cover
     from etcdrun.rendezvous.api import RendezvousInfo
@@ -247,6 +249,60 @@ def release_forkserver() -> None:
                 stop()
             except (OSError, ChildProcessError):
                 pass
+
+
+def start_worker(
+    reactor: Reactor,
+    spec: WorkerSpec,
+    info: RendezvousInfo,
+    kind: EntrypointKind,
+    worker: Worker,
+    files: WorkerFiles,
+    modes: tuple[str, str],
+    payload_file: str | None,
+) -> tuple[Handle, list[int], collections.deque[str] | None]:
+    """Open the worker's stdout/stderr (a log file, or a pipe to the relay), launch it, and hand
+    its pipes to the relay. Returns (handle, pipe fds, stderr tail). Call on the relay thread."""
+    child_fds: list[int] = []
+    pipes: list[tuple[int, str, int]] = []  # (read end, mode, STDOUT/STDERR)
+    try:
+        targets = ((STDOUT, modes[0], files.stdout), (STDERR, modes[1], files.stderr))
+        for which, mode, path in targets:
+            if mode == FILE:
+                flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
+                child_fds.append(os.open(path, flags, 0o644))
+            else:
+                r, w = os.pipe()
+                child_fds.append(w)
+                pipes.append((r, mode, which))
+        handle = launch(
+            spec,
+            kind,
+            env=worker_env(spec, info, worker, files.error_file),
+            stdout=child_fds[0],
+            stderr=child_fds[1],
+            files=files,
+            payload_file=payload_file,
+            close_in_child=reactor.fds() + [r for r, _, _ in pipes],
+            name=f"{spec.role}-{worker.global_rank}",
+        )
+    except BaseException:
+        for r, _, _ in pipes:
+            os.close(r)
+        raise
+    finally:
+        for fd in child_fds:
+            os.close(fd)
+    prefix = f"[{worker.global_rank}]:".encode()
+    tail = None
+    for r, mode, which in pipes:
+        path = files.stdout if which == STDOUT else files.stderr
+        stream_tail = reactor.new_tail() if which == STDERR else None
+        if stream_tail is not None:
+            tail = stream_tail
+        tee_file = open(path, "ab", buffering=0) if mode == TEE else None  # noqa: SIM115
+        reactor.add_stream(r, prefix=prefix, console=which, file=tee_file, tail=stream_tail)
+    return handle, [r for r, _, _ in pipes], tail
 
 
 def _popen(argv: list[str], env: dict[str, str], stdout: int, stderr: int) -> subprocess.Popen:

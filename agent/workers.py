@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 from . import _spawn
 from .api import EntrypointKind, RunResult, Worker, WorkerSpec, WorkerState
 from .errors import ProcessFailure
-from .logs import STDERR, STDOUT, TAIL_LINES, Reactor
+from .logs import TAIL_LINES, Reactor
 
 if TYPE_CHECKING:  # pragma: no cover
     from etcdrun.rendezvous.api import RendezvousInfo
@@ -59,6 +59,7 @@ class _Proc:
         self.signalled_at: float | None = None
         self.stop_signal: str | None = None
         self.failure: ProcessFailure | None = None
+        self.returned: tuple[Any] | None = None  # (value,) once read
 
 
 class WorkerGroup:
@@ -90,6 +91,7 @@ class WorkerGroup:
         self._spec: WorkerSpec | None = None
         self._info: RendezvousInfo | None = None
         self._attempt: int | None = None
+        self._next_attempt = 0
         self._attempt_dir: str | None = None
         self._payload_file: str | None = None
         self._stopped = True
@@ -151,9 +153,10 @@ class WorkerGroup:
     ) -> list[Worker]:
         """Start ``spec.local_world_size`` workers for this round; returns them with their pids.
 
-        ``attempt`` names the log folder (``attempt_<n>``); by default the round number, which is
-        the same on every node and unique within a run, so agents sharing a log_dir on one host
-        never write into each other's folders.
+        ``attempt`` names the log folder (``attempt_<n>``). By default it is the round number
+        when that is new to this group (etcd rounds: the same on every node and unique within a
+        run, so agents sharing a log_dir on one host never write into each other's folders), else
+        one more than the last attempt (the static backend re-runs round 0 on each restart).
         """
         if not self._stopped:
             raise RuntimeError("workers are running: stop() them before starting new ones")
@@ -171,7 +174,8 @@ class WorkerGroup:
         if kind in (EntrypointKind.CALLABLE, EntrypointKind.RUN_PATH):
             if spec.start_method == "spawn":
                 payload = _spawn.spawn_payload(spec, kind)
-        self._attempt = info.round if attempt is None else attempt
+        self._attempt = max(info.round, self._next_attempt) if attempt is None else attempt
+        self._next_attempt = self._attempt + 1
         root = spec.log_dir or self.log_root()
         self._attempt_dir = os.path.join(root, info.run_id, f"attempt_{self._attempt}")
         procs = []
@@ -214,52 +218,12 @@ class WorkerGroup:
     ) -> None:
         reactor = self._reactor
         assert reactor is not None
-        w, files = proc.worker, proc.files
-        child_fds: list[int] = []
-        pipes: list[tuple[int, str, int]] = []  # (read fd, mode, which)
-        try:
-            for which, mode, path in (
-                (STDOUT, proc.modes[0], files.stdout),
-                (STDERR, proc.modes[1], files.stderr),
-            ):
-                if mode == _spawn.FILE:
-                    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
-                    child_fds.append(os.open(path, flags, 0o644))
-                else:
-                    r, wr = os.pipe()
-                    child_fds.append(wr)
-                    pipes.append((r, mode, which))
-            env = worker_env(spec, info, w, files.error_file)
-            handle = _spawn.launch(
-                spec,
-                kind,
-                env=env,
-                stdout=child_fds[0],
-                stderr=child_fds[1],
-                files=files,
-                payload_file=self._payload_file,
-                close_in_child=reactor.fds() + [r for r, _, _ in pipes],
-                name=f"{spec.role}-{w.global_rank}",
-            )
-        except BaseException:
-            for fd in [r for r, _, _ in pipes]:
-                os.close(fd)
-            raise
-        finally:
-            for fd in child_fds:
-                os.close(fd)
+        handle, proc.stream_fds, proc.stderr_tail = _spawn.start_worker(
+            reactor, spec, info, kind, proc.worker, proc.files, proc.modes, self._payload_file
+        )
         with self._cond:
             proc.handle = handle
-            w.pid = handle.pid
-        prefix = f"[{w.global_rank}]:".encode()
-        for r, mode, which in pipes:
-            path = files.stdout if which == STDOUT else files.stderr
-            tail = reactor.new_tail() if which == STDERR else None
-            if tail is not None:
-                proc.stderr_tail = tail
-            tee_file = open(path, "ab", buffering=0) if mode == _spawn.TEE else None  # noqa: SIM115
-            reactor.add_stream(r, prefix=prefix, console=which, file=tee_file, tail=tail)
-            proc.stream_fds.append(r)
+            proc.worker.pid = handle.pid
         fd, owns = handle.exit_fd()
         reactor.watch_exit(fd, lambda: self._check_exit(proc), owns_fd=owns)
 
@@ -338,10 +302,8 @@ class WorkerGroup:
         for proc, code in exited:
             if code != 0:
                 failures[proc.worker.global_rank] = self._failure(proc, code)
-            elif os.path.exists(proc.files.return_file):
-                returns[proc.worker.global_rank] = self._return_value(proc)
             else:
-                returns[proc.worker.global_rank] = None
+                returns[proc.worker.global_rank] = self._return_value(proc)
         if any(not f.stopped_by_agent for f in failures.values()):
             return RunResult(WorkerState.FAILED, returns, failures)
         if everyone and not failures and not interrupted:
@@ -383,10 +345,16 @@ class WorkerGroup:
 
     @staticmethod
     def _return_value(proc: _Proc) -> Any:
-        import pickle
+        """A callable's return value (read once); None for commands, which return nothing."""
+        if proc.returned is None:
+            import pickle
 
-        with open(proc.files.return_file, "rb") as fp:
-            return pickle.load(fp)
+            try:
+                with open(proc.files.return_file, "rb") as fp:
+                    proc.returned = (pickle.load(fp),)
+            except FileNotFoundError:
+                proc.returned = (None,)
+        return proc.returned[0]
 
     # ---- signals and stop ----------------------------------------------------------------------
 
@@ -433,6 +401,9 @@ class WorkerGroup:
         if self._stopped:
             return self._result or RunResult(WorkerState.INIT)
         assert self._spec is not None and self._reactor is not None
+        if threading.current_thread() is self._reactor.thread:
+            raise RuntimeError("stop() cannot run on the relay thread (from on_exit): wake the"
+                               " elastic loop instead")
         grace = self._spec.stop_grace if grace is None else grace
         self.signal_all(signal.SIGTERM)
         if not self._wait_exited(grace):

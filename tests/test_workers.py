@@ -346,6 +346,15 @@ def test_logs_of_every_attempt_are_kept(group, tmp_path):
         "attempt_0", "attempt_1"]
 
 
+def test_a_repeated_round_gets_a_new_attempt_folder(group):
+    spec = WorkerSpec(local_world_size=1, entrypoint=script("output.py"), redirects=3)
+    run_to_end(group, spec, make_info(world=1, round=0))
+    run_to_end(group, spec, make_info(world=1, round=0, restarts=1))  # static backend restart
+    assert group.attempt == 1 and read(group.log_paths[0].stdout) == b"out 0\n"
+    run_to_end(group, spec, make_info(world=1, round=5))
+    assert group.attempt == 5
+
+
 def test_stale_error_file_of_a_previous_run_is_ignored(group):
     spec = WorkerSpec(local_world_size=1, entrypoint="sh", args=("-c", "exit 3"))
     info = make_info(world=1)
