@@ -151,12 +151,28 @@ def run_callable(fn: Any, args: tuple[Any, ...], return_file: str) -> int:
     return 0
 
 
+def _default_signal_handlers() -> None:
+    # A forked worker inherits the agent's Python signal handlers (its SIGTERM forwarding, its
+    # wake-up fd): the worker must die of SIGTERM like an exec'd one, not run the agent's code.
+    import signal
+
+    try:
+        signal.set_wakeup_fd(-1)
+    except ValueError:
+        pass
+    for name in ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGCHLD"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def mp_child_main(params: dict[str, Any]) -> None:
     """Target of a fork/forkserver multiprocessing worker."""
     try:
         os.setsid()
     except OSError:
         pass
+    _default_signal_handlers()
     set_parent_death_signal(params["agent_pid"], direct_child=params["direct_child"])
     for fd in params["close_fds"]:
         try:

@@ -211,6 +211,28 @@ def test_unpicklable_spawn_entrypoint_fails_start_cleanly(group):
     assert group.relay_thread is None or not group.relay_thread.is_alive()
 
 
+def test_forked_worker_does_not_inherit_the_agents_signal_handlers(group, tmp_path):
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)  # an agent forwarding SIGTERM
+    try:
+        spec = WorkerSpec(local_world_size=1, entrypoint=wr_callables.sleep_forever,
+                          args=(str(tmp_path),), start_method="fork")
+        group.start(spec, make_info(world=1))
+        assert wait_for(lambda: (tmp_path / "ready_0").exists())
+        final = group.stop(grace=10)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert final.failures[0].signal == "SIGTERM"  # not SIGKILL after sitting out the grace
+
+
+def test_spawn_failure_inside_start_leaves_nothing_behind(group):
+    spec = WorkerSpec(local_world_size=2, entrypoint=wr_callables.scaled_rank,
+                      args=(lambda: 1,), start_method="forkserver")
+    with pytest.raises(Exception, match="pickle"):
+        group.start(spec, make_info())
+    assert not group.relay_thread.is_alive()
+    assert group.poll().state == WorkerState.STOPPED
+
+
 def test_unpicklable_return_value_is_a_failure(group):
     spec = WorkerSpec(local_world_size=1, entrypoint=wr_callables.unpicklable_result,
                       start_method="fork")
