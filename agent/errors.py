@@ -102,15 +102,23 @@ def _parse(data: Any) -> ErrorFileContent:
     )
 
 
-def write_error_file(path: str, exc: BaseException) -> None:
-    """Write ``exc`` in torch's format, atomically (a reader never sees half a file)."""
+def write_error_file(path: str, exc: BaseException, skip_frames: int = 0) -> None:
+    """Write ``exc`` in torch's format, atomically (a reader never sees half a file).
+
+    ``skip_frames`` drops the outermost frames (``record``'s own wrapper), so the
+    traceback starts in the user's code.
+    """
     now = time.time()
+    tb = exc.__traceback__
+    for _ in range(skip_frames):
+        if tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
     data = {
         "message": {
             "message": f"{type(exc).__name__}: {exc}",
             "extraInfo": {
                 "py_callstack": "".join(
-                    traceback.format_exception(type(exc), exc, exc.__traceback__)
+                    traceback.format_exception(type(exc), exc, tb)
                 ),
                 "timestamp": str(int(now)),
                 "timestamp_ms": str(int(now * 1000)),
@@ -336,7 +344,7 @@ def record(fn: Callable[..., T]) -> Callable[..., T | None]:
             path = os.environ.get("TORCHELASTIC_ERROR_FILE")
             if path:
                 try:
-                    write_error_file(path, e)
+                    write_error_file(path, e, skip_frames=1)
                 except OSError:
                     pass  # the traceback still reaches stderr; never mask the real error
             raise

@@ -91,6 +91,7 @@ def test_record_writes_torchs_format(tmp_path, monkeypatch):
     assert data["message"]["message"] == "ValueError: bad 3"
     assert set(extra) == {"py_callstack", "timestamp", "timestamp_ms"}
     assert "in main" in extra["py_callstack"] and "ValueError: bad 3" in extra["py_callstack"]
+    assert "in wrapper" not in extra["py_callstack"]  # starts in the user's code
     assert extra["timestamp"] == str(int(extra["timestamp"]))
     assert int(extra["timestamp"]) <= time.time()
     assert int(extra["timestamp_ms"]) // 1000 == int(extra["timestamp"])
