@@ -388,6 +388,22 @@ def _fail(exc: BaseException, code: int) -> int:
     return code
 
 
+def _setup_logging() -> None:
+    """The agent's own lines on stderr, short and prefixed so they stand apart from workers'.
+    ``LOGLEVEL`` (torchrun's variable) sets the level; etcdrun.events lines only at DEBUG."""
+    import logging
+
+    level = os.environ.get("LOGLEVEL", "INFO").upper()
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("[etcdrun %(asctime)s] %(message)s", "%H:%M:%S"))
+    root = logging.getLogger("etcdrun")
+    if not root.handlers:
+        root.addHandler(handler)
+    root.setLevel(level if level in logging._nameToLevel else "INFO")
+    logging.getLogger("etcdrun.events").setLevel(
+        "DEBUG" if root.level <= logging.DEBUG else "WARNING")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The console script: parse, then run this node's agent until the job ends."""
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -396,6 +412,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         return _fail(exc, 2)
 
+    _setup_logging()
     from etcdrun.agent.launcher import launch_agent
     from etcdrun.rendezvous.errors import RendezvousError
 
@@ -408,6 +425,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as exc:
+        from etcdrun.agent.elastic_agent import SignalException
+
+        if isinstance(exc, SignalException):  # forwarded to the workers; we left the job
+            return 128 + int(exc.sigval)
         from etcdrun.agent.errors import ChildFailedError
 
         if isinstance(exc, ChildFailedError):  # workers failed: their report, not our traceback

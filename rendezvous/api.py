@@ -44,6 +44,20 @@ class RendezvousInfo:
     participants: tuple[Participant, ...] = ()
 
 
+@dataclass(frozen=True)
+class FailureInfo:
+    """The root cause of a job that failed for good, as every node reports it."""
+
+    node_id: str
+    host: str
+    global_rank: int
+    exit_code: int
+    signal_name: str = ""
+    message: str = ""
+    traceback: str = ""
+    timestamp: float = 0.0
+
+
 @dataclass
 class RendezvousParameters:
     """Everything needed to build a handler; ``config`` holds backend-specific keys."""
@@ -112,6 +126,28 @@ class RendezvousHandler(abc.ABC):
         """Leave gracefully (peers see it at once); True when it left cleanly."""
 
     def get_run_id(self) -> str:
+        return ""
+
+    # ---- what the elastic agent needs beyond torch's interface (defaults fit static) ----------
+    def request_restart(self, reason: str) -> bool:
+        """Start a new round after a worker failure (one restart of the budget). False when
+        the backend has no shared round to restart (static) or someone else already did."""
+        return False
+
+    def exit_barrier(self, timeout: float | None = None) -> bool:
+        """Wait for every node of the round to finish; True when all did."""
+        return True
+
+    def close_with_failure(self, failure: FailureInfo) -> None:
+        """Close the run because it failed for good, so that every node reports the root cause."""
+        self.set_closed()
+
+    def closed_failure(self) -> FailureInfo | None:
+        """The failure that closed the run, once it is closed as failed."""
+        return None
+
+    def status(self) -> str:
+        """One line on where the rendezvous stands, for the agent's waiting message."""
         return ""
 
     @property

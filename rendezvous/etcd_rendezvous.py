@@ -22,6 +22,7 @@ import uuid
 from etcdrun.proto import etcdrun_state_pb2 as st
 from etcdrun.rendezvous import codec, events
 from etcdrun.rendezvous.api import (
+    FailureInfo,
     Participant,
     RendezvousHandler,
     RendezvousInfo,
@@ -108,6 +109,11 @@ class EtcdRendezvousHandler(RendezvousHandler):
     @property
     def membership_changed(self) -> threading.Event:
         return self._changed
+
+    def session_lost(self) -> bool:
+        """True when this node's lease is gone: its workers must stop at once (fencing, S4)."""
+        sess = self._session
+        return sess is not None and sess.lease is not None and sess.lost.is_set()
 
     @property
     def node_id(self) -> str | None:
@@ -227,6 +233,21 @@ class EtcdRendezvousHandler(RendezvousHandler):
         with self._cond:
             msg = self._round_msg
         return msg if msg is not None and msg.phase == st.CLOSED else None
+
+    def close_with_failure(self, failure: FailureInfo) -> None:
+        self.set_closed(st.FAILED, st.Failure(
+            node_id=failure.node_id, host=failure.host, global_rank=failure.global_rank,
+            exit_code=failure.exit_code, signal_name=failure.signal_name,
+            message=failure.message[:2000], traceback=failure.traceback[-8000:],
+            timestamp_ms=int(failure.timestamp * 1000)))
+
+    def closed_failure(self) -> FailureInfo | None:
+        msg = self.closed_state()
+        if msg is None or msg.outcome != st.FAILED:
+            return None
+        f = msg.failure
+        return FailureInfo(f.node_id, f.host, f.global_rank, f.exit_code, f.signal_name,
+                           f.message, f.traceback, f.timestamp_ms / 1000.0)
 
     def num_nodes_waiting(self) -> int:
         try:

@@ -1,0 +1,233 @@
+"""The elastic agent: rendezvous → start workers → wait → act, until the job ends.
+
+Why this loop and no other: every decision that involves other nodes (who is in the round, how
+many restarts the job has spent, whether the job failed elsewhere) lives in the rendezvous, so
+the agent only reacts to three local facts — its workers exited, the round it runs in was
+superseded (``membership_changed``, pushed by an etcd watch), or it got a signal — and to one
+shared fact it reads after each, the run being closed.
+
+Signals (SIGTERM, SIGINT, SIGHUP, SIGQUIT) are forwarded to the workers; the agent then leaves the
+rendezvous (its lease revoked, so peers start a new round at once) and raises SignalException,
+which the CLI turns into exit code 128 + signal (torchrun exits 1).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+from etcdrun.agent.api import RunResult, WorkerSpec, WorkerState
+from etcdrun.agent.errors import ChildFailedError, ProcessFailure
+from etcdrun.agent.workers import WorkerGroup
+from etcdrun.rendezvous.api import FailureInfo, RendezvousHandler, RendezvousInfo
+
+log = logging.getLogger("etcdrun.agent")
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+
+
+class SignalException(Exception):
+    """The agent got a termination signal; ``sigval`` is it (exit code 128 + sigval)."""
+
+    def __init__(self, msg: str, sigval: signal.Signals) -> None:
+        super().__init__(msg)
+        self.sigval = sigval
+
+
+class ElasticAgent:
+    """Runs one node's share of the job. ``run()`` returns the last attempt's RunResult (the
+    launcher raises ChildFailedError for a failed one) or raises ChildFailedError itself when
+    another node closed the run as failed."""
+
+    def __init__(self, spec: WorkerSpec, log_dir: str | None = None, *,
+                 status_interval: float = 5.0, console_out: Any = None,
+                 console_err: Any = None) -> None:
+        if spec.rdzv_handler is None:
+            raise ValueError("WorkerSpec.rdzv_handler is required")
+        self._spec = spec
+        self._h: RendezvousHandler = spec.rdzv_handler
+        self._group = WorkerGroup(log_dir or spec.log_dir, console_out=console_out,
+                                  console_err=console_err)
+        self._status_interval = status_interval
+        self._deferred: int | None = None
+        self._defer = 0
+        self.rounds = 0  # rounds this agent started workers in
+
+    # ---- public --------------------------------------------------------------------------
+    def run(self) -> RunResult:
+        previous = self._install_signal_handlers()
+        try:
+            return self._loop()
+        except SignalException as e:
+            log.warning("got %s: forwarding it to the workers and leaving the job",
+                        e.sigval.name)
+            self._stop_workers(forward=e.sigval)
+            raise
+        finally:
+            self._restore_signal_handlers(previous)
+            self._group.close()
+
+    @property
+    def group(self) -> WorkerGroup:
+        return self._group
+
+    # ---- the loop ------------------------------------------------------------------------
+    def _loop(self) -> RunResult:
+        spec, h = self._spec, self._h
+        while True:
+            info = self._rendezvous()
+            with self._deferring():
+                self._group.start(spec, info)
+            self.rounds += 1
+            log.info("round %d: node rank %d of %d, ranks %d..%d of %d, restarts %d/%d",
+                     info.round, info.node_rank, info.node_count, info.first_global_rank,
+                     info.first_global_rank + spec.local_world_size - 1, info.world_size,
+                     info.restart_count, spec.max_restarts)
+            result = self._wait(info)
+            if result is None:  # the round was superseded (or our lease was lost)
+                lost = bool(getattr(h, "session_lost", lambda: False)())
+                self._stop_workers(grace=0.0 if lost else None)
+                log.info("round %d superseded (%s): restarting workers", info.round,
+                         "lease lost" if lost else "membership changed")
+                self._raise_if_failed_elsewhere()
+                continue
+            if result.state == WorkerState.SUCCEEDED:
+                final = self._stop_workers()
+                log.info("round %d: workers succeeded; waiting for the other nodes",
+                         info.round)
+                if not h.exit_barrier():
+                    self._raise_if_failed_elsewhere()
+                    log.warning("not every node finished in time; leaving anyway")
+                return final
+            final = self._stop_workers()
+            rank, root = _root_cause(final)
+            if info.restart_count < spec.max_restarts:
+                log.warning("round %d: worker rank %d failed (%s); restart %d/%d (job-wide)",
+                            info.round, rank, root.exit_description(),
+                            info.restart_count + 1, spec.max_restarts)
+                with self._deferring():
+                    h.request_restart(f"worker rank {rank} on {root.host} failed")
+                continue
+            log.error("round %d: worker rank %d failed and the restart budget (%d) is spent",
+                      info.round, rank, spec.max_restarts)
+            with self._deferring():
+                h.close_with_failure(FailureInfo(
+                    node_id=info.node_id, host=root.host, global_rank=rank,
+                    exit_code=root.exitcode, signal_name=root.signal or "",
+                    message=root.message, traceback=root.traceback,
+                    timestamp=root.timestamp))
+            return final
+
+    def _rendezvous(self) -> RendezvousInfo:
+        """next_rendezvous() with one status line every few seconds while it waits."""
+        done = threading.Event()
+        started = time.monotonic()
+
+        def ticker() -> None:
+            while not done.wait(self._status_interval):
+                log.info("waiting for a round (%.0f s): %s", time.monotonic() - started,
+                         self._h.status() or "...")
+
+        th = threading.Thread(target=ticker, name="etcdrun-status", daemon=True)
+        th.start()
+        try:
+            return self._h.next_rendezvous()
+        finally:
+            done.set()
+            th.join()
+
+    def _wait(self, info: RendezvousInfo) -> RunResult | None:
+        """Until the workers end (their result) or the round is superseded (None)."""
+        changed = self._h.membership_changed
+        while True:
+            self._check_deferred()
+            if changed.is_set():
+                return None
+            result = self._group.poll()
+            if result is not None:
+                return result
+            changed.wait(self._spec.monitor_interval)
+
+    def _stop_workers(self, grace: float | None = None,
+                      forward: signal.Signals | None = None) -> RunResult:
+        with self._deferring():
+            if forward is not None:
+                self._group.signal_all(forward)
+            return self._group.stop(grace)
+
+    def _raise_if_failed_elsewhere(self) -> None:
+        failure = self._h.closed_failure()
+        if failure is None:
+            return
+        path = self._write_remote_error(failure)
+        pf = ProcessFailure(local_rank=-1, pid=0, exitcode=failure.exit_code,
+                            error_file=path, global_rank=failure.global_rank,
+                            host=failure.host, exit_time=failure.timestamp)
+        raise ChildFailedError(name=self._spec.get_entrypoint_name(),
+                               failures={failure.global_rank: pf})
+
+    def _write_remote_error(self, f: FailureInfo) -> str:
+        """The remote root cause, as an error file in our own log dir (torch's format)."""
+        d = os.path.join(self._group.log_root(), self._h.get_run_id() or "run")
+        os.makedirs(d, exist_ok=True)
+        path = os.path.join(d, f"root_cause_rank{f.global_rank}.json")
+        with open(path, "w") as fp:
+            json.dump({"message": {"message": f.message or f"exit code {f.exit_code}",
+                                   "extraInfo": {"py_callstack": f.traceback,
+                                                 "timestamp": str(int(f.timestamp))}}}, fp)
+        return path
+
+    # ---- signals ---------------------------------------------------------------------------
+    def _install_signal_handlers(self) -> dict[int, Any]:
+        if threading.current_thread() is not threading.main_thread():
+            return {}  # only the main thread may handle signals (embedded use)
+        previous = {}
+        for sig in FORWARDED_SIGNALS:
+            previous[sig] = signal.signal(sig, self._on_signal)
+        return previous
+
+    @staticmethod
+    def _restore_signal_handlers(previous: dict[int, Any]) -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if self._defer:
+            self._deferred = signum  # raised as soon as the critical section ends
+            return
+        raise SignalException(f"process {os.getpid()} got signal {signum}",
+                              signal.Signals(signum))
+
+    def _check_deferred(self) -> None:
+        if self._deferred is not None and not self._defer:
+            sig, self._deferred = self._deferred, None
+            raise SignalException(f"process {os.getpid()} got signal {sig}",
+                                  signal.Signals(sig))
+
+    def _deferring(self) -> _Deferring:
+        return _Deferring(self)
+
+
+class _Deferring:
+    """A critical section (starting/stopping workers, a fenced write) that a signal must not
+    cut in half: the signal is held and raised right after."""
+
+    def __init__(self, agent: ElasticAgent) -> None:
+        self.agent = agent
+
+    def __enter__(self) -> None:
+        self.agent._defer += 1
+
+    def __exit__(self, *exc: object) -> None:
+        self.agent._defer -= 1
+        if exc[0] is None:
+            self.agent._check_deferred()
+
+
+def _root_cause(result: RunResult) -> tuple[int, ProcessFailure]:
+    pool = result.real_failures() or result.failures
+    return min(pool.items(), key=lambda item: (item[1].timestamp, item[0]))
