@@ -167,7 +167,9 @@ def test_hot_spares_wait_without_restarting_anyone_and_fill_a_freed_place(etcd):
             while not got and time.monotonic() < deadline:
                 time.sleep(0.05)
             assert info.node_rank == 0 and info.node_count == 2
-            assert len(got) == 1 and got[0][0] is spares[0]  # the oldest spare
+            # One spare took the freed place (L1 freezes at max at once: whichever joined
+            # first); the other still waits, restarting nobody.
+            assert len(got) == 1 and got[0][0] in spares
             assert got[0][1].node_rank == 1
         finally:
             shutdown_all(hs + spares)
