@@ -20,7 +20,7 @@ import time
 import uuid
 
 from etcdrun.proto import etcdrun_state_pb2 as st
-from etcdrun.rendezvous import codec, events
+from etcdrun.rendezvous import codec, events, transitions
 from etcdrun.rendezvous.api import (
     FailureInfo,
     Participant,
@@ -207,21 +207,20 @@ class EtcdRendezvousHandler(RendezvousHandler):
         """Close the run (fenced on the round key); a run already closed stays as it is.
         The closed marker lives for join_timeout, so late joiners fail at once meanwhile."""
         try:
-            ttl_lease = self.client.lease(int(self.cfg.join_timeout), keepalive=False)
+            marker = None
             while True:
                 kv = self.client.get(self.keys.round)
                 cur = codec.round_from(kv.key, kv.value, kv.mod_revision, self.run_id) \
                     if kv else None
                 if cur is not None and cur.phase is Phase.CLOSED:
+                    if marker is not None:
+                        marker.revoke()
                     return
-                closed = Round(cur.number if cur else 1, Phase.CLOSED,
-                               cur.members if cur else (), cur.restart_count if cur else 0)
-                guard = t.mod_revision(self.keys.round, "==", kv.mod_revision) if kv else \
-                    t.create_revision(self.keys.round, "==", 0)
-                res = self.client.txn([guard], [t.put(self.keys.round, codec.round_to(
-                    closed, decided_by=self.node_id or "", outcome=outcome, failure=failure),
-                    ttl_lease.id)])
-                if res.succeeded:
+                if marker is None:
+                    marker = self.client.lease(int(self.cfg.join_timeout), keepalive=False)
+                closed, (guard, ops) = transitions.close(self.keys, cur, outcome, failure,
+                                                         marker.id, self.node_id or "")
+                if self.client.txn(guard, ops).succeeded:
                     events.emit("run_closed", run_id=self.run_id, round=closed.number,
                                 node=self.node_id, outcome=st.Outcome.Name(outcome))
                     return
@@ -266,13 +265,11 @@ class EtcdRendezvousHandler(RendezvousHandler):
         r = self._running
         if r is None:
             return False
-        new = Round(r.number + 1, Phase.JOINING, r.members, r.restart_count + 1)
+        new, (guard, ops) = transitions.start_round(self.keys, r, r.number + 1, r.members,
+                                                    r.restart_count + 1, reason,
+                                                    self.node_id or "")
         try:
-            res = self.client.txn(
-                [t.mod_revision(self.keys.round, "==", r.mod_revision)],
-                [t.put(self.keys.round, codec.round_to(new, reason=reason,
-                                                       decided_by=self.node_id or "")),
-                 t.delete(self.keys.rounds, range_end=self.keys.round_dir(new.number))])
+            res = self.client.txn(guard, ops)
         except EtcdError as e:
             raise self._wrap(e) from None
         if res.succeeded:
@@ -326,12 +323,7 @@ class EtcdRendezvousHandler(RendezvousHandler):
             return
         with self._cond:
             r = self._round
-        guard = [t.create_revision(self.keys.agents, "==", sess.create_revision, prefix=True)]
-        ops = [t.delete(self.keys.rounds, prefix=True)]
-        if r is None or r.phase is not Phase.CLOSED:
-            guard.append(t.mod_revision(self.keys.round, "==", r.mod_revision) if r else
-                         t.create_revision(self.keys.round, "==", 0))
-            ops.append(t.delete(self.keys.round))
+        guard, ops = transitions.clean_up_if_last(self.keys, sess.create_revision, r)
         try:
             if self.client.txn(guard, ops).succeeded:
                 events.emit("run_cleaned", run_id=self.run_id, node=sess.node_id)

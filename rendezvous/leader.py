@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable
 
 from etcdrun.proto import etcd_api_pb2 as pb
-from etcdrun.rendezvous import codec, events
+from etcdrun.rendezvous import codec, events, transitions
 from etcdrun.rendezvous.client import EtcdClient, EtcdError, Watch, WatchBatch
 from etcdrun.rendezvous.client import txn as t
 from etcdrun.rendezvous.keys import RunKeys
@@ -21,7 +21,6 @@ from etcdrun.rendezvous.protocol import (
     Agent,
     Freeze,
     Join,
-    Phase,
     Round,
     Settings,
     StartRound,
@@ -115,18 +114,17 @@ class Leader:
         return None
 
     def _apply(self, r: Round | None, action: StartRound | Freeze) -> bool:
-        guard = [t.create_revision(self._keys.agent(self._me), "==", self._my_rev),
-                 t.mod_revision(self._keys.round, "==", r.mod_revision) if r else
-                 t.create_revision(self._keys.round, "==", 0)]
         if isinstance(action, StartRound):
-            new = Round(action.number, Phase.JOINING, action.hint, action.restart_count)
-            ops = [t.put(self._keys.round, codec.round_to(new, reason=action.reason,
-                                                          decided_by=self._me)),
-                   t.delete(self._keys.rounds, range_end=self._keys.round_dir(action.number))]
+            new, (guard, ops) = transitions.start_round(
+                self._keys, r, action.number, action.hint, action.restart_count,
+                action.reason, self._me)
         else:
-            new = Round(action.number, Phase.FROZEN, action.members, r.restart_count,
-                        action.master_addr, action.master_port)
-            ops = [t.put(self._keys.round, codec.round_to(new, decided_by=self._me))]
+            assert r is not None
+            new, (guard, ops) = transitions.freeze(self._keys, r, action.members,
+                                                   action.master_addr, action.master_port,
+                                                   self._me)
+        # S4: a leader whose own agent key is gone (lease lost) cannot write.
+        guard.append(t.create_revision(self._keys.agent(self._me), "==", self._my_rev))
         res = self._c.txn(guard, ops)
         self.writes += 1
         if not res.succeeded:

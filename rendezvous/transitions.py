@@ -1,0 +1,61 @@
+"""The transactions that move the round key: open a round, freeze it, close the run.
+
+Why one module: whoever writes (the leader deciding, an agent restarting after a worker failure,
+the node that closes the run), each transition is the same single Txn, fenced on the round key's
+mod_revision (S1) — or on its absence for the first round — so the rules live in one place.
+Each function returns ``(compare, success)`` for ``EtcdClient.txn``.
+"""
+
+from __future__ import annotations
+
+from etcdrun.proto import etcd_api_pb2 as pb
+from etcdrun.proto import etcdrun_state_pb2 as st
+from etcdrun.rendezvous import codec
+from etcdrun.rendezvous.client import txn as t
+from etcdrun.rendezvous.keys import RunKeys
+from etcdrun.rendezvous.protocol import Member, Phase, Round
+
+Txn = tuple[list[pb.Compare], list[pb.RequestOp]]
+
+
+def fence(keys: RunKeys, current: Round | None) -> pb.Compare:
+    """The round key is still exactly what the writer decided from."""
+    if current is None:
+        return t.create_revision(keys.round, "==", 0)
+    return t.mod_revision(keys.round, "==", current.mod_revision)
+
+
+def start_round(keys: RunKeys, current: Round | None, number: int, hint: tuple[Member, ...],
+                restart_count: int, reason: str, by: str) -> tuple[Round, Txn]:
+    """Open round ``number`` for joining; drop every older round's records in the same Txn."""
+    new = Round(number, Phase.JOINING, hint, restart_count)
+    ops = [t.put(keys.round, codec.round_to(new, reason=reason, decided_by=by)),
+           t.delete(keys.rounds, range_end=keys.round_dir(number))]
+    return new, ([fence(keys, current)], ops)
+
+
+def freeze(keys: RunKeys, current: Round, members: tuple[Member, ...], master_addr: str,
+           master_port: int, by: str) -> tuple[Round, Txn]:
+    new = Round(current.number, Phase.FROZEN, members, current.restart_count, master_addr,
+                master_port)
+    return new, ([fence(keys, current)], [t.put(keys.round, codec.round_to(new, decided_by=by))])
+
+
+def close(keys: RunKeys, current: Round | None, outcome: int, failure: st.Failure | None,
+          lease_id: int, by: str) -> tuple[Round, Txn]:
+    """CLOSED under a lease: the marker outlives the agents, then expires by itself."""
+    new = Round(current.number if current else 1, Phase.CLOSED,
+                current.members if current else (), current.restart_count if current else 0)
+    value = codec.round_to(new, decided_by=by, outcome=outcome, failure=failure)
+    return new, ([fence(keys, current)], [t.put(keys.round, value, lease_id)])
+
+
+def clean_up_if_last(keys: RunKeys, my_create_revision: int, current: Round | None) -> Txn:
+    """Remove the run's keys when every key under agents/ is ours (we are the last one out).
+    A CLOSED marker stays: it expires with its lease."""
+    guard = [t.create_revision(keys.agents, "==", my_create_revision, prefix=True)]
+    ops = [t.delete(keys.rounds, prefix=True)]
+    if current is None or current.phase is not Phase.CLOSED:
+        guard.append(fence(keys, current))
+        ops.append(t.delete(keys.round))
+    return guard, ops
