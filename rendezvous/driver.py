@@ -73,6 +73,8 @@ class Driver:
                                                  self.sess.node_id, self.sess.create_revision,
                                                  self.h.get_round, self.h.set_round, self.post)
                             self.leader.start()
+                    elif isinstance(item, tuple) and item[0] == "rewatch":
+                        self.h.rewatch_round()
                     elif isinstance(item, WatchBatch) and self.leader is not None:
                         self.leader.on_batch(item)
                 until = None
@@ -82,9 +84,13 @@ class Driver:
                 log.error("rendezvous driver: %s", e)
                 until = time.monotonic() + 1.0
             except EtcdError as e:
+                # Whatever broke (a call, or a leader watch ended by compaction), start the
+                # election over: a new leader term re-reads a consistent snapshot.
                 log.warning("rendezvous driver: etcd: %s; retrying", e)
+                self._stop_leader()
+                self.election.close()
                 self.q.put(("election",))
-                until = time.monotonic() + 0.5
+                until = None
 
     def _stop_leader(self) -> None:
         if self.leader is not None:

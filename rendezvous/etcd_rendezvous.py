@@ -415,9 +415,11 @@ class EtcdRendezvousHandler(RendezvousHandler):
             d.post(("lost",))
 
     def _on_round_batch(self, batch: WatchBatch) -> None:
-        if batch.error is not None:
-            log.error("round watch ended: %s", batch.error)
-            self._changed.set()
+        if batch.error is not None:  # compacted, or refused: read it again and re-watch
+            log.warning("round watch ended (%s); re-reading the round", batch.error)
+            d = self._driver
+            if d is not None:
+                d.post(("rewatch",))
             return
         for ev in batch.events:
             if ev.type == 1:  # DELETE: the closed marker expired or the run was cleaned up
@@ -436,6 +438,14 @@ class EtcdRendezvousHandler(RendezvousHandler):
         d = self._driver
         if d is not None:
             d.post(("round",))
+
+    def rewatch_round(self) -> None:
+        """Re-read the round key and watch it again from there (after a watch ended)."""
+        if self._round_watch is not None:
+            self._round_watch.cancel()
+        rev = self._load_round()
+        self._round_watch = self.client.watch(self.keys.round, start_revision=rev + 1,
+                                              callback=self._on_round_batch)
 
     def set_round(self, r: Round) -> None:
         """The leader's own successful write, applied before its watch event arrives."""

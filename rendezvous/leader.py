@@ -16,6 +16,7 @@ from etcdrun.proto import etcd_api_pb2 as pb
 from etcdrun.rendezvous import codec, events, transitions
 from etcdrun.rendezvous.client import EtcdClient, EtcdError, Watch, WatchBatch
 from etcdrun.rendezvous.client import txn as t
+from etcdrun.rendezvous.errors import RendezvousError
 from etcdrun.rendezvous.keys import RunKeys
 from etcdrun.rendezvous.protocol import (
     Agent,
@@ -74,6 +75,12 @@ class Leader:
             self._apply_kv(ev.kv, deleted=ev.type == pb.Event.DELETE)
 
     def _apply_kv(self, kv: pb.KeyValue, deleted: bool) -> None:
+        try:
+            self._apply_kv_checked(kv, deleted)
+        except RendezvousError as e:  # a foreign or corrupt record counts as absent
+            log.error("leader %s: ignoring %s", self._me, e)
+
+    def _apply_kv_checked(self, kv: pb.KeyValue, deleted: bool) -> None:
         kind, n, node = self._keys.parse(kv.key)
         rid = self._keys.run_id
         if kind == "agent" and node:

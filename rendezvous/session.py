@@ -50,16 +50,22 @@ class Session:
         key = self.keys.agent(self.node_id)
         try:
             res = self.client.txn([t.create_revision(key, "==", 0)],
-                                  [t.put(key, codec.encode(self.info), self.lease.id)])
+                                  [t.put(key, codec.encode(self.info), self.lease.id)],
+                                  [t.get(key)])
         except BaseException:
             self.lease.revoke()
             raise
-        if not res.succeeded:
-            self.lease.revoke()
-            raise RendezvousStateError(f"agent key {key} already exists: two agents with one "
-                                       f"node id", run_id=self.keys.run_id, node=self.node_id)
-        self.create_revision = res.revision
-        return self
+        if res.succeeded:
+            self.create_revision = res.revision
+            return self
+        kvs = res.responses[0].response_range.kvs
+        if kvs and kvs[0].lease == self.lease.id:
+            # Our own write, applied although its answer was lost and the call retried.
+            self.create_revision = kvs[0].create_revision
+            return self
+        self.lease.revoke()
+        raise RendezvousStateError(f"agent key {key} already exists: two agents with one "
+                                   f"node id", run_id=self.keys.run_id, node=self.node_id)
 
     def close(self) -> bool:
         """Leave: revoke the lease, so that every key under it vanishes now. Idempotent."""

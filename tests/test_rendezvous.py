@@ -266,3 +266,16 @@ def test_worker_failure_restart_is_job_wide(etcd):
         finally:
             shutdown_all(hs)
     assert violations(etcd.endpoints, run, 1, 3, acc) == []
+
+
+def test_foreign_record_under_the_run_is_ignored_by_the_leader(etcd):
+    run = new_run_id()
+    with EtcdClient(etcd.endpoints) as c:
+        c.put(f"/etcdrun/{run}/rounds/0000000001/joined/intruder", b"garbage")
+    hs = [handler(etcd.endpoints, run, 2, 2) for _ in range(2)]
+    try:
+        infos = rendezvous(hs, timeout=15)
+        assert sorted(i.node_rank for i in infos) == [0, 1]
+        assert all("intruder" not in [p.node_id for p in i.participants] for i in infos)
+    finally:
+        shutdown_all(hs)
