@@ -97,6 +97,7 @@ class EtcdRendezvousHandler(RendezvousHandler):
         self._driver: Driver | None = None
         self._round_watch: Watch | None = None
         self._joined: int | None = None
+        self._accepted_rev = 0  # the last round run: a cached stale copy is never rerun
         self._shutdown = False
 
     # ---- RendezvousHandler -------------------------------------------------------------------
@@ -144,7 +145,8 @@ class EtcdRendezvousHandler(RendezvousHandler):
             if r is not None and r.phase is Phase.JOINING and self._joined != r.number:
                 self._join(sess, r)
                 continue
-            if r is not None and r.phase is Phase.FROZEN and r.member(sess.node_id):
+            if r is not None and r.phase is Phase.FROZEN and r.member(sess.node_id) \
+                    and r.mod_revision > self._accepted_rev:
                 return self._accept(sess, r)
             with self._cond:
                 if self._round is r and not sess.lost.is_set():
@@ -179,6 +181,7 @@ class EtcdRendezvousHandler(RendezvousHandler):
         me = r.member(sess.node_id)
         assert me is not None
         self._running = r
+        self._accepted_rev = r.mod_revision
         info = RendezvousInfo(
             run_id=self.run_id, round=r.number, node_id=sess.node_id, node_rank=me.node_rank,
             node_count=len(r.members), first_global_rank=me.first_global_rank,
