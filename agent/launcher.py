@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from etcdrun.agent.config import LaunchConfig
+from etcdrun.agent.errors import record
 from etcdrun.rendezvous.api import RendezvousHandler, RendezvousParameters
 from etcdrun.rendezvous.registry import create_handler
 from etcdrun.rendezvous.static import DEFAULT_MASTER_ADDR, format_endpoint, reserve_free_port
@@ -87,6 +88,7 @@ def _shutdown_quietly(handler: RendezvousHandler) -> None:
         logger.warning("rendezvous shutdown failed (run %s)", handler.get_run_id(), exc_info=True)
 
 
+@record  # a nested launch (the agent itself run as a worker) reports its root cause upward
 def launch_agent(
     config: LaunchConfig,
     entrypoint: Callable[..., Any] | str | None,
