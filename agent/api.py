@@ -9,6 +9,7 @@ Why mirror torch: a user (and the elastic loop) who knows ``WorkerSpec``, ``Work
 from __future__ import annotations
 
 import enum
+import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -248,6 +249,11 @@ class WorkerSpec:
     def get_entrypoint_name(self) -> str:
         """A short name for messages (torch's helper of the same name)."""
         if isinstance(self.entrypoint, str):
+            if os.path.basename(self.entrypoint).startswith("python") and self.args:
+                # The interpreter runs a script (the CLI's way): name the script.
+                script = next((str(a) for a in self.args if not str(a).startswith("-")), None)
+                if script is not None:
+                    return os.path.basename(script)
             return self.entrypoint.rsplit("/", 1)[-1]
         if self.entrypoint is None:
             return "None"

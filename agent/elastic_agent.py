@@ -91,8 +91,9 @@ class ElasticAgent:
             if result is None:  # the round was superseded (or our lease was lost)
                 lost = bool(getattr(h, "session_lost", lambda: False)())
                 self._stop_workers(grace=0.0 if lost else None)
-                log.info("round %d superseded (%s): restarting workers", info.round,
-                         "lease lost" if lost else "membership changed")
+                reason = "lease lost" if lost else (
+                    getattr(h, "round_reason", lambda: "")() or "membership changed")
+                log.info("round %d superseded (%s): restarting workers", info.round, reason)
                 self._raise_if_failed_elsewhere()
                 continue
             if result.state == WorkerState.SUCCEEDED:
@@ -119,7 +120,7 @@ class ElasticAgent:
                     node_id=info.node_id, host=root.host, global_rank=rank,
                     exit_code=root.exitcode, signal_name=root.signal or "",
                     message=root.message, traceback=root.traceback,
-                    timestamp=root.timestamp))
+                    timestamp=root.timestamp, local_rank=root.local_rank, pid=root.pid))
             return final
 
     def _rendezvous(self) -> RendezvousInfo:
@@ -164,7 +165,8 @@ class ElasticAgent:
         if failure is None:
             return
         path = self._write_remote_error(failure)
-        pf = ProcessFailure(local_rank=-1, pid=0, exitcode=failure.exit_code,
+        pf = ProcessFailure(local_rank=failure.local_rank, pid=failure.pid,
+                            exitcode=failure.exit_code,
                             error_file=path, global_rank=failure.global_rank,
                             host=failure.host, exit_time=failure.timestamp)
         raise ChildFailedError(name=self._spec.get_entrypoint_name(),
@@ -178,7 +180,9 @@ class ElasticAgent:
         with open(path, "w") as fp:
             json.dump({"message": {"message": f.message or f"exit code {f.exit_code}",
                                    "extraInfo": {"py_callstack": f.traceback,
-                                                 "timestamp": str(int(f.timestamp))}}}, fp)
+                                                 "timestamp": str(int(f.timestamp)),
+                                                 "timestamp_ms": int(f.timestamp * 1000)}}},
+                      fp)
         return path
 
     # ---- signals ---------------------------------------------------------------------------

@@ -79,7 +79,7 @@ class Participant(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., node_rank: _Optional[int] = ..., local_world_size: _Optional[int] = ..., addr: _Optional[str] = ..., first_global_rank: _Optional[int] = ...) -> None: ...
 
 class Failure(_message.Message):
-    __slots__ = ("node_id", "host", "global_rank", "exit_code", "signal_name", "message", "timestamp_ms", "traceback")
+    __slots__ = ("node_id", "host", "global_rank", "exit_code", "signal_name", "message", "timestamp_ms", "traceback", "local_rank", "pid")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_RANK_FIELD_NUMBER: _ClassVar[int]
@@ -88,6 +88,8 @@ class Failure(_message.Message):
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
     TRACEBACK_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_RANK_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     host: str
     global_rank: int
@@ -96,7 +98,9 @@ class Failure(_message.Message):
     message: str
     timestamp_ms: int
     traceback: str
-    def __init__(self, node_id: _Optional[str] = ..., host: _Optional[str] = ..., global_rank: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal_name: _Optional[str] = ..., message: _Optional[str] = ..., timestamp_ms: _Optional[int] = ..., traceback: _Optional[str] = ...) -> None: ...
+    local_rank: int
+    pid: int
+    def __init__(self, node_id: _Optional[str] = ..., host: _Optional[str] = ..., global_rank: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal_name: _Optional[str] = ..., message: _Optional[str] = ..., timestamp_ms: _Optional[int] = ..., traceback: _Optional[str] = ..., local_rank: _Optional[int] = ..., pid: _Optional[int] = ...) -> None: ...
 
 class RoundState(_message.Message):
     __slots__ = ("schema_version", "number", "phase", "participants", "master_addr", "master_port", "restart_count", "last_call_deadline_unix_ms", "reason", "decided_by", "outcome", "failure", "world_size")

@@ -56,6 +56,8 @@ class FailureInfo:
     message: str = ""
     traceback: str = ""
     timestamp: float = 0.0
+    local_rank: int = -1
+    pid: int = 0
 
 
 @dataclass

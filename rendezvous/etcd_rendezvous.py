@@ -230,6 +230,12 @@ class EtcdRendezvousHandler(RendezvousHandler):
         except EtcdError as e:
             raise self._wrap(e) from None
 
+    def round_reason(self) -> str:
+        """Why the current round was opened ("node(s) left: ...", "worker rank 3 failed")."""
+        with self._cond:
+            msg = self._round_msg
+        return msg.reason if msg is not None else ""
+
     def closed_state(self) -> st.RoundState | None:
         """The CLOSED round record (outcome, failure) once the run is closed, else None."""
         with self._cond:
@@ -241,7 +247,8 @@ class EtcdRendezvousHandler(RendezvousHandler):
             node_id=failure.node_id, host=failure.host, global_rank=failure.global_rank,
             exit_code=failure.exit_code, signal_name=failure.signal_name,
             message=failure.message[:2000], traceback=failure.traceback[-8000:],
-            timestamp_ms=int(failure.timestamp * 1000)))
+            timestamp_ms=int(failure.timestamp * 1000), local_rank=failure.local_rank,
+            pid=failure.pid))
 
     def closed_failure(self) -> FailureInfo | None:
         msg = self.closed_state()
@@ -249,7 +256,7 @@ class EtcdRendezvousHandler(RendezvousHandler):
             return None
         f = msg.failure
         return FailureInfo(f.node_id, f.host, f.global_rank, f.exit_code, f.signal_name,
-                           f.message, f.traceback, f.timestamp_ms / 1000.0)
+                           f.message, f.traceback, f.timestamp_ms / 1000.0, f.local_rank, f.pid)
 
     def num_nodes_waiting(self) -> int:
         try:
@@ -311,26 +318,24 @@ class EtcdRendezvousHandler(RendezvousHandler):
             return True
         self._shutdown = True
         self._stop_watching()  # a leader must not reopen the round it is about to remove
-        self._clean_up_if_last()
         ok = self._drop_session()
+        self._clean_up_if_none_left()
         if self._own_client:
             self.client.close()
         events.emit("node_left", run_id=self.run_id, node=self.node_id)
         return ok
 
-    def _clean_up_if_last(self) -> None:
+    def _clean_up_if_none_left(self) -> None:
         """The last agent out removes the run's keys (a closed run keeps its marker, which
-        expires by itself), so nothing of a finished job stays in etcd."""
-        sess = self._session
-        if sess is None or sess.lease is None or sess.lost.is_set():
-            return
-        with self._cond:
-            r = self._round
-        guard, ops = transitions.clean_up_if_last(self.keys, sess.create_revision, r)
+        expires by itself), so nothing of a finished job stays in etcd. Best effort, bounded."""
         try:
-            if self.client.txn(guard, ops).succeeded:
-                events.emit("run_cleaned", run_id=self.run_id, node=sess.node_id)
-        except EtcdError as e:
+            kv = self.client.get(self.keys.round, timeout=2.0)
+            cur = codec.round_from(kv.key, kv.value, kv.mod_revision, self.run_id) if kv \
+                else None
+            guard, ops = transitions.clean_up_if_none_left(self.keys, cur)
+            if self.client.txn(guard, ops, timeout=2.0).succeeded:
+                events.emit("run_cleaned", run_id=self.run_id, node=self.node_id)
+        except (EtcdError, RendezvousError) as e:
             log.warning("could not remove the run's keys: %s", e)
 
     # ---- status ------------------------------------------------------------------------------
@@ -351,8 +356,8 @@ class EtcdRendezvousHandler(RendezvousHandler):
     # ---- internals ---------------------------------------------------------------------------
     def _wrap(self, e: EtcdError) -> RendezvousError:
         kind = RendezvousConnectionError
-        what = "etcd refused access" if isinstance(e, (EtcdAuthError, EtcdPermissionError)) \
-            else "etcd error"
+        what = f"etcd refused access to {self.keys.root}" \
+            if isinstance(e, (EtcdAuthError, EtcdPermissionError)) else "etcd error"
         r = self._round
         return kind(f"{what}: {e}", run_id=self.run_id, round=r.number if r else None,
                     node=self.node_id)

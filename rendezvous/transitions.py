@@ -50,10 +50,12 @@ def close(keys: RunKeys, current: Round | None, outcome: int, failure: st.Failur
     return new, ([fence(keys, current)], [t.put(keys.round, value, lease_id)])
 
 
-def clean_up_if_last(keys: RunKeys, my_create_revision: int, current: Round | None) -> Txn:
-    """Remove the run's keys when every key under agents/ is ours (we are the last one out).
-    A CLOSED marker stays: it expires with its lease."""
-    guard = [t.create_revision(keys.agents, "==", my_create_revision, prefix=True)]
+def clean_up_if_none_left(keys: RunKeys, current: Round | None) -> Txn:
+    """Remove the run's keys when no agent key is left. Run by every agent right after it
+    revoked its own lease, so that of agents leaving together, whichever goes last succeeds
+    (a compare over an empty range matches a zero create revision). A CLOSED marker stays: it
+    expires with its lease."""
+    guard = [t.create_revision(keys.agents, "==", 0, prefix=True)]
     ops = [t.delete(keys.rounds, prefix=True)]
     if current is None or current.phase is not Phase.CLOSED:
         guard.append(fence(keys, current))

@@ -279,3 +279,19 @@ def test_foreign_record_under_the_run_is_ignored_by_the_leader(etcd):
         assert all("intruder" not in [p.node_id for p in i.participants] for i in infos)
     finally:
         shutdown_all(hs)
+
+
+def test_agents_leaving_together_leave_no_keys(etcd):
+    """Of agents leaving at the same moment, whichever goes last removes the run's keys."""
+    for _ in range(3):
+        run = new_run_id()
+        hs = [handler(etcd.endpoints, run, 1, 3) for _ in range(3)]
+        rendezvous(hs)
+        ths = [threading.Thread(target=h.shutdown) for h in hs]
+        for th in ths:
+            th.start()
+        for th in ths:
+            th.join(10)
+        with EtcdClient(etcd.endpoints) as c:
+            assert c.get_prefix(f"/etcdrun/{run}/").kvs == []
+    assert_no_leases(etcd.endpoints)

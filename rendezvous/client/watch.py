@@ -64,6 +64,7 @@ class Watch:
         self.created = threading.Event()
         self.error: EtcdError | None = None
         self.cancelled = False
+        self.relogged = False  # refused once as "permission denied" and logged in again
         self._manager = manager
         self._queue: queue.Queue | None = None if callback else queue.Queue()
         self._callback = callback or self._queue.put  # type: ignore[union-attr]
@@ -236,6 +237,12 @@ class WatchManager:
         if resp.created:
             if resp.canceled and is_token_expired(Exception(resp.cancel_reason)):
                 raise EtcdTokenExpiredError(f"etcd: {resp.cancel_reason}")  # re-login, reopen
+            if resp.canceled and "permission denied" in resp.cancel_reason and \
+                    self._t.config.user is not None and not w.relogged:
+                # etcd 3.5 refuses a watch with an expired token as "permission denied": log
+                # in again once before believing it.
+                w.relogged = True
+                raise EtcdTokenExpiredError(f"etcd: {resp.cancel_reason}")
             if resp.canceled:
                 reason = resp.cancel_reason or "watch refused"
                 kind = EtcdPermissionError if "permission denied" in reason else EtcdError
@@ -243,6 +250,7 @@ class WatchManager:
                 return
             if w.next_revision == 0:
                 w.next_revision = resp.header.revision + 1
+            w.relogged = False
             w.created.set()
         if resp.canceled:
             if resp.compact_revision:
