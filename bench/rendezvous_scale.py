@@ -243,9 +243,11 @@ class Pool:
     def send(self, i: int, *msg: object) -> None:
         self.conns[i].send(msg)
 
-    def expect(self, kind: str, which: list[int], timeout: float) -> dict[int, tuple]:
+    def expect(self, kind: str, which: list[int], timeout: float,
+               partial: bool = False) -> dict[int, tuple]:
         """The next message of ``kind`` from each worker in ``which``. Other messages wait in
-        the worker's inbox: a worker may finish one thing before it answers another."""
+        the worker's inbox: a worker may finish one thing before it answers another. On a
+        timeout, raise — or with ``partial``, return what came."""
         got: dict[int, tuple] = {}
         for i in which:
             msg = next((m for m in self.inbox[i] if m[0] == kind), None)
@@ -257,6 +259,8 @@ class Pool:
             left = end - time.monotonic()
             ready = mpc.wait([self.conns[i] for i in which if i not in got], max(0.0, left))
             if not ready:
+                if partial:
+                    return got
                 raise TimeoutError(f"no '{kind}' from {len(which) - len(got)} worker(s) "
                                    f"within {timeout:g}s")
             for c in ready:
@@ -297,8 +301,16 @@ def last(evs: list[dict], kind: str, rnd: int | None = None) -> float | None:
 
 def gc_pauses(done: dict[int, tuple]) -> dict:
     """Longest per-process total of garbage-collector pauses in the round, and gen-2 runs."""
-    return {"gc_s": round(max(d[2] for d in done.values()), 3),
+    return {"gc_s": round(max((d[2] for d in done.values()), default=0.0), 3),
             "gc2": sum(d[3] for d in done.values())}
+
+
+def sessions(evs: list[dict], since_t: float) -> dict:
+    """Sessions opened and lost since ``since_t``: more than N opened means re-registrations."""
+    return {"opened": sum(1 for e in evs if e["event"] == "session_opened"
+                          and e["time"] >= since_t),
+            "lost": sum(1 for e in evs if e["event"] == "session_lost" and e["time"] >= since_t
+                        and e.get("reason") != "revoked")}  # a revoke is a leave, not a loss
 
 
 def fanout(evs: list[dict], rnd: int) -> list[float]:
@@ -372,19 +384,23 @@ def run_one(n: int, procs: int, args: argparse.Namespace) -> dict:
             for i in every:
                 pool.send(i, "round1")
             pool.expect("armed", every, 60)
-            done = pool.expect("done", every, args.timeout + 30)
+            done = pool.expect("done", every, args.timeout + 30, partial=True)
             m1 = snap()
-            r1 = {i: done[i][1] for i in every}
+            r1 = {i: done[i][1] for i in done}
             res["problems"] += [f"round 1: {s}" for s in
-                                check_infos([x for i in every for x in r1[i]], n, 1)]
-            evs, _ = collect(pool, every)
+                                check_infos([x for i in done for x in r1[i]], n, 1)]
+            if len(done) < p:
+                res["problems"].append(f"round 1: {p - len(done)} process(es) not done after "
+                                       f"{args.timeout + 30:g}s")
+            evs, res["warnings"] = collect(pool, every)
             res["round1"] = {
                 "go_to_registered": since(t_go, last(evs, "session_opened")),
                 "go_to_last_join": since(t_go, last(evs, "node_joined", 1)),
                 "join_to_frozen": since(last(evs, "node_joined", 1), last(evs, "round_frozen", 1)),
                 "time": since(last(evs, "node_joined", 1), last(evs, "round_accepted", 1)),
                 "go_to_all": since(t_go, last(evs, "round_accepted", 1)),
-                "fanout": fanout(evs, 1), **gc_pauses(done), **delta(m0, m1)}
+                "fanout": fanout(evs, 1), **sessions(evs, t_go), **gc_pauses(done),
+                **delta(m0, m1)}
             if n >= 2 and not res["problems"]:
                 res["round2"] = leave_round(pool, evs, r1, n, args, snap)
             with EtcdClient(etcd.endpoints) as c:
@@ -436,17 +452,20 @@ def leave_round(pool: Pool, evs: list[dict], r1: dict[int, list], n: int,
     m2 = snap()
     pool.send(owner, "leave", leaving)
     t_leave, t_left, ok = pool.expect("left", [owner], 30)[owner]
-    done = pool.expect("done", every, args.timeout + 30)
+    done = pool.expect("done", every, args.timeout + 30, partial=True)
     m3 = snap()
-    r2 = [x for i in every for x in done[i][1]]
+    r2 = [x for i in done for x in done[i][1]]
     evs, _ = collect(pool, every)
     out = {"left": "leader" if leaving == leader else "member", "shutdown_s": t_left - t_leave,
            "revoked": ok, "time": since(t_leave, last(evs, "round_accepted", 2)),
            "leave_to_started": since(t_leave, last(evs, "round_started", 2)),
            "leave_to_frozen": since(t_leave, last(evs, "round_frozen", 2)),
            "leave_to_last_join": since(t_leave, last(evs, "node_joined", 2)),
-           "fanout": fanout(evs, 2), **gc_pauses(done), **delta(m2, m3),
-           "problems": check_infos(r2, n - 1, 2)}
+           "fanout": fanout(evs, 2), **sessions(evs, t_leave), **gc_pauses(done),
+           **delta(m2, m3), "problems": check_infos(r2, n - 1, 2)}
+    if len(done) < len(every):
+        out["problems"].append(f"{len(every) - len(done)} process(es) not done after "
+                               f"{args.timeout + 30:g}s")
     return out
 
 
@@ -499,7 +518,8 @@ def details(res: dict) -> str:
     r1, r2 = res.get("round1", {}), res.get("round2", {})
     ops = ("puts {puts}, deletes {deletes}, ranges {ranges}, watch msgs {watch_msgs}, etcd "
            "sent {sent_bytes} B\n    CPU s: etcd {etcd_cpu}, workers {workers_cpu}, other "
-           "programs {other_cpu} in {t} s wall; GC pauses {gc_s} s ({gc2} gen-2)")
+           "programs {other_cpu} in {t} s wall; GC pauses {gc_s} s ({gc2} gen-2); sessions "
+           "opened {opened}, lost {lost}")
     out = [f"N={res['n']} in {res['procs']} processes"]
     if r1:
         out += [f"  round 1: go->all registered {_s(r1['go_to_registered'])}s, go->last join "
