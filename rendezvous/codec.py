@@ -7,6 +7,7 @@ an AttributeError deep inside a decision.
 
 from __future__ import annotations
 
+import threading
 from typing import TypeVar
 
 from google.protobuf.message import DecodeError, Message
@@ -38,15 +39,48 @@ def encode(msg: Message) -> bytes:
     return msg.SerializeToString()
 
 
-def round_from(key: bytes | str, value: bytes, mod_revision: int, run_id: str | None) -> Round:
-    msg = decode(st.RoundState, key, value, run_id)
+_round_cache: dict[tuple[str, int], tuple[Round, st.RoundState]] = {}
+_round_cache_lock = threading.Lock()
+
+
+def round_and_message(key: bytes | str, value: bytes, mod_revision: int,
+                      run_id: str | None) -> tuple[Round, st.RoundState]:
+    """Decode a round value once per process: (key, mod_revision) names one version, and with
+    many handlers sharing a client (benchmarks, a torchrun plugin) each watcher would otherwise
+    rebuild the same N participants — N^2 work per round."""
+    k = key.decode(errors="replace") if isinstance(key, bytes) else key
+    with _round_cache_lock:
+        hit = _round_cache.get((k, mod_revision))
+    if hit is not None:
+        return hit
+    msg = decode(st.RoundState, k, value, run_id)
     if msg.phase not in (st.JOINING, st.FROZEN, st.CLOSED) or msg.number < 1:
         raise RendezvousStateError(
-            f"cannot read {key!r}: round {msg.number} in phase {msg.phase}", run_id=run_id)
-    members = tuple(Member(p.node_id, p.node_rank, p.local_world_size, p.addr,
-                           p.first_global_rank) for p in msg.participants)
-    return Round(msg.number, Phase(msg.phase), members, msg.restart_count, msg.master_addr,
-                 msg.master_port, mod_revision)
+            f"cannot read {k}: round {msg.number} in phase {msg.phase}", run_id=run_id)
+    r = Round(msg.number, Phase(msg.phase), members_from(msg), msg.restart_count,
+              msg.master_addr, msg.master_port, mod_revision)
+    with _round_cache_lock:
+        if len(_round_cache) >= 64:
+            _round_cache.clear()
+        _round_cache[(k, mod_revision)] = (r, msg)
+    return r, msg
+
+
+def round_from(key: bytes | str, value: bytes, mod_revision: int, run_id: str | None) -> Round:
+    return round_and_message(key, value, mod_revision, run_id)[0]
+
+
+def members_from(msg: st.RoundState) -> tuple[Member, ...]:
+    return tuple(Member(p.node_id, p.node_rank, p.local_world_size, p.addr,
+                        p.first_global_rank) for p in msg.participants)
+
+
+def hint_to(number: int, members: tuple[Member, ...]) -> bytes:
+    return round_to(Round(number, Phase.JOINING, members))
+
+
+def hint_from(key: bytes | str, value: bytes, run_id: str | None) -> tuple[Member, ...]:
+    return members_from(decode(st.RoundState, key, value, run_id))
 
 
 def round_to(r: Round, *, reason: str = "", decided_by: str = "",

@@ -101,3 +101,5 @@ class Driver:
         self.q.put(("stop",))
         if self.thread is not threading.current_thread():
             self.thread.join(timeout=10)
+            if self.thread.is_alive():  # stuck in an etcd call past every timeout: say so
+                log.error("rendezvous driver %s did not stop within 10 s", self.thread.name)

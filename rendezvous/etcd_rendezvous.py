@@ -23,7 +23,6 @@ from etcdrun.proto import etcdrun_state_pb2 as st
 from etcdrun.rendezvous import codec, events, transitions
 from etcdrun.rendezvous.api import (
     FailureInfo,
-    Participant,
     RendezvousHandler,
     RendezvousInfo,
     RendezvousParameters,
@@ -187,8 +186,7 @@ class EtcdRendezvousHandler(RendezvousHandler):
             node_count=len(r.members), first_global_rank=me.first_global_rank,
             world_size=sum(m.local_world_size for m in r.members), master_addr=r.master_addr,
             master_port=r.master_port, restart_count=r.restart_count,
-            participants=tuple(Participant(m.node_id, m.node_rank, m.local_world_size, m.addr,
-                                           m.first_global_rank) for m in r.members))
+            participants=r.members)
         with self._cond:
             if self._round is not r:
                 self._on_round_locked(self._round)
@@ -389,9 +387,8 @@ class EtcdRendezvousHandler(RendezvousHandler):
         with self._cond:
             if res.kvs:
                 kv = res.kvs[0]
-                self._set_round_locked(
-                    codec.round_from(kv.key, kv.value, kv.mod_revision, self.run_id),
-                    codec.round_message(kv.value, self.keys.round, self.run_id))
+                self._set_round_locked(*codec.round_and_message(kv.key, kv.value,
+                                                                kv.mod_revision, self.run_id))
             else:
                 self._round, self._round_msg = None, None
         return res.revision
@@ -436,8 +433,8 @@ class EtcdRendezvousHandler(RendezvousHandler):
                     self._on_round_locked(None)
                 continue
             try:
-                r = codec.round_from(ev.kv.key, ev.kv.value, ev.kv.mod_revision, self.run_id)
-                msg = codec.round_message(ev.kv.value, self.keys.round, self.run_id)
+                r, msg = codec.round_and_message(ev.kv.key, ev.kv.value, ev.kv.mod_revision,
+                                                 self.run_id)
             except RendezvousError as e:
                 log.error("%s", e)
                 continue

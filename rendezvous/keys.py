@@ -49,12 +49,17 @@ class RunKeys:
     def join(self, n: int, node_id: str) -> str:
         return self.joined(n) + node_id
 
+    def hint(self, n: int) -> str:
+        """The previous round's participants, for ordering round n (read by the leader only,
+        so that the round key every agent watches stays small)."""
+        return self.round_dir(n) + "hint"
+
     def barrier(self, n: int, name: str) -> str:
         return f"{self.round_dir(n)}barrier/{name}/"
 
     def parse(self, key: bytes | str) -> tuple[str, int | None, str | None]:
         """Classify a key of this run: ("agent", None, node) | ("round", None, None) |
-        ("join", n, node) | ("barrier", n, node) | ("other", None, None)."""
+        ("join", n, node) | ("hint", n, None) | ("barrier", n, node) | ("other", None, None)."""
         k = key.decode() if isinstance(key, bytes) else key
         if k == self.round:
             return "round", None, None
@@ -62,6 +67,8 @@ class RunKeys:
             return "agent", None, k[len(self.agents):]
         if k.startswith(self.rounds):
             parts = k[len(self.rounds):].split("/")
+            if parts == [parts[0], "hint"] and parts[0].isdigit():
+                return "hint", int(parts[0]), None
             if len(parts) >= 3 and parts[0].isdigit():
                 kind = "join" if parts[1] == "joined" else "barrier"
                 return kind, int(parts[0]), parts[-1]

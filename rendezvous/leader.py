@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 
 from etcdrun.proto import etcd_api_pb2 as pb
 from etcdrun.rendezvous import codec, events, transitions
@@ -22,6 +23,8 @@ from etcdrun.rendezvous.protocol import (
     Agent,
     Freeze,
     Join,
+    Member,
+    Phase,
     Round,
     Settings,
     StartRound,
@@ -48,6 +51,7 @@ class Leader:
         self._post = post
         self.agents: dict[str, Agent] = {}
         self.joins: dict[int, dict[str, Join]] = {}
+        self.hints: dict[int, tuple[Member, ...]] = {}  # rounds/<n>/hint: order for round n
         self._watches: list[Watch] = []
         self._last_call: tuple[int, float] | None = None  # (round number, deadline)
         self.writes = 0
@@ -88,6 +92,11 @@ class Leader:
                 self.agents.pop(node, None)
             else:
                 self.agents[node] = codec.agent_from(kv.key, kv.value, kv.create_revision, rid)
+        elif kind == "hint" and n is not None:
+            if deleted:
+                self.hints.pop(n, None)
+            else:
+                self.hints[n] = codec.hint_from(kv.key, kv.value, rid)
         elif kind == "join" and node and n is not None:
             if deleted:
                 self.joins.get(n, {}).pop(node, None)
@@ -100,8 +109,13 @@ class Leader:
         for _ in range(4):  # a write changes the view; re-decide at once (bounded)
             r = self._get_round()
             if r is not None:
-                for old in [k for k in self.joins if k < r.number]:
-                    del self.joins[old]
+                for cache in (self.joins, self.hints):
+                    for old in [k for k in cache if k < r.number]:
+                        del cache[old]
+                if r.phase is Phase.JOINING:
+                    if r.number not in self.hints:
+                        return None  # written in the same Txn as the round: its event is near
+                    r = replace(r, members=self.hints[r.number])
             deadline = None
             if self._last_call and r is not None and self._last_call[0] == r.number:
                 deadline = self._last_call[1]
@@ -139,6 +153,7 @@ class Leader:
         self._set_round(Round(new.number, new.phase, new.members, new.restart_count,
                               new.master_addr, new.master_port, res.revision))
         if isinstance(action, StartRound):
+            self.hints[action.number] = action.hint
             events.emit("round_started", run_id=self._keys.run_id, round=action.number,
                         node=self._me, reason=action.reason,
                         restart_count=action.restart_count)

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
+from etcdrun.rendezvous.api import Participant
+
 
 class Phase(Enum):
     JOINING = 1
@@ -42,15 +44,9 @@ class Join:
     agent_create_revision: int
 
 
-@dataclass(frozen=True)
-class Member:
-    """A participant of a frozen round (or, in a JOINING round, of the previous one: the hint)."""
-
-    node_id: str
-    node_rank: int
-    local_world_size: int
-    addr: str
-    first_global_rank: int
+# A participant of a frozen round (or, for a JOINING round, of the previous one: the hint). The
+# same class as the API's Participant, so a frozen round's list reaches the agent as it is.
+Member = Participant
 
 
 @dataclass(frozen=True)

@@ -27,10 +27,13 @@ def fence(keys: RunKeys, current: Round | None) -> pb.Compare:
 
 def start_round(keys: RunKeys, current: Round | None, number: int, hint: tuple[Member, ...],
                 restart_count: int, reason: str, by: str) -> tuple[Round, Txn]:
-    """Open round ``number`` for joining; drop every older round's records in the same Txn."""
-    new = Round(number, Phase.JOINING, hint, restart_count)
+    """Open round ``number`` for joining; drop every older round's records in the same Txn.
+    The hint (the previous participants, for rank stability) goes to its own key, read by the
+    leader alone: the round key every agent watches stays a few bytes until the freeze."""
+    new = Round(number, Phase.JOINING, (), restart_count)
     ops = [t.put(keys.round, codec.round_to(new, reason=reason, decided_by=by)),
-           t.delete(keys.rounds, range_end=keys.round_dir(number))]
+           t.delete(keys.rounds, range_end=keys.round_dir(number)),
+           t.put(keys.hint(number), codec.hint_to(number, hint))]
     return new, ([fence(keys, current)], ops)
 
 
