@@ -347,6 +347,9 @@ class EtcdRendezvousHandler(RendezvousHandler):
         if d is not None and d.leader is not None and r.phase is Phase.JOINING:
             s += (f": {d.leader.joined_count(r.number)}/{len(d.leader.agents)} live nodes "
                   f"joined (min {self.settings.min_nodes}, max {self.settings.max_nodes})")
+            left = d.leader.last_call_left(r.number, time.monotonic())
+            if left is not None:
+                s += f", last call in {left:.0f} s"
         elif r.phase is Phase.FROZEN:
             s += f" with {len(r.members)} nodes"
         return s

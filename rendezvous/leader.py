@@ -164,6 +164,12 @@ class Leader:
                         revision=res.revision)
         return True
 
+    def last_call_left(self, number: int, now: float) -> float | None:
+        """Seconds until the first round's last call ends, while it runs."""
+        if self._last_call is None or self._last_call[0] != number:
+            return None
+        return max(0.0, self._last_call[1] - now)
+
     def joined_count(self, number: int) -> int:
         return sum(1 for n in self.joins.get(number, {}) if n in self.agents)
 

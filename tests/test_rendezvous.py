@@ -295,3 +295,29 @@ def test_agents_leaving_together_leave_no_keys(etcd):
         with EtcdClient(etcd.endpoints) as c:
             assert c.get_prefix(f"/etcdrun/{run}/").kvs == []
     assert_no_leases(etcd.endpoints)
+
+
+def test_status_line_while_waiting_names_counts_and_last_call(etcd):
+    run = new_run_id()
+    hs = [handler(etcd.endpoints, run, 2, 4, last_call_timeout=30) for _ in range(2)]
+    try:
+        def wait(h):
+            with pytest.raises(RendezvousClosedError, match="shut down"):
+                h.next_rendezvous()  # interrupted by shutdown() below: a clean error
+
+        ths = [threading.Thread(target=wait, args=(h,), daemon=True) for h in hs]
+        for th in ths:
+            th.start()
+        deadline = time.monotonic() + 10
+        lines: list[str] = []
+        while time.monotonic() < deadline:
+            lines = [h.status() for h in hs]
+            if any("last call in" in s for s in lines):
+                break
+            time.sleep(0.05)
+        leader_line = next(s for s in lines if "last call in" in s)
+        assert leader_line.startswith("round 1 joining: 2/2 live nodes joined (min 2, max 4)")
+    finally:
+        shutdown_all(hs)
+        for th in ths:
+            th.join(10)
