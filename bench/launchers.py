@@ -1,0 +1,77 @@
+"""The launcher configurations bench/compare.py runs side by side, and their command lines.
+
+Why one interpreter for both: etcdrun and torch are installed in the bench's own venv, and both
+launchers start their workers with ``sys.executable``, so the same worker script runs on the same
+Python with the same torch under either launcher. etcdrun's agent itself never imports torch.
+
+Why ``--max-restarts 10`` for every launcher: when a node dies, the survivors' workers fail in
+their next collective, and each launcher spends a restart on that; with torchrun's default of 0
+the job would simply end, and neither launcher would show a recovery.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MAX_RESTARTS = 10
+WORKER = Path(__file__).with_name("compare_worker.py")
+
+ETCDRUN, TORCHRUN = "etcdrun", "torchrun"
+
+
+@dataclass(frozen=True)
+class Launcher:
+    key: str                 # stable id used in results
+    label: str               # what the tables show
+    kind: str                # ETCDRUN or TORCHRUN
+    backend: str             # etcd (etcdrun), c10d or etcd-v2 (torchrun)
+    conf: str = ""           # --rdzv-conf
+    tuned: bool = False
+    env: dict[str, str] = field(default_factory=dict)
+    last_call: float = 30.0  # seconds its first round may wait for more nodes (both default 30)
+
+    @property
+    def needs_etcd(self) -> bool:
+        return self.backend in ("etcd", "etcd-v2")
+
+    def with_env(self, key: str, label: str, **env: str) -> Launcher:
+        return Launcher(key, label, self.kind, self.backend, self.conf, self.tuned,
+                        {**self.env, **env}, self.last_call)
+
+    def command(self, bindir: Path, nnodes: str, endpoint: str, run_id: str,
+                mode: str) -> list[str]:
+        cmd = [str(bindir / self.kind), "--nnodes", nnodes, "--nproc-per-node", "1",
+               "--rdzv-backend", self.backend, "--rdzv-endpoint", endpoint, "--rdzv-id", run_id,
+               "--max-restarts", str(MAX_RESTARTS), "--monitor-interval", "0.1"]
+        if self.conf:
+            cmd += ["--rdzv-conf", self.conf]
+        return [*cmd, str(WORKER), mode]
+
+
+_ETCDRUN_TUNED = "lease_ttl=2,last_call_timeout=1"
+_TORCH_TUNED = "last_call_timeout=1,keep_alive_interval=1"
+
+LAUNCHERS = {
+    "etcdrun": Launcher("etcdrun", "etcdrun", ETCDRUN, "etcd"),
+    "etcdrun-tuned": Launcher("etcdrun-tuned", f"etcdrun ({_ETCDRUN_TUNED})", ETCDRUN, "etcd",
+                              _ETCDRUN_TUNED, tuned=True, last_call=1.0),
+    "c10d": Launcher("c10d", "torchrun c10d", TORCHRUN, "c10d"),
+    "c10d-tuned": Launcher("c10d-tuned", f"torchrun c10d ({_TORCH_TUNED})", TORCHRUN, "c10d",
+                           _TORCH_TUNED, tuned=True, last_call=1.0),
+    "etcd-v2": Launcher("etcd-v2", "torchrun etcd-v2", TORCHRUN, "etcd-v2"),
+    "etcd-v2-tuned": Launcher("etcd-v2-tuned", f"torchrun etcd-v2 ({_TORCH_TUNED})", TORCHRUN,
+                              "etcd-v2", _TORCH_TUNED, tuned=True, last_call=1.0),
+}
+
+# Scale-up: torchrun's default deadlocks (the newcomer and rank 0 both wait on the shared store
+# until they crash); the issue asks for the store sharing off in its tuned runs.
+NO_SHARE = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+
+def scale_up_variant(launcher: Launcher) -> Launcher:
+    if launcher.kind == TORCHRUN and launcher.tuned:
+        return launcher.with_env(launcher.key + "-noshare",
+                                 launcher.label + " + TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1",
+                                 **NO_SHARE)
+    return launcher

@@ -1,0 +1,78 @@
+"""bench/recovery.png: recovery and scale-up times of etcdrun and torchrun, from one run.
+
+Why bars with whiskers: medians with min–max over the trials show both the figure and how much
+it moved. A run that never recovered is drawn as a hatched bar up to its timeout and labelled
+"never"; a job that died is a cross labelled "job died" — both are results, not gaps.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+GROUPS = (("3", "default", "3. kill -9 node\n(default)"),
+          ("3", "tuned", "3. kill -9 node\n(tuned)"),
+          ("3i", "default", "3'. kill, idle workers\n(default)"),
+          ("3i", "tuned", "3'. kill, idle workers\n(tuned)"),
+          ("4", "default", "4. kill -9 rank 0\n(default)"),
+          ("4", "tuned", "4. kill -9 rank 0\n(tuned)"),
+          ("5", "default", "5. scale-up\n(default)"),
+          ("5", "tuned", "5. scale-up\n(tuned)"))
+SERIES = (("etcdrun", "etcdrun", "#1f77b4"), ("c10d", "torchrun c10d", "#d62728"),
+          ("etcd-v2", "torchrun etcd-v2", "#ff7f0e"))
+
+
+def _col(run: dict) -> str:
+    return "etcdrun" if run["kind"] == "etcdrun" else run["backend"]
+
+
+def recovery_plot(res: dict, path: Path) -> None:
+    runs = res["runs"]
+    groups = [g for g in GROUPS if any(r["scenario"] == g[0] and r["setting"] == g[1]
+                                       for r in runs)]
+    fig, ax = plt.subplots(figsize=(10, 0.9 * max(len(groups), 2) + 1.5))
+    h = 0.26
+    for gi, (s, setting, _) in enumerate(groups):
+        for si, (col, _, color) in enumerate(SERIES):
+            run = next((r for r in runs if r["scenario"] == s and r["setting"] == setting
+                        and _col(r) == col), None)
+            if run is None:
+                continue
+            y = gi + (si - 1) * h
+            vals = [t["value"] for t in run["trials"] if t["value"] is not None]
+            if vals:
+                med = statistics.median(vals)
+                ax.barh(y, med, h * 0.9, color=color,
+                        xerr=[[med - min(vals)], [max(vals) - med]], capsize=2)
+                ax.text(med + 0.3, y, f"{med:.1f} s", va="center", fontsize=7)
+                continue
+            t0 = run["trials"][0]
+            if t0["outcome"] == "never":
+                m = re.search(r"timeout (\d+)s", t0["note"])
+                to = float(m.group(1)) if m else 60.0
+                ax.barh(y, to, h * 0.9, color="white", edgecolor=color, hatch="//")
+                ax.text(to + 0.3, y, f"never (>{to:.0f} s)", va="center", fontsize=7)
+            else:
+                after = (t0.get("extra") or {}).get("after") or 0.0
+                ax.plot([after], [y], marker="x", color=color, markersize=8)
+                ax.text(after + 0.6, y, f"job died ({after:.1f} s)" if t0["outcome"] == "died"
+                        else t0["outcome"], va="center", fontsize=7)
+    ax.set_xlim(0, ax.get_xlim()[1] * 1.15)  # room for the labels right of the bars
+    ax.set_yticks(range(len(groups)), [g[2] for g in groups], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds until every worker runs again (median, min–max); lower is better")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for _, _, c in SERIES]
+    ax.legend(handles, [lb for _, lb, _ in SERIES], loc="lower right", fontsize=8)
+    m = res["meta"]
+    ax.set_title(f"etcdrun vs torchrun {m['torch'].split('+')[0]}: N = {m['n']} local agents, "
+                 f"{m['date'][:10]}, 1-min load {m['load_before']}", fontsize=9)
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,162 @@
+"""The plan of bench/compare.py: which scenario runs with which launchers, how many trials.
+
+Why fewer trials for torchrun's default settings: each of those trials waits out torchrun's own
+timers (a 30 s last call, a ~40 s recovery, a 60 s deadlock), so three of each would double the
+run for no new information; ``--slow-trials`` sets them. Runs expected never to recover (torchrun
+with workers that never talk) get one trial with ``--never-timeout``: the point is to show it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from importlib.metadata import version
+from pathlib import Path
+
+import scenarios as sc
+from launchers import ETCDRUN, LAUNCHERS, TORCHRUN, Launcher, scale_up_variant
+from procs import become_subreaper, sweep
+
+ALL = ("1", "2", "3", "3i", "4", "5", "6", "7", "8")
+ALL_SIX = ("etcdrun", "c10d", "etcd-v2", "etcdrun-tuned", "c10d-tuned", "etcd-v2-tuned")
+
+
+def _trials(args: argparse.Namespace, launcher: Launcher) -> int:
+    slow = launcher.kind == TORCHRUN and not launcher.tuned
+    return args.slow_trials if slow else args.trials
+
+
+def _fmt(t: sc.Trial, unit: str = "s") -> str:
+    if t.value is None:
+        return f"{t.outcome.upper()}: {t.note}"
+    spawn = f" (workers spawned at {t.spawn:.2f} s)" if t.spawn is not None else ""
+    note = f" [{t.note}]" if t.note else ""
+    return f"{t.value:.2f} {unit}{spawn}{note}"
+
+
+def _series(runs: list[dict], ctx: sc.Ctx, scenario: str, setting: str, launcher: Launcher,
+            trials: int, fn: Callable[[sc.Ctx, Launcher, str], sc.Trial], unit: str = "s",
+            **meta: object) -> None:
+    rec = {"scenario": scenario, "setting": setting, "launcher": launcher.key,
+           "label": launcher.label, "kind": launcher.kind, "backend": launcher.backend,
+           "tuned": launcher.tuned, "unit": unit, "trials": [], **meta}
+    runs.append(rec)
+    for i in range(trials):
+        name = f"s{scenario}-{setting}-{launcher.key}-{i + 1}"
+        t0 = time.monotonic()
+        try:
+            trial = fn(ctx, launcher, name)
+        except Exception as exc:  # a harness error in one trial must not lose the others
+            trial = sc.Trial(None, "error", f"{type(exc).__name__}: {exc}")
+            sweep(ctx.tag)
+        rec["trials"].append(trial.to_json())
+        print(f"  [{scenario} {setting}] {launcher.label} {i + 1}/{trials}: {_fmt(trial, unit)}"
+              f"  ({time.monotonic() - t0:.0f}s, load {os.getloadavg()[0]:.1f})", flush=True)
+
+
+def _scale(args: argparse.Namespace, out: Path) -> dict:
+    """Scenario 7: bench/rendezvous_scale.py, unchanged; its JSON is what we report."""
+    script = Path(__file__).with_name("rendezvous_scale.py")
+    if not script.exists():
+        return {"error": "bench/rendezvous_scale.py is missing"}
+    path = out / "rendezvous_scale.json"
+    cmd = [sys.executable, str(script), "--n", args.scale_n, "--json", str(path)]
+    print(f"  [7] {' '.join(cmd[1:])}", flush=True)
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    except subprocess.TimeoutExpired:
+        return {"error": "rendezvous_scale.py did not finish within 900 s"}
+    (out / "rendezvous_scale.txt").write_text(p.stdout + p.stderr)
+    if not path.exists():
+        tail = (p.stderr or p.stdout).strip().splitlines()[-1:] or ["no output"]
+        return {"error": f"rendezvous_scale.py exited {p.returncode}: {tail[0]}"}
+    rows = []
+    for r in json.loads(path.read_text()):
+        for rnd in ("round1", "round2"):
+            x = r.get(rnd) or {}
+            rows.append({"n": r["n"], "round": rnd, "time": x.get("time"),
+                         "writes": x.get("writes"), "watch_events": x.get("watch_events"),
+                         "problems": r.get("problems", []) + x.get("problems", [])})
+    print("  [7] " + "; ".join(f"N={x['n']} {x['round']}: {x['time']} s, {x['writes']} writes"
+                               for x in rows), flush=True)
+    return {"rows": rows, "exit_code": p.returncode}
+
+
+def run_all(args: argparse.Namespace, out: Path, tag: str, load: float, load_ok: bool) -> dict:
+    become_subreaper()
+    only = [s.strip() for s in args.only.split(",") if s.strip()] or list(ALL)
+    bad = sorted(set(only) - set(ALL))
+    if bad:
+        raise SystemExit(f"compare.py: unknown scenario(s) {', '.join(bad)} "
+                         f"(known: {', '.join(ALL)})")
+    bindir = Path(sys.executable).parent
+    ctx = sc.Ctx(bindir=bindir, out=out, tag=tag, recover_timeout=args.timeout,
+                 idle_window=args.idle_window, verbose=args.verbose)
+    never = sc.Ctx(bindir=bindir, out=out, tag=tag, recover_timeout=args.never_timeout,
+                   idle_window=args.idle_window, verbose=args.verbose)
+    n, L = args.n, LAUNCHERS
+    runs: list[dict] = []
+    meta = {"date": dt.datetime.now().isoformat(timespec="seconds"), "cpus": os.cpu_count(),
+            "python": platform.python_version(), "torch": version("torch"),
+            "etcdrun": version("etcdrun"), "n": n, "n_first": args.n_first,
+            "trials": args.trials, "slow_trials": args.slow_trials, "scenarios": only,
+            "load_before": round(load, 2), "load_waited_ok": load_ok, "load_limit": args.wait_load,
+            "complete": set(only) == set(ALL)}
+    started = time.monotonic()
+    # Warm the page cache (torch's shared libraries) so the first trial is not the odd one out.
+    subprocess.run([str(bindir / "python"), "-c", "import torch"], check=False)
+    help_out: dict = {}
+    scale_out: dict = {}
+    for s in only:
+        print(f"scenario {s}", flush=True)
+        if s == "1":
+            for k in ("etcdrun", "c10d", "etcd-v2"):
+                _series(runs, ctx, "1", "default", L[k], args.trials,
+                        lambda c, la, nm: sc.first_round(c, la, args.n_first, args.n_first,
+                                                         nm), n=args.n_first)
+        elif s == "2":
+            for k in ALL_SIX:
+                _series(runs, ctx, "2", "tuned" if L[k].tuned else "default", L[k],
+                        _trials(args, L[k]),
+                        lambda c, la, nm: sc.first_round(c, la, n, 2 * n, nm), n=n)
+        elif s in ("3", "4", "3i"):
+            which = "rank0" if s == "4" else "member"
+            mode = "idle" if s == "3i" else "allreduce"
+            keys = ("etcdrun", "etcdrun-tuned", "c10d-tuned") if s == "3i" else ALL_SIX
+            for k in keys:
+                la = L[k]
+                c, trials = ctx, _trials(args, la)
+                if s == "3i" and la.kind == TORCHRUN:
+                    c, trials = never, 1
+                _series(runs, c, s, "tuned" if la.tuned else "default", la, trials,
+                        lambda c, la, nm, w=which, m=mode: sc.kill_node(c, la, n, w, m, nm),
+                        n=n)
+        elif s == "5":
+            for k in ALL_SIX:
+                la = scale_up_variant(L[k])
+                _series(runs, ctx, "5", "tuned" if la.tuned else "default", la,
+                        _trials(args, la), lambda c, la, nm: sc.scale_up(c, la, n, nm), n=n)
+        elif s == "6":
+            help_out = sc.help_times(bindir, [ETCDRUN, TORCHRUN], 7)
+            print("  [6] --help: " + ", ".join(
+                f"{k} {sorted(v)[len(v) // 2]:.3f} s" for k, v in help_out.items()))
+            for k in ("etcdrun", "c10d", "etcd-v2"):
+                _series(runs, ctx, "6", "default", L[k], args.trials,
+                        lambda c, la, nm: sc.agent_rss(c, la, n, nm), unit="MB", n=n)
+        elif s == "7":
+            scale_out = _scale(args, out)
+        elif s == "8":
+            for k in ("etcdrun", "etcdrun-tuned", "etcd-v2", "etcd-v2-tuned"):
+                _series(runs, ctx, "8", "tuned" if L[k].tuned else "default", L[k], 2,
+                        lambda c, la, nm: sc.idle_requests(c, la, n, nm), unit="req/s", n=n)
+    left = sweep(tag)
+    meta.update({"duration_s": round(time.monotonic() - started), "load_after":
+                 round(os.getloadavg()[0], 2), "leftover_processes": len(left)})
+    return {"meta": meta, "runs": runs, "help": help_out, "scale": scale_out}

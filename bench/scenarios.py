@@ -1,0 +1,312 @@
+"""The issue's scenarios, one trial at a time, for any launcher in bench/launchers.py.
+
+Every wait has a bound; a launcher that never gets there is a result ("never (timeout X s)"),
+and one whose agents all exit is another ("job died"). Every trial runs in a ``Job``: a fresh
+etcd when the launcher needs one (``--enable-v2`` for torchrun's etcd-v2), a fresh run id, and
+on exit every agent and every tagged process killed and checked gone.
+
+Times: ``value`` is the worker-measured end point minus the harness's action (last agent's
+start, the kill, the newcomer's start): "all workers running" is the newest of the first
+``BENCH_READY`` line each node's worker printed with the expected WORLD_SIZE after the action.
+``spawn`` is the same with ``BENCH_START`` (worker process started, before torch is imported): the
+launcher's own share. Everything between is Python + ``import torch`` + the gloo init.
+"""
+
+from __future__ import annotations
+
+import socket
+import statistics
+import subprocess
+import time
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from launchers import ETCDRUN, Launcher
+from procs import Agent, listener_pid, sweep
+
+POLL = 0.05
+FORM_TIMEOUT = 90.0    # a first round, beyond the launcher's own last-call wait
+SETTLE = 1.0           # collectives running before we disturb the job
+
+
+@dataclass
+class Ctx:
+    bindir: Path       # the bench venv's bin/ (etcdrun, torchrun, python)
+    out: Path          # logs of this run
+    tag: str           # environment tag of every process we start
+    recover_timeout: float = 90.0
+    idle_window: float = 10.0
+    verbose: bool = False
+
+
+@dataclass
+class Trial:
+    value: float | None
+    outcome: str = "ok"          # ok | never | died | error
+    note: str = ""
+    spawn: float | None = None
+    extra: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {"value": self.value, "outcome": self.outcome, "note": self.note,
+                "spawn": self.spawn, **({"extra": self.extra} if self.extra else {})}
+
+
+class Fail(Exception):
+    """A trial that ended without its figure (the outcome says how)."""
+
+    def __init__(self, outcome: str, note: str, after: float | None = None) -> None:
+        super().__init__(note)
+        self.outcome = outcome
+        self.note = note
+        self.after = after  # "died": seconds from the action to the exits being seen
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Job:
+    """One trial's world: etcd (if needed), agents, and a guaranteed clean-up."""
+
+    def __init__(self, ctx: Ctx, launcher: Launcher, nnodes: str, mode: str, name: str) -> None:
+        self.ctx, self.launcher, self.nnodes, self.mode = ctx, launcher, nnodes, mode
+        self.dir = ctx.out / name
+        self.run_id = f"bench-{uuid.uuid4().hex[:8]}"
+        self.agents: list[Agent] = []
+        self.etcd = None
+        self.endpoint = ""
+        self.port = 0
+
+    def __enter__(self) -> Job:
+        if self.launcher.needs_etcd:
+            from etcdrun.rendezvous.client.local_etcd import LocalEtcd
+
+            extra = ["--enable-v2"] if self.launcher.backend == "etcd-v2" else []
+            self.etcd = LocalEtcd(extra_args=extra).start()
+            self.endpoint = self.etcd.endpoints
+        else:
+            self.port = _free_port()
+            self.endpoint = f"127.0.0.1:{self.port}"
+        return self
+
+    def agent(self) -> Agent:
+        import os
+
+        i = len(self.agents)
+        cmd = self.launcher.command(self.ctx.bindir, self.nnodes, self.endpoint, self.run_id,
+                                    self.mode)
+        env = {**os.environ, **self.launcher.env, "ETCDRUN_BENCH_TAG": self.ctx.tag,
+               "PYTHONUNBUFFERED": "1"}
+        a = Agent(f"node{i}", cmd, env, self.dir / f"node{i}.log")
+        self.agents.append(a)
+        return a
+
+    def start(self, n: int) -> float:
+        """Start ``n`` agents back to back; return the last one's start time."""
+        new = [self.agent() for _ in range(n)]
+        return max(a.start() for a in new)
+
+    def metrics_url(self) -> str:
+        assert self.etcd is not None
+        return f"http://{self.etcd.endpoint_list[0]}/metrics"
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            for a in self.agents:
+                a.stop()
+            left = sweep(self.ctx.tag)
+            if left and self.ctx.verbose:
+                print(f"    (swept {len(left)} leftover process(es))")
+        finally:
+            if self.etcd is not None:
+                self.etcd.stop()
+
+
+def wait_world(agents: list[Agent], t0: float, world: int, timeout: float,
+               what: str) -> tuple[float, float | None]:
+    """(newest READY, newest START) of ``agents``' workers with ``world``, after ``t0``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        ready = [a.ready_since(t0, world) for a in agents]
+        if all(ready):
+            starts = [a.start_since(t0, world) for a in agents]
+            spawn = max(s.t for s in starts) if all(starts) else None
+            return max(r.t for r in ready if r), spawn
+        dead = [a for a, r in zip(agents, ready, strict=True) if not r and not a.alive()]
+        if dead and len(dead) == len([r for r in ready if not r]):
+            codes = sorted({a.proc.returncode for a in dead if a.proc})
+            gone = time.time() - t0
+            if len(dead) == len(agents):
+                raise Fail("died", f"every agent exited (codes {codes}) within {gone:.1f}s "
+                                   f"of {what}", gone)
+            raise Fail("died", f"{len(dead)} of {len(agents)} agents exited (codes {codes}) "
+                               f"within {gone:.1f}s of {what}; "
+                               f"{dead[0].name}: {dead[0].tail(3)}", gone)
+        if time.monotonic() > deadline:
+            missing = [a.name for a, r in zip(agents, ready, strict=True) if not r]
+            raise Fail("never", f"timeout {timeout:.0f}s: no worker with WORLD_SIZE={world} "
+                                f"on {', '.join(missing)}; {_last_starts(agents)}")
+        time.sleep(POLL)
+
+
+def _last_starts(agents: list[Agent]) -> str:
+    """Each node's newest worker (WORLD_SIZE, restart count): why a world never formed."""
+    parts = []
+    for a in agents:
+        ln = a.last_start()
+        parts.append(f"{a.name} " + ("no worker" if ln is None else
+                                     f"world {ln.world} restart {ln.restart}"))
+    return "newest workers: " + ", ".join(parts)
+
+
+def _trial(fn):
+    """Run one trial function; a Fail becomes a Trial with its outcome."""
+    def run(*args, **kw) -> Trial:
+        try:
+            return fn(*args, **kw)
+        except Fail as f:
+            return Trial(None, f.outcome, f.note,
+                         extra={} if f.after is None else {"after": round(f.after, 2)})
+    return run
+
+
+@_trial
+def first_round(ctx: Ctx, launcher: Launcher, n: int, max_nodes: int, name: str) -> Trial:
+    """Scenarios 1 and 2: ``n`` agents started together, ``--nnodes`` min..max_nodes."""
+    nnodes = f"{n}:{max_nodes}" if max_nodes == n else f"2:{max_nodes}"
+    with Job(ctx, launcher, nnodes, "allreduce", name) as job:
+        t0 = job.start(n)
+        ready, spawn = wait_world(job.agents, job.agents[0].t_start, n,
+                                  FORM_TIMEOUT + launcher.last_call, "the last start")
+        return Trial(ready - t0, spawn=None if spawn is None else spawn - t0)
+
+
+def _victim(job: Job, which: str) -> tuple[Agent, str]:
+    ranks = {a.name: a.group_rank() for a in job.agents}
+    if which == "rank0":
+        if job.launcher.backend == "c10d":
+            host = listener_pid(job.port, [a.pid for a in job.agents])
+            a = next((a for a in job.agents if a.pid == host), None)
+            if a is None:
+                raise Fail("error", "could not tell which agent hosts the c10d store")
+            return a, f"store host (node rank {ranks[a.name]})"
+        a = next(a for a in job.agents if ranks[a.name] == 0)
+        return a, "node rank 0"
+    host = (listener_pid(job.port, [a.pid for a in job.agents])
+            if job.launcher.backend == "c10d" else None)
+    cands = [a for a in job.agents if ranks[a.name] not in (None, 0) and a.pid != host]
+    a = max(cands, key=lambda a: ranks[a.name])
+    return a, f"node rank {ranks[a.name]}"
+
+
+@_trial
+def kill_node(ctx: Ctx, launcher: Launcher, n: int, which: str, mode: str, name: str) -> Trial:
+    """Scenarios 3 (``member``) and 4 (``rank0``): kill -9 one node of ``n`` (min 2)."""
+    with Job(ctx, launcher, f"2:{n}", mode, name) as job:
+        job.start(n)
+        wait_world(job.agents, job.agents[0].t_start, n, FORM_TIMEOUT, "the start")
+        time.sleep(SETTLE)
+        victim, who = _victim(job, which)
+        t_kill = victim.kill_node()
+        survivors = [a for a in job.agents if a is not victim]
+        try:
+            ready, spawn = wait_world(survivors, t_kill, n - 1, ctx.recover_timeout, "the kill")
+        except Fail as f:
+            raise Fail(f.outcome, f"killed {who}: {f.note}", f.after) from None
+        return Trial(ready - t_kill, spawn=None if spawn is None else spawn - t_kill,
+                     note=f"killed {who}", extra={"t_kill": t_kill})
+
+
+@_trial
+def scale_up(ctx: Ctx, launcher: Launcher, n: int, name: str) -> Trial:
+    """Scenario 5: n-1 agents running (``--nnodes 2:n``), then a newcomer."""
+    with Job(ctx, launcher, f"2:{n}", "allreduce", name) as job:
+        job.start(n - 1)
+        wait_world(job.agents, job.agents[0].t_start, n - 1,
+                   FORM_TIMEOUT + launcher.last_call, "the start")
+        time.sleep(SETTLE)
+        t_new = job.start(1)
+        ready, spawn = wait_world(job.agents, t_new, n, ctx.recover_timeout,
+                                  "the newcomer's start")
+        return Trial(ready - t_new, spawn=None if spawn is None else spawn - t_new)
+
+
+@_trial
+def agent_rss(ctx: Ctx, launcher: Launcher, n: int, name: str) -> Trial:
+    """Scenario 6b: peak RSS (VmHWM) of each agent after a few seconds of a running job."""
+    with Job(ctx, launcher, f"{n}:{n}", "allreduce", name) as job:
+        job.start(n)
+        wait_world(job.agents, job.agents[0].t_start, n, FORM_TIMEOUT, "the start")
+        time.sleep(3.0)
+        rss = [r for r in (a.rss_mb() for a in job.agents) if r is not None]
+        if len(rss) != n:
+            raise Fail("died", "an agent exited before its RSS was read")
+        return Trial(statistics.median(rss), extra={"per_agent_mb": rss})
+
+
+def help_times(bindir: Path, kinds: list[str], reps: int) -> dict[str, list[float]]:
+    """Scenario 6a: ``<launcher> --help`` wall times, interleaved so load hits both alike."""
+    out: dict[str, list[float]] = {k: [] for k in kinds}
+    for _ in range(reps):
+        for k in kinds:
+            t = time.perf_counter()
+            subprocess.run([str(bindir / k), "--help"], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, check=True, timeout=60)
+            out[k].append(time.perf_counter() - t)
+    return out
+
+
+def _scrape(url: str) -> dict[str, float]:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith(("grpc_server_msg_received_total", "etcd_http_received_total")):
+            key, _, val = line.rpartition(" ")
+            out[key] = float(val)
+    return out
+
+
+def _method(key: str) -> str:
+    for label in ("grpc_method=\"", "method=\""):
+        if label in key:
+            return key.split(label, 1)[1].split('"', 1)[0]
+    return key
+
+
+@_trial
+def idle_requests(ctx: Ctx, launcher: Launcher, n: int, name: str) -> Trial:
+    """Scenario 8: etcd requests per second per agent while the job runs unchanged.
+
+    gRPC: ``grpc_server_msg_received_total`` (a unary call is one message; a keep-alive on the
+    lease stream is one message). etcd v2 (torchrun's etcd-v2): ``etcd_http_received_total``.
+    """
+    if not launcher.needs_etcd:
+        raise Fail("error", "does not use etcd")
+    with Job(ctx, launcher, f"{n}:{n}", "idle", name) as job:
+        job.start(n)
+        wait_world(job.agents, job.agents[0].t_start, n, FORM_TIMEOUT, "the start")
+        time.sleep(2.0)
+        url = job.metrics_url()
+        before, t1 = _scrape(url), time.monotonic()
+        time.sleep(ctx.idle_window)
+        after, t2 = _scrape(url), time.monotonic()
+        if not all(a.alive() for a in job.agents):
+            raise Fail("died", "an agent exited during the idle window")
+        per = {}
+        for key, val in after.items():
+            d = val - before.get(key, 0.0)
+            if d > 0:
+                m = _method(key)
+                per[m] = per.get(m, 0.0) + d
+        secs = t2 - t1
+        total = sum(per.values()) / secs / n
+        keep = per.get("LeaseKeepAlive", 0.0) / secs / n if launcher.kind == ETCDRUN else 0.0
+        return Trial(total, extra={"keepalive_per_s": keep, "other_per_s": total - keep,
+                                   "window_s": secs,
+                                   "by_method": {k: int(v) for k, v in sorted(per.items())}})
