@@ -24,6 +24,7 @@ import argparse
 import datetime as dt
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -103,9 +104,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+def _interrupt(signum: int, _frame: object) -> None:
+    """SIGTERM/SIGINT unwind the running trial, so its Job kills its agents and etcd.
+
+    Set explicitly: a shell starts background jobs with SIGINT ignored."""
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ensure_venv()
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _interrupt)
     sys.path.insert(0, str(HERE))
     import report
     from runner import run_all
@@ -122,7 +132,11 @@ def main(argv: list[str] | None = None) -> int:
         out = HERE / "out" / f"compare-{stamp}"
         out.mkdir(parents=True, exist_ok=True)
         load, ok = wait_for_load(args.wait_load, args.max_wait)
-        results = run_all(args, out, uuid.uuid4().hex, load, ok)
+        try:
+            results = run_all(args, out, uuid.uuid4().hex, load, ok)
+        except KeyboardInterrupt:
+            print("compare.py: interrupted; every process it started is gone", file=sys.stderr)
+            return 130
         (out / "results.json").write_text(json.dumps(results, indent=1))
         print(f"\nraw figures and agent logs: {out.relative_to(REPO)}/")
     print()

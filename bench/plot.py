@@ -50,7 +50,7 @@ def recovery_plot(res: dict, path: Path) -> None:
                 med = statistics.median(vals)
                 ax.barh(y, med, h * 0.9, color=color,
                         xerr=[[med - min(vals)], [max(vals) - med]], capsize=2)
-                ax.text(med + 0.3, y, f"{med:.1f} s", va="center", fontsize=7)
+                ax.text(max(vals) + 0.5, y, f"{med:.1f} s", va="center", fontsize=7)
                 continue
             t0 = run["trials"][0]
             if t0["outcome"] == "never":
@@ -59,7 +59,8 @@ def recovery_plot(res: dict, path: Path) -> None:
                 ax.barh(y, to, h * 0.9, color="white", edgecolor=color, hatch="//")
                 ax.text(to + 0.3, y, f"never (>{to:.0f} s)", va="center", fontsize=7)
             else:
-                after = (t0.get("extra") or {}).get("after") or 0.0
+                afters = [(t.get("extra") or {}).get("after") for t in run["trials"]]
+                after = max((a for a in afters if a is not None), default=0.0)  # as the table
                 ax.plot([after], [y], marker="x", color=color, markersize=8)
                 ax.text(after + 0.6, y, f"job died ({after:.1f} s)" if t0["outcome"] == "died"
                         else t0["outcome"], va="center", fontsize=7)

@@ -21,8 +21,8 @@ from importlib.metadata import version
 from pathlib import Path
 
 import scenarios as sc
-from launchers import ETCDRUN, LAUNCHERS, TORCHRUN, Launcher, scale_up_variant
-from procs import become_subreaper, sweep
+from launchers import ETCDRUN, LAUNCHERS, TORCHRUN, Launcher
+from procs import TAG_VAR, become_subreaper, sweep
 
 ALL = ("1", "2", "3", "3i", "4", "5", "6", "7", "8")
 ALL_SIX = ("etcdrun", "c10d", "etcd-v2", "etcdrun-tuned", "c10d-tuned", "etcd-v2-tuned")
@@ -56,12 +56,12 @@ def _series(runs: list[dict], ctx: sc.Ctx, scenario: str, setting: str, launcher
         except Exception as exc:  # a harness error in one trial must not lose the others
             trial = sc.Trial(None, "error", f"{type(exc).__name__}: {exc}")
             sweep(ctx.tag)
-        rec["trials"].append(trial.to_json())
+        rec["trials"].append({**trial.to_json(), "load1": round(os.getloadavg()[0], 2)})
         print(f"  [{scenario} {setting}] {launcher.label} {i + 1}/{trials}: {_fmt(trial, unit)}"
               f"  ({time.monotonic() - t0:.0f}s, load {os.getloadavg()[0]:.1f})", flush=True)
 
 
-def _scale(args: argparse.Namespace, out: Path) -> dict:
+def _scale(args: argparse.Namespace, out: Path, tag: str) -> dict:
     """Scenario 7: bench/rendezvous_scale.py, unchanged; its JSON is what we report."""
     script = Path(__file__).with_name("rendezvous_scale.py")
     if not script.exists():
@@ -70,7 +70,8 @@ def _scale(args: argparse.Namespace, out: Path) -> dict:
     cmd = [sys.executable, str(script), "--n", args.scale_n, "--json", str(path)]
     print(f"  [7] {' '.join(cmd[1:])}", flush=True)
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
+                           env={**os.environ, TAG_VAR: tag})  # its etcd and workers: swept
     except subprocess.TimeoutExpired:
         return {"error": "rendezvous_scale.py did not finish within 900 s"}
     (out / "rendezvous_scale.txt").write_text(p.stdout + p.stderr)
@@ -114,49 +115,51 @@ def run_all(args: argparse.Namespace, out: Path, tag: str, load: float, load_ok:
     subprocess.run([str(bindir / "python"), "-c", "import torch"], check=False)
     help_out: dict = {}
     scale_out: dict = {}
-    for s in only:
-        print(f"scenario {s}", flush=True)
-        if s == "1":
-            for k in ("etcdrun", "c10d", "etcd-v2"):
-                _series(runs, ctx, "1", "default", L[k], args.trials,
-                        lambda c, la, nm: sc.first_round(c, la, args.n_first, args.n_first,
-                                                         nm), n=args.n_first)
-        elif s == "2":
-            for k in ALL_SIX:
-                _series(runs, ctx, "2", "tuned" if L[k].tuned else "default", L[k],
-                        _trials(args, L[k]),
-                        lambda c, la, nm: sc.first_round(c, la, n, 2 * n, nm), n=n)
-        elif s in ("3", "4", "3i"):
-            which = "rank0" if s == "4" else "member"
-            mode = "idle" if s == "3i" else "allreduce"
-            keys = ("etcdrun", "etcdrun-tuned", "c10d-tuned") if s == "3i" else ALL_SIX
-            for k in keys:
-                la = L[k]
-                c, trials = ctx, _trials(args, la)
-                if s == "3i" and la.kind == TORCHRUN:
-                    c, trials = never, 1
-                _series(runs, c, s, "tuned" if la.tuned else "default", la, trials,
-                        lambda c, la, nm, w=which, m=mode: sc.kill_node(c, la, n, w, m, nm),
-                        n=n)
-        elif s == "5":
-            for k in ALL_SIX:
-                la = scale_up_variant(L[k])
-                _series(runs, ctx, "5", "tuned" if la.tuned else "default", la,
-                        _trials(args, la), lambda c, la, nm: sc.scale_up(c, la, n, nm), n=n)
-        elif s == "6":
-            help_out = sc.help_times(bindir, [ETCDRUN, TORCHRUN], 7)
-            print("  [6] --help: " + ", ".join(
-                f"{k} {sorted(v)[len(v) // 2]:.3f} s" for k, v in help_out.items()))
-            for k in ("etcdrun", "c10d", "etcd-v2"):
-                _series(runs, ctx, "6", "default", L[k], args.trials,
-                        lambda c, la, nm: sc.agent_rss(c, la, n, nm), unit="MB", n=n)
-        elif s == "7":
-            scale_out = _scale(args, out)
-        elif s == "8":
-            for k in ("etcdrun", "etcdrun-tuned", "etcd-v2", "etcd-v2-tuned"):
-                _series(runs, ctx, "8", "tuned" if L[k].tuned else "default", L[k], 2,
-                        lambda c, la, nm: sc.idle_requests(c, la, n, nm), unit="req/s", n=n)
-    left = sweep(tag)
+    try:
+        for s in only:
+            print(f"scenario {s}", flush=True)
+            if s == "1":
+                for k in ("etcdrun", "c10d", "etcd-v2"):
+                    _series(runs, ctx, "1", "default", L[k], args.trials,
+                            lambda c, la, nm: sc.first_round(c, la, args.n_first, args.n_first,
+                                                             nm), n=args.n_first)
+            elif s == "2":
+                for k in ALL_SIX:
+                    _series(runs, ctx, "2", "tuned" if L[k].tuned else "default", L[k],
+                            _trials(args, L[k]),
+                            lambda c, la, nm: sc.first_round(c, la, n, 2 * n, nm), n=n)
+            elif s in ("3", "4", "3i"):
+                which = "rank0" if s == "4" else "member"
+                mode = "idle" if s == "3i" else "allreduce"
+                keys = ("etcdrun", "etcdrun-tuned", "c10d-tuned") if s == "3i" else ALL_SIX
+                for k in keys:
+                    la = L[k]
+                    c, trials = ctx, _trials(args, la)
+                    if s == "3i" and la.kind == TORCHRUN:
+                        c, trials = never, 1
+                    _series(runs, c, s, "tuned" if la.tuned else "default", la, trials,
+                            lambda c, la, nm, w=which, m=mode: sc.kill_node(c, la, n, w, m, nm),
+                            n=n)
+            elif s == "5":
+                for k in ALL_SIX:
+                    la = L[k]
+                    _series(runs, ctx, "5", "tuned" if la.tuned else "default", la,
+                            _trials(args, la), lambda c, la, nm: sc.scale_up(c, la, n, nm), n=n)
+            elif s == "6":
+                help_out = sc.help_times(bindir, [ETCDRUN, TORCHRUN], 7)
+                print("  [6] --help: " + ", ".join(
+                    f"{k} {sorted(v)[len(v) // 2]:.3f} s" for k, v in help_out.items()))
+                for k in ("etcdrun", "c10d", "etcd-v2"):
+                    _series(runs, ctx, "6", "default", L[k], args.trials,
+                            lambda c, la, nm: sc.agent_rss(c, la, n, nm), unit="MB", n=n)
+            elif s == "7":
+                scale_out = _scale(args, out, tag)
+            elif s == "8":
+                for k in ("etcdrun", "etcdrun-tuned", "etcd-v2", "etcd-v2-tuned"):
+                    _series(runs, ctx, "8", "tuned" if L[k].tuned else "default", L[k], 2,
+                            lambda c, la, nm: sc.idle_requests(c, la, n, nm), unit="req/s", n=n)
+    finally:
+        left = sweep(tag)
     meta.update({"duration_s": round(time.monotonic() - started), "load_after":
                  round(os.getloadavg()[0], 2), "leftover_processes": len(left)})
     return {"meta": meta, "runs": runs, "help": help_out, "scale": scale_out}
