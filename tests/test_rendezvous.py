@@ -96,11 +96,10 @@ def test_crash_after_freeze_is_seen_after_lease_expiry(etcd):
 
 def test_death_mid_round_does_not_block_the_round(etcd):
     run = new_run_id()
-    hs = [handler(etcd.endpoints, run, 2, 4, lease_ttl=2, last_call_timeout=5)
+    hs = [handler(etcd.endpoints, run, 2, 4, lease_ttl=2, last_call_timeout=1)
           for _ in range(3)]
     with accepted_events() as acc:
         try:
-            first = rendezvous(hs[:2], timeout=0) if False else None  # noqa: F841
             results: list = []
             th = threading.Thread(target=lambda: results.append(rendezvous(hs[:2])))
             th.start()
