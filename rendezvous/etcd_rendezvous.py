@@ -48,16 +48,10 @@ from etcdrun.rendezvous.etcd_config import EtcdRendezvousConfig
 from etcdrun.rendezvous.keys import RunKeys
 from etcdrun.rendezvous.protocol import Phase, Round, Settings
 from etcdrun.rendezvous.session import Session
+from etcdrun.rendezvous.static import reserve_free_port
 
 log = logging.getLogger(__name__)
 VERSION = "0.1.0"
-
-
-def free_port(addr: str = "") -> int:
-    """A port the OS considers free now (the seed's way: bind to 0, read it, release it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((addr if addr and not addr[0].isalpha() else "", 0))
-        return s.getsockname()[1]
 
 
 def client_for(params: RendezvousParameters, cfg: EtcdRendezvousConfig) -> EtcdClient:
@@ -160,7 +154,7 @@ class EtcdRendezvousHandler(RendezvousHandler):
     def _join(self, sess: Session, r: Round) -> None:
         rec = st.JoinRecord(node_id=sess.node_id, addr=self.addr,
                             local_world_size=self.params.local_world_size,
-                            master_port=free_port(self.addr),
+                            master_port=reserve_free_port(),
                             agent_create_revision=sess.create_revision)
         res = self.client.txn([t.mod_revision(self.keys.round, "==", r.mod_revision)],
                               [t.put(self.keys.join(r.number, sess.node_id), codec.encode(rec),
