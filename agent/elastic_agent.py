@@ -235,3 +235,7 @@ class _Deferring:
 def _root_cause(result: RunResult) -> tuple[int, ProcessFailure]:
     pool = result.real_failures() or result.failures
     return min(pool.items(), key=lambda item: (item[1].timestamp, item[0]))
+
+
+# torch's (and the reference launcher's) name for the same agent.
+LocalElasticAgent = ElasticAgent
