@@ -25,6 +25,7 @@ from etcdrun.agent.api import RunResult, WorkerSpec, WorkerState
 from etcdrun.agent.errors import ChildFailedError, ProcessFailure
 from etcdrun.agent.workers import WorkerGroup
 from etcdrun.rendezvous.api import FailureInfo, RendezvousHandler, RendezvousInfo
+from etcdrun.rendezvous.errors import RendezvousClosedError
 
 log = logging.getLogger("etcdrun.agent")
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
@@ -53,6 +54,7 @@ class ElasticAgent:
         self._group = WorkerGroup(log_dir or spec.log_dir, console_out=console_out,
                                   console_err=console_err)
         self._status_interval = status_interval
+        self._failed: tuple[str, RunResult] | None = None  # (node id, result) of our failure
         self._deferred: int | None = None
         self._defer = 0
         self.rounds = 0  # rounds this agent started workers in
@@ -79,7 +81,13 @@ class ElasticAgent:
     def _loop(self) -> RunResult:
         spec, h = self._spec, self._h
         while True:
-            info = self._rendezvous()
+            try:
+                info = self._rendezvous()
+            except RendezvousClosedError:
+                ours = self._closed_by_failure()  # raises for another node's failure
+                if ours is not None:
+                    return ours
+                raise
             with self._deferring():
                 self._group.start(spec, info)
             self.rounds += 1
@@ -106,21 +114,31 @@ class ElasticAgent:
                 return final
             final = self._stop_workers()
             rank, root = _root_cause(final)
+            failure = FailureInfo(
+                node_id=info.node_id, host=root.host, global_rank=rank, exit_code=root.exitcode,
+                signal_name=root.signal or "", message=root.message, traceback=root.traceback,
+                timestamp=root.timestamp, local_rank=root.local_rank, pid=root.pid)
+            what = f"worker rank {rank} on {root.host} failed ({root.exit_description()})"
+            if h.shared_restarts:
+                # The rendezvous charges the job-wide budget when it freezes the next round — or
+                # closes the run with this failure when the budget is spent — unless a peer's
+                # death caused it (then the restart is a free membership change).
+                log.warning("round %d: %s; restarting (restarts so far %d/%d, job-wide)",
+                            info.round, what, info.restart_count, spec.max_restarts)
+                self._failed = (info.node_id, final)
+                with self._deferring():
+                    h.request_restart(what, failure)
+                continue
             if info.restart_count < spec.max_restarts:
-                log.warning("round %d: worker rank %d failed (%s); restart %d/%d (job-wide)",
-                            info.round, rank, root.exit_description(),
+                log.warning("round %d: %s; restart %d/%d", info.round, what,
                             info.restart_count + 1, spec.max_restarts)
                 with self._deferring():
-                    h.request_restart(f"worker rank {rank} on {root.host} failed")
+                    h.request_restart(what, failure)
                 continue
-            log.error("round %d: worker rank %d failed and the restart budget (%d) is spent",
-                      info.round, rank, spec.max_restarts)
+            log.error("round %d: %s and the restart budget (%d) is spent", info.round, what,
+                      spec.max_restarts)
             with self._deferring():
-                h.close_with_failure(FailureInfo(
-                    node_id=info.node_id, host=root.host, global_rank=rank,
-                    exit_code=root.exitcode, signal_name=root.signal or "",
-                    message=root.message, traceback=root.traceback,
-                    timestamp=root.timestamp, local_rank=root.local_rank, pid=root.pid))
+                h.close_with_failure(failure)
             return final
 
     def _rendezvous(self) -> RendezvousInfo:
@@ -159,6 +177,17 @@ class ElasticAgent:
             if forward is not None:
                 self._group.signal_all(forward)
             return self._group.stop(grace)
+
+    def _closed_by_failure(self) -> RunResult | None:
+        """The run was closed as failed: our own failure's result (the launcher reports it
+        with our workers' error files), or ChildFailedError with another node's root cause."""
+        failure = self._h.closed_failure()
+        if failure is None:
+            return None
+        if self._failed is not None and failure.node_id == self._failed[0]:
+            return self._failed[1]
+        self._raise_if_failed_elsewhere()
+        return None
 
     def _raise_if_failed_elsewhere(self) -> None:
         failure = self._h.closed_failure()

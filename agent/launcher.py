@@ -66,6 +66,8 @@ def _make_rdzv_handler(config: LaunchConfig) -> RendezvousHandler:
         rdzv_configs.setdefault("join_timeout", config.rdzv_timeout)
     if config.rdzv_backend == "static":
         rdzv_configs.setdefault("rank", config.node_rank)
+    elif config.rdzv_backend in ("etcd", "etcd-v3"):  # it keeps the job-wide restart budget
+        rdzv_configs.setdefault("max_restarts", config.max_restarts)
     params = RendezvousParameters(
         backend=config.rdzv_backend,
         endpoint=endpoint,

@@ -131,9 +131,16 @@ class RendezvousHandler(abc.ABC):
         return ""
 
     # ---- what the elastic agent needs beyond torch's interface (defaults fit static) ----------
-    def request_restart(self, reason: str) -> bool:
-        """Start a new round after a worker failure (one restart of the budget). False when
-        the backend has no shared round to restart (static) or someone else already did."""
+    @property
+    def shared_restarts(self) -> bool:
+        """True when the backend keeps the job-wide restart budget (etcd): the agent then asks
+        for a restart on every worker failure and the rendezvous decides, at the next freeze,
+        whether it costs a restart or closes the run. False (static): the agent counts."""
+        return False
+
+    def request_restart(self, reason: str, failure: FailureInfo | None = None) -> bool:
+        """Start a new round after a worker failure. False when the backend has no shared
+        round to restart (static) or someone else already did."""
         return False
 
     def exit_barrier(self, timeout: float | None = None) -> bool:

@@ -13,6 +13,7 @@ from typing import TypeVar
 from google.protobuf.message import DecodeError, Message
 
 from etcdrun.proto import etcdrun_state_pb2 as st
+from etcdrun.rendezvous.api import FailureInfo
 from etcdrun.rendezvous.errors import RendezvousStateError
 from etcdrun.rendezvous.protocol import Agent, Join, Member, Phase, Round
 
@@ -57,8 +58,9 @@ def round_and_message(key: bytes | str, value: bytes, mod_revision: int,
     if msg.phase not in (st.JOINING, st.FROZEN, st.CLOSED) or msg.number < 1:
         raise RendezvousStateError(
             f"cannot read {k}: round {msg.number} in phase {msg.phase}", run_id=run_id)
+    failure = failure_from(msg.failure) if msg.HasField("failure") else None
     r = Round(msg.number, Phase(msg.phase), members_from(msg), msg.restart_count,
-              msg.master_addr, msg.master_port, mod_revision)
+              msg.master_addr, msg.master_port, mod_revision, failure)
     with _round_cache_lock:
         if len(_round_cache) >= 64:
             _round_cache.clear()
@@ -68,6 +70,18 @@ def round_and_message(key: bytes | str, value: bytes, mod_revision: int,
 
 def round_from(key: bytes | str, value: bytes, mod_revision: int, run_id: str | None) -> Round:
     return round_and_message(key, value, mod_revision, run_id)[0]
+
+
+def failure_to(f: FailureInfo) -> st.Failure:
+    return st.Failure(node_id=f.node_id, host=f.host, global_rank=f.global_rank,
+                      exit_code=f.exit_code, signal_name=f.signal_name,
+                      message=f.message[:2000], traceback=f.traceback[-8000:],
+                      timestamp_ms=int(f.timestamp * 1000), local_rank=f.local_rank, pid=f.pid)
+
+
+def failure_from(f: st.Failure) -> FailureInfo:
+    return FailureInfo(f.node_id, f.host, f.global_rank, f.exit_code, f.signal_name, f.message,
+                       f.traceback, f.timestamp_ms / 1000.0, f.local_rank, f.pid)
 
 
 def members_from(msg: st.RoundState) -> tuple[Member, ...]:
@@ -94,6 +108,8 @@ def round_to(r: Round, *, reason: str = "", decided_by: str = "",
                                      local_world_size=m.local_world_size, addr=m.addr,
                                      first_global_rank=m.first_global_rank)
                       for m in r.members])
+    if failure is None and r.failure is not None:
+        failure = failure_to(r.failure)
     if failure is not None:
         msg.failure.CopyFrom(failure)
     return encode(msg)

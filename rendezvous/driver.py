@@ -71,7 +71,8 @@ class Driver:
                                 and self.election.check():
                             self.leader = Leader(self.h.client, self.h.keys, self.h.settings,
                                                  self.sess.node_id, self.sess.create_revision,
-                                                 self.h.get_round, self.h.set_round, self.post)
+                                                 self.h.get_round, self.h.set_round, self.post,
+                                                 closed_ttl=int(self.h.cfg.join_timeout))
                             self.leader.start()
                     elif isinstance(item, tuple) and item[0] == "rewatch":
                         self.h.rewatch_round()

@@ -70,7 +70,18 @@ _KEYS = {
     "user": _text("user"),
     "password": _text("password"),
     "password_file": _path("password_file"),
+    "max_restarts": lambda v: _count("max_restarts", v),
 }
+
+
+def _count(name: str, v: Any) -> int:
+    try:
+        n = int(v)
+    except (TypeError, ValueError):
+        raise ValueError(f"rdzv_conf {name}={v!r}: expected an integer") from None
+    if n < 0 or str(n) != str(v).strip():
+        raise ValueError(f"rdzv_conf {name}={v!r}: expected a non-negative integer")
+    return n
 
 
 @dataclass(frozen=True)
@@ -87,6 +98,7 @@ class EtcdRendezvousConfig:
     key: str | None = None
     user: str | None = None
     password: str | None = field(default=None, repr=False)
+    max_restarts: int = 0            # job-wide worker-failure budget (the launcher passes it)
 
     @classmethod
     def from_conf(cls, conf: Mapping[str, Any],

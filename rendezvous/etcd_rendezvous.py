@@ -72,7 +72,8 @@ class EtcdRendezvousHandler(RendezvousHandler):
     def __init__(self, params: RendezvousParameters, client: EtcdClient | None = None) -> None:
         self.params = params
         self.cfg = EtcdRendezvousConfig.from_conf(params.config)
-        self.settings = Settings(params.min_nodes, params.max_nodes, self.cfg.last_call_timeout)
+        self.settings = Settings(params.min_nodes, params.max_nodes, self.cfg.last_call_timeout,
+                                 self.cfg.max_restarts)
         self.keys = RunKeys(self.cfg.prefix, params.run_id)
         self.run_id = params.run_id
         self._own_client = client is None
@@ -235,20 +236,13 @@ class EtcdRendezvousHandler(RendezvousHandler):
         return msg if msg is not None and msg.phase == st.CLOSED else None
 
     def close_with_failure(self, failure: FailureInfo) -> None:
-        self.set_closed(st.FAILED, st.Failure(
-            node_id=failure.node_id, host=failure.host, global_rank=failure.global_rank,
-            exit_code=failure.exit_code, signal_name=failure.signal_name,
-            message=failure.message[:2000], traceback=failure.traceback[-8000:],
-            timestamp_ms=int(failure.timestamp * 1000), local_rank=failure.local_rank,
-            pid=failure.pid))
+        self.set_closed(st.FAILED, codec.failure_to(failure))
 
     def closed_failure(self) -> FailureInfo | None:
         msg = self.closed_state()
         if msg is None or msg.outcome != st.FAILED:
             return None
-        f = msg.failure
-        return FailureInfo(f.node_id, f.host, f.global_rank, f.exit_code, f.signal_name,
-                           f.message, f.traceback, f.timestamp_ms / 1000.0, f.local_rank, f.pid)
+        return codec.failure_from(msg.failure)
 
     def num_nodes_waiting(self) -> int:
         try:
@@ -261,15 +255,21 @@ class EtcdRendezvousHandler(RendezvousHandler):
         return sum(1 for kv in res.kvs
                    if self.keys.parse(kv.key)[2] not in members)
 
-    def request_restart(self, reason: str) -> bool:
-        """Open the next round for a worker failure, spending one restart of the job-wide
-        budget. False when the round had already moved on (someone else restarted it)."""
+    @property
+    def shared_restarts(self) -> bool:
+        return True
+
+    def request_restart(self, reason: str, failure: FailureInfo | None = None) -> bool:
+        """Open the next round after a worker failure. The leader charges the job-wide budget
+        when it freezes that round — or closes the run as failed when the budget is spent —
+        unless a member turns out to be gone (its death made the workers fail: free). False when
+        the round had already moved on (someone else restarted it)."""
         r = self._running
         if r is None:
             return False
         new, (guard, ops) = transitions.start_round(self.keys, r, r.number + 1, r.members,
-                                                    r.restart_count + 1, reason,
-                                                    self.node_id or "")
+                                                    r.restart_count, reason,
+                                                    self.node_id or "", failure=failure)
         try:
             res = self.client.txn(guard, ops)
         except EtcdError as e:

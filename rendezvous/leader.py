@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from etcdrun.proto import etcd_api_pb2 as pb
+from etcdrun.proto import etcdrun_state_pb2 as st
 from etcdrun.rendezvous import codec, events, transitions
 from etcdrun.rendezvous.client import EtcdClient, EtcdError, Watch, WatchBatch
 from etcdrun.rendezvous.client import txn as t
@@ -21,6 +22,7 @@ from etcdrun.rendezvous.errors import RendezvousError
 from etcdrun.rendezvous.keys import RunKeys
 from etcdrun.rendezvous.protocol import (
     Agent,
+    CloseFailed,
     Freeze,
     Join,
     Member,
@@ -40,7 +42,7 @@ class Leader:
     def __init__(self, client: EtcdClient, keys: RunKeys, settings: Settings, node_id: str,
                  create_revision: int, get_round: Callable[[], Round | None],
                  set_round: Callable[[Round], None],
-                 post: Callable[[object], None]) -> None:
+                 post: Callable[[object], None], closed_ttl: int = 600) -> None:
         self._c = client
         self._keys = keys
         self._settings = settings
@@ -49,6 +51,7 @@ class Leader:
         self._get_round = get_round
         self._set_round = set_round
         self._post = post
+        self._closed_ttl = closed_ttl  # how long a failed run's marker stays
         self.agents: dict[str, Agent] = {}
         self.joins: dict[int, dict[str, Join]] = {}
         self.hints: dict[int, tuple[Member, ...]] = {}  # rounds/<n>/hint: order for round n
@@ -134,16 +137,21 @@ class Leader:
                 return now + 0.5
         return None
 
-    def _apply(self, r: Round | None, action: StartRound | Freeze) -> bool:
+    def _apply(self, r: Round | None, action: StartRound | Freeze | CloseFailed) -> bool:
         if isinstance(action, StartRound):
             new, (guard, ops) = transitions.start_round(
                 self._keys, r, action.number, action.hint, action.restart_count,
                 action.reason, self._me)
-        else:
+        elif isinstance(action, Freeze):
             assert r is not None
             new, (guard, ops) = transitions.freeze(self._keys, r, action.members,
                                                    action.master_addr, action.master_port,
-                                                   self._me)
+                                                   action.restart_count, self._me)
+        else:
+            marker = self._c.lease(self._closed_ttl, keepalive=False)
+            new, (guard, ops) = transitions.close(self._keys, r, st.FAILED,
+                                                  codec.failure_to(action.failure), marker.id,
+                                                  self._me)
         # S4: a leader whose own agent key is gone (lease lost) cannot write.
         guard.append(t.create_revision(self._keys.agent(self._me), "==", self._my_rev))
         res = self._c.txn(guard, ops)
@@ -152,7 +160,11 @@ class Leader:
             return False
         self._set_round(Round(new.number, new.phase, new.members, new.restart_count,
                               new.master_addr, new.master_port, res.revision))
-        if isinstance(action, StartRound):
+        if isinstance(action, CloseFailed):
+            events.emit("run_closed", run_id=self._keys.run_id, round=action.number,
+                        node=self._me, outcome="FAILED", restart_count=action.restart_count,
+                        failed_rank=action.failure.global_rank)
+        elif isinstance(action, StartRound):
             self.hints[action.number] = action.hint
             events.emit("round_started", run_id=self._keys.run_id, round=action.number,
                         node=self._me, reason=action.reason,

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
-from etcdrun.rendezvous.api import Participant
+from etcdrun.rendezvous.api import FailureInfo, Participant
 
 
 class Phase(Enum):
@@ -58,6 +58,9 @@ class Round:
     master_addr: str = ""
     master_port: int = 0
     mod_revision: int = 0
+    # JOINING: a worker failure opened this round; the restart is charged at the freeze (or the
+    # run closes as failed), unless a previous member is gone — then a death caused it.
+    failure: FailureInfo | None = None
 
     def member(self, node_id: str) -> Member | None:
         return next((m for m in self.members if m.node_id == node_id), None)
@@ -68,6 +71,7 @@ class Settings:
     min_nodes: int
     max_nodes: int
     last_call_timeout: float = 30.0
+    max_restarts: int = 0  # the job-wide budget of worker-failure restarts
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_nodes <= self.max_nodes:
@@ -114,9 +118,19 @@ class Freeze:
     members: tuple[Member, ...]
     master_addr: str
     master_port: int
+    restart_count: int = 0
 
 
-Action = Wait | StartRound | Freeze
+@dataclass(frozen=True)
+class CloseFailed:
+    """A worker failure with the restart budget spent: the run ends, everywhere, with it."""
+
+    number: int
+    failure: FailureInfo
+    restart_count: int
+
+
+Action = Wait | StartRound | Freeze | CloseFailed
 
 
 def is_first_round(r: Round) -> bool:
@@ -170,7 +184,7 @@ def decide(view: View, settings: Settings, now: float) -> Action:
         # to join than a survivor is to stop its workers. They are alive: they will come.
         return Wait(f"waiting for survivor(s) {', '.join(late)} to rejoin")
     if len(live) >= settings.max_nodes:
-        return _freeze(r, live, settings)
+        return _freeze(r, live, settings, agents)
     if len(live) >= settings.min_nodes and len(live) == len(agents):
         if is_first_round(r) and len(agents) < settings.max_nodes:
             deadline = view.last_call_deadline
@@ -178,11 +192,25 @@ def decide(view: View, settings: Settings, now: float) -> Action:
                 deadline = now + settings.last_call_timeout
             if now < deadline:
                 return Wait(f"last call: {len(live)}/{settings.max_nodes} nodes", until=deadline)
-        return _freeze(r, live, settings)
+        return _freeze(r, live, settings, agents)
     return Wait(f"{len(live)}/{max(settings.min_nodes, len(agents))} nodes joined")
 
 
-def _freeze(r: Round, live: Mapping[str, Join], settings: Settings) -> Freeze:
+def charge(r: Round, agents: Mapping[str, Agent]) -> int:
+    """The restart count of a round about to freeze. A worker failure costs one restart —
+    unless a member of the previous round is gone: then its death made the collectives fail,
+    and membership changes are free (the failure report races the lease expiry; the freeze
+    waits for survivors, so by now the dead are known)."""
+    if r.failure is None or any(m.node_id not in agents for m in r.members):
+        return r.restart_count
+    return r.restart_count + 1
+
+
+def _freeze(r: Round, live: Mapping[str, Join], settings: Settings,
+            agents: Mapping[str, Agent]) -> Freeze | CloseFailed:
+    count = charge(r, agents)
+    if r.failure is not None and count > settings.max_restarts:
+        return CloseFailed(r.number, r.failure, r.restart_count)
     chosen = order(live, r.members)[: settings.max_nodes]
     members = assign(chosen)
-    return Freeze(r.number, members, members[0].addr, chosen[0].master_port)
+    return Freeze(r.number, members, members[0].addr, chosen[0].master_port, count)

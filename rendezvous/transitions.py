@@ -11,6 +11,7 @@ from __future__ import annotations
 from etcdrun.proto import etcd_api_pb2 as pb
 from etcdrun.proto import etcdrun_state_pb2 as st
 from etcdrun.rendezvous import codec
+from etcdrun.rendezvous.api import FailureInfo
 from etcdrun.rendezvous.client import txn as t
 from etcdrun.rendezvous.keys import RunKeys
 from etcdrun.rendezvous.protocol import Member, Phase, Round
@@ -26,11 +27,12 @@ def fence(keys: RunKeys, current: Round | None) -> pb.Compare:
 
 
 def start_round(keys: RunKeys, current: Round | None, number: int, hint: tuple[Member, ...],
-                restart_count: int, reason: str, by: str) -> tuple[Round, Txn]:
+                restart_count: int, reason: str, by: str,
+                failure: FailureInfo | None = None) -> tuple[Round, Txn]:
     """Open round ``number`` for joining; drop every older round's records in the same Txn.
     The hint (the previous participants, for rank stability) goes to its own key, read by the
     leader alone: the round key every agent watches stays a few bytes until the freeze."""
-    new = Round(number, Phase.JOINING, (), restart_count)
+    new = Round(number, Phase.JOINING, (), restart_count, failure=failure)
     ops = [t.put(keys.round, codec.round_to(new, reason=reason, decided_by=by)),
            t.delete(keys.rounds, range_end=keys.round_dir(number)),
            t.put(keys.hint(number), codec.hint_to(number, hint))]
@@ -38,9 +40,8 @@ def start_round(keys: RunKeys, current: Round | None, number: int, hint: tuple[M
 
 
 def freeze(keys: RunKeys, current: Round, members: tuple[Member, ...], master_addr: str,
-           master_port: int, by: str) -> tuple[Round, Txn]:
-    new = Round(current.number, Phase.FROZEN, members, current.restart_count, master_addr,
-                master_port)
+           master_port: int, restart_count: int, by: str) -> tuple[Round, Txn]:
+    new = Round(current.number, Phase.FROZEN, members, restart_count, master_addr, master_port)
     return new, ([fence(keys, current)], [t.put(keys.round, codec.round_to(new, decided_by=by))])
 
 

@@ -42,7 +42,7 @@ def rendezvous(handlers: Sequence[EtcdRendezvousHandler], timeout: float = 30
         th.start()
     for th in threads:
         th.join(timeout)
-    for th, o in zip(threads, out):
+    for th, o in zip(threads, out, strict=True):
         if th.is_alive():
             raise TimeoutError("next_rendezvous did not return")
         if isinstance(o, BaseException):

@@ -6,8 +6,10 @@ import itertools
 
 import pytest
 
+from etcdrun.rendezvous.api import FailureInfo
 from etcdrun.rendezvous.protocol import (
     Agent,
+    CloseFailed,
     Freeze,
     Join,
     Member,
@@ -148,6 +150,27 @@ def test_global_ranks_contiguous_with_mixed_local_world_sizes():
           "c": Join("c", 2, "c", 3, 12)}
     f = decide(View(joining(), agents("a", "b", "c"), js), Settings(3, 3), 0.0)
     assert [(m.node_rank, m.first_global_rank) for m in f.members] == [(0, 0), (1, 3), (2, 4)]
+
+
+FAIL = FailureInfo("b", "b.host", 2, 1, message="ValueError: boom")
+
+
+def test_worker_failure_is_charged_at_the_freeze():
+    r = Round(2, Phase.JOINING, members("a", "b"), 0, mod_revision=100, failure=FAIL)
+    f = decide(View(r, agents("a", "b"), joins("a", "b")), Settings(1, 2, max_restarts=1), 0.0)
+    assert isinstance(f, Freeze) and f.restart_count == 1
+
+
+def test_failure_with_a_dead_member_is_a_free_membership_change():
+    r = Round(2, Phase.JOINING, members("a", "b"), 0, mod_revision=100, failure=FAIL)
+    f = decide(View(r, agents("a"), joins("a")), Settings(1, 2, max_restarts=0), 0.0)
+    assert isinstance(f, Freeze) and f.restart_count == 0
+
+
+def test_failure_with_the_budget_spent_closes_the_run():
+    r = Round(3, Phase.JOINING, members("a", "b"), 2, mod_revision=100, failure=FAIL)
+    c = decide(View(r, agents("a", "b"), joins("a", "b")), Settings(1, 2, max_restarts=2), 0.0)
+    assert c == CloseFailed(3, FAIL, 2)
 
 
 def test_settings_validation():

@@ -18,6 +18,7 @@ from rdzv_helpers import (
     violations,
 )
 
+from etcdrun.rendezvous.api import FailureInfo
 from etcdrun.rendezvous.client import EtcdClient
 from etcdrun.rendezvous.errors import (
     RendezvousClosedError,
@@ -57,7 +58,7 @@ def test_graceful_leave_after_freeze_starts_new_round_with_stable_ranks(etcd):
     with accepted_events() as acc:
         try:
             infos = rendezvous(hs)
-            by_rank = {i.node_rank: h for i, h in zip(infos, hs)}
+            by_rank = {i.node_rank: h for i, h in zip(infos, hs, strict=True)}
             leaving = by_rank[1]
             rest = [by_rank[0], by_rank[2], by_rank[3]]
             leaving.shutdown()
@@ -78,7 +79,8 @@ def test_crash_after_freeze_is_seen_after_lease_expiry(etcd):
     with accepted_events() as acc:
         try:
             infos = rendezvous(hs)
-            victim = next(h for h, i in zip(hs, infos) if i.node_rank == 0)  # the master host
+            # the master host
+            victim = next(h for h, i in zip(hs, infos, strict=True) if i.node_rank == 0)
             rest = [h for h in hs if h is not victim]
             t0 = time.monotonic()
             crash(victim)
@@ -157,7 +159,7 @@ def test_hot_spares_wait_without_restarting_anyone_and_fill_a_freed_place(etcd):
             time.sleep(1)
             assert not any(h.membership_changed.is_set() for h in hs)  # spares restart nobody
             assert got == []
-            leaver = next(h for h, i in zip(hs, infos) if i.node_rank == 1)
+            leaver = next(h for h, i in zip(hs, infos, strict=True) if i.node_rank == 1)
             stay = next(h for h in hs if h is not leaver)
             leaver.shutdown()
             assert stay.membership_changed.wait(5)
@@ -251,20 +253,57 @@ def test_unknown_conf_key_is_an_error_naming_it(etcd):
         handler(etcd.endpoints, new_run_id(), 1, 1, lease_tll=2)
 
 
+FAIL = FailureInfo("n", "host-a", 3, 1, "", "ValueError: boom", "Traceback ...", 1.0, 1, 42)
+
+
 def test_worker_failure_restart_is_job_wide(etcd):
     run = new_run_id()
-    hs = [handler(etcd.endpoints, run, 1, 3) for _ in range(3)]
+    hs = [handler(etcd.endpoints, run, 1, 3, max_restarts=3) for _ in range(3)]
     with accepted_events() as acc:
         try:
             infos = rendezvous(hs)
-            assert hs[2].request_restart("worker failed")
-            assert not hs[1].request_restart("worker failed too")  # same round: counted once
+            assert hs[2].request_restart("worker failed", FAIL)
+            assert not hs[1].request_restart("worker failed too", FAIL)  # same round: once
             infos2 = rendezvous(hs)
             assert {i.restart_count for i in infos2} == {1}
             assert [i.node_rank for i in infos2] == [i.node_rank for i in infos]
         finally:
             shutdown_all(hs)
     assert violations(etcd.endpoints, run, 1, 3, acc) == []
+
+
+def test_failure_caused_by_a_peer_death_costs_no_restart(etcd):
+    """Collectives fail on the survivors when a peer dies, before its lease expires: the
+    restart they ask for is a membership change, free even with max_restarts=0."""
+    run = new_run_id()
+    hs = [handler(etcd.endpoints, run, 1, 3, lease_ttl=2) for _ in range(3)]
+    try:
+        infos = rendezvous(hs)
+        victim = next(h for h, i in zip(hs, infos, strict=True) if i.node_rank == 1)
+        rest = [h for h in hs if h is not victim]
+        crash(victim)
+        assert rest[0].request_restart("all_reduce failed", FAIL)  # before the lease expires
+        infos2 = rendezvous(rest)
+        assert {i.restart_count for i in infos2} == {0} and {i.node_count for i in infos2} == {2}
+    finally:
+        shutdown_all(hs)
+
+
+def test_failure_with_the_budget_spent_closes_the_run_with_it(etcd):
+    run = new_run_id()
+    hs = [handler(etcd.endpoints, run, 1, 2, max_restarts=0) for _ in range(2)]
+    try:
+        rendezvous(hs)
+        assert hs[0].request_restart("worker failed", FAIL)
+        with pytest.raises(RendezvousClosedError):
+            rendezvous(hs)
+        for h in hs:
+            deadline = time.monotonic() + 5
+            while h.closed_failure() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert h.closed_failure() == FAIL
+    finally:
+        shutdown_all(hs)
 
 
 def test_foreign_record_under_the_run_is_ignored_by_the_leader(etcd):

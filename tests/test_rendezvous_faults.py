@@ -63,7 +63,7 @@ def test_etcd_restart_while_running_causes_no_new_round(etcd):
             time.sleep(2.0)
             assert not any(h.membership_changed.is_set() for h in hs)  # L4
             # watches resumed: a graceful leave is still seen at once
-            leaver = next(h for h, i in zip(hs, first) if i.node_rank == 2)
+            leaver = next(h for h, i in zip(hs, first, strict=True) if i.node_rank == 2)
             leaver.shutdown()
             rest = [h for h in hs if h is not leaver]
             for h in rest:
