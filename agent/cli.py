@@ -146,7 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="single node, no etcd: static backend on a free local port with a fresh job id "
         "(--rdzv-backend/--rdzv-endpoint/--rdzv-id are ignored)")
     opt("--max-restarts", action=_Env, type=int, default=0,
-        help="worker group restarts before failing (default: %(default)s)")
+        help="worker-failure restarts before failing; job-wide with etcd, where a node's death "
+             "costs none (default: %(default)s)")
     opt("--monitor-interval", action=_Env, type=float, default=0.1, metavar="SECONDS",
         help="how often workers are checked (default: %(default)s)")
     opt("--start-method", action=_Env, default="spawn", choices=["spawn", "fork", "forkserver"],
