@@ -22,11 +22,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import grpc
-import tenacity
 
 from etcdrun.proto import etcd_api_pb2 as pb
 from etcdrun.proto.etcd_stubs import bind
-from etcdrun.rendezvous.client import policies
 from etcdrun.rendezvous.client.config import ClientConfig, Endpoint
 from etcdrun.rendezvous.client.errors import (
     EtcdClosedError,
@@ -166,6 +164,11 @@ class Transport:
             if self._closed:
                 raise EtcdClosedError("etcd client is closed") from None
             raise EtcdError(f"etcd: {e}") from None
+        # Only now: tenacity is ~15 ms of CPU at import, and most agents never retry.
+        import tenacity
+
+        from etcdrun.rendezvous.client import policies
+
         n = len(self.config.endpoints)
         retryer = tenacity.Retrying(
             retry=policies.retry_if_transient,
