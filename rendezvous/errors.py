@@ -52,9 +52,6 @@ class RendezvousStateError(RendezvousError):
     """A value in etcd is corrupt, foreign, or from an unknown schema version."""
 
 
-class RendezvousSessionLostError(RendezvousError):
-    """This agent's lease was lost: it must stop its workers and rejoin as a new participant."""
-
 
 class RendezvousTooManyNodesError(RendezvousError):
     """The static backend was given a node rank outside the job."""
@@ -66,6 +63,5 @@ __all__ = [
     "RendezvousTimeoutError",
     "RendezvousConnectionError",
     "RendezvousStateError",
-    "RendezvousSessionLostError",
     "RendezvousTooManyNodesError",
 ]

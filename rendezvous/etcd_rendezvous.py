@@ -12,6 +12,8 @@ session that runs the election and the leader's decisions from that queue.
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
 import logging
 import os
 import socket
@@ -19,6 +21,7 @@ import threading
 import time
 import uuid
 
+from etcdrun.proto import etcd_api_pb2 as pb
 from etcdrun.proto import etcdrun_state_pb2 as st
 from etcdrun.rendezvous import codec, events
 from etcdrun.rendezvous.api import (
@@ -51,7 +54,15 @@ from etcdrun.rendezvous.session import Session
 from etcdrun.rendezvous.static import reserve_free_port
 
 log = logging.getLogger(__name__)
-VERSION = "0.1.0"
+
+
+@functools.cache
+def _version() -> str:
+    """The installed etcdrun version, for AgentInfo (pyproject is the one place it is written)."""
+    try:
+        return importlib.metadata.version("etcdrun")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def client_for(params: RendezvousParameters, cfg: EtcdRendezvousConfig) -> EtcdClient:
@@ -265,7 +276,7 @@ class EtcdRendezvousHandler(RunLifecycle, RendezvousHandler):
         self._incarnation += 1
         node_id = f"{self.host}-{os.getpid()}-{self._tag}.{self._incarnation}"
         info = st.AgentInfo(node_id=node_id, host=self.host, addr=self.addr, pid=os.getpid(),
-                            local_world_size=self.params.local_world_size, version=VERSION,
+                            local_world_size=self.params.local_world_size, version=_version(),
                             started_unix_ms=int(time.time() * 1000))
         sess = Session(self.client, self.keys, info, self.cfg.lease_ttl).open()
         self._session = sess
@@ -323,7 +334,7 @@ class EtcdRendezvousHandler(RunLifecycle, RendezvousHandler):
                 d.post(("rewatch",))
             return
         for ev in batch.events:
-            if ev.type == 1:  # DELETE: the closed marker expired or the run was cleaned up
+            if ev.type == pb.Event.DELETE:  # the closed marker expired, or run cleaned up
                 with self._cond:
                     self._round, self._round_msg = None, None
                     self._on_round_locked(None)
