@@ -106,9 +106,9 @@ class _Version(argparse.Action):
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kw)
 
     def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None):
-        from importlib.metadata import version
+        from etcdrun.rendezvous._version import __version__
 
-        sys.stdout.write(f"{PROG} {version('etcdrun')}\n")
+        sys.stdout.write(f"{PROG} {__version__}\n")
         parser.exit()
 
 

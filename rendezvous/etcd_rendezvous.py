@@ -12,18 +12,16 @@ session that runs the election and the leader's decisions from that queue.
 
 from __future__ import annotations
 
-import functools
-import importlib.metadata
 import logging
 import os
 import socket
 import threading
 import time
-import uuid
 
 from etcdrun.proto import etcd_api_pb2 as pb
 from etcdrun.proto import etcdrun_state_pb2 as st
 from etcdrun.rendezvous import codec, events
+from etcdrun.rendezvous._version import __version__
 from etcdrun.rendezvous.api import (
     RendezvousHandler,
     RendezvousInfo,
@@ -54,15 +52,6 @@ from etcdrun.rendezvous.session import Session
 from etcdrun.rendezvous.static import reserve_free_port
 
 log = logging.getLogger(__name__)
-
-
-@functools.cache
-def _version() -> str:
-    """The installed etcdrun version, for AgentInfo (pyproject is the one place it is written)."""
-    try:
-        return importlib.metadata.version("etcdrun")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
 
 
 def client_for(params: RendezvousParameters, cfg: EtcdRendezvousConfig) -> EtcdClient:
@@ -98,7 +87,7 @@ class EtcdRendezvousHandler(RunLifecycle, RendezvousHandler):
         self._changed = threading.Event()
         self._session: Session | None = None
         self._incarnation = 0
-        self._tag = uuid.uuid4().hex[:6]  # several handlers may share one process
+        self._tag = os.urandom(3).hex()  # several handlers may share one process
         self._driver: Driver | None = None
         self._round_watch: Watch | None = None
         self._joined: int | None = None
@@ -276,7 +265,7 @@ class EtcdRendezvousHandler(RunLifecycle, RendezvousHandler):
         self._incarnation += 1
         node_id = f"{self.host}-{os.getpid()}-{self._tag}.{self._incarnation}"
         info = st.AgentInfo(node_id=node_id, host=self.host, addr=self.addr, pid=os.getpid(),
-                            local_world_size=self.params.local_world_size, version=_version(),
+                            local_world_size=self.params.local_world_size, version=__version__,
                             started_unix_ms=int(time.time() * 1000))
         sess = Session(self.client, self.keys, info, self.cfg.lease_ttl).open()
         self._session = sess
