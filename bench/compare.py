@@ -10,7 +10,7 @@ nothing unless ``--publish``). Raw figures and every agent's log go to bench/out
 
 Why its own venv (bench/.venv-torch, created on first use): torch 2.13 CPU (torchrun and the
 workers' gloo), python-etcd (torchrun's etcd-v2) and matplotlib are the benchmark's needs, not
-etcdrun's. etcdrun is installed there too (editable), so both launchers start the same
+etcdrun's. etcdrun is installed there too (from this checkout), so both launchers start the same
 interpreter for their workers; etcdrun's agent never imports torch, and its start-up and RSS are
 measured as such. The script re-executes itself under that venv's Python.
 
@@ -40,19 +40,29 @@ LOAD_MAX = 1.5
 
 
 def ensure_venv() -> None:
-    """Create the bench venv if missing, then re-exec under it (once)."""
+    """Create the bench venv if missing, install this checkout into it, re-exec under it (once).
+
+    Why a regular install of the working tree on every run, not an editable one: that is what a
+    user runs (byte-compiled modules, no import hook). An editable install adds an import hook
+    that every Python process in the venv pays at start-up (agents and workers of both
+    launchers, ~8 ms each), and where PYTHONDONTWRITEBYTECODE is set (it is on this machine) an
+    edited checkout is recompiled by every agent that starts (~36 ms each).
+    """
     if Path(sys.prefix).resolve() == VENV.resolve():
         return
+    steps = []
     if not VENV_PY.exists():
-        print(f"creating {VENV.relative_to(REPO)} ({TORCH_PIN} CPU, python-etcd, matplotlib, "
-              f"etcdrun editable)...", flush=True)
-        steps = [[sys.executable, "-m", "venv", str(VENV)],
-                 [str(VENV_PY), "-m", "pip", "install", "-q", TORCH_PIN, "python-etcd",
-                  "matplotlib"],
-                 [str(VENV_PY), "-m", "pip", "install", "-q", "-e", str(REPO)]]
-        for cmd in steps:
-            if subprocess.run(cmd).returncode != 0:
-                sys.exit(f"compare.py: setup step failed: {' '.join(cmd)}")
+        print(f"creating {VENV.relative_to(REPO)} ({TORCH_PIN} CPU, python-etcd, "
+              f"matplotlib)...", flush=True)
+        steps += [[sys.executable, "-m", "venv", str(VENV)],
+                  [str(VENV_PY), "-m", "pip", "install", "-q", TORCH_PIN, "python-etcd",
+                   "matplotlib", "setuptools>=68", str(REPO)]]  # REPO: etcdrun's own deps
+    steps.append([str(VENV_PY), "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall",
+                  "--no-build-isolation", str(REPO)])
+    print("installing this checkout into the bench venv (regular install)...", flush=True)
+    for cmd in steps:
+        if subprocess.run(cmd).returncode != 0:
+            sys.exit(f"compare.py: setup step failed: {' '.join(cmd)}")
     os.execv(str(VENV_PY), [str(VENV_PY), str(Path(__file__).resolve()), *sys.argv[1:]])
 
 
@@ -83,7 +93,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                     help="trials of torchrun runs with default settings, which take 30-90 s "
                          "each (default 2)")
     ap.add_argument("--only", default="", help="comma list of scenarios, e.g. 1,3 (default all:"
-                    " 1,2,3,3i,4,5,6,7,8; 3i = scenario 3 with idle workers)")
+                    " 1,1s,2,3,3i,4,5,6,7,8; 1s = scenario 1 with the last agent started"
+                    " after the others wait; 3i = scenario 3 with idle workers)")
     ap.add_argument("--timeout", type=float, default=75.0,
                     help="bound on one recovery/scale-up wait, seconds (default 75)")
     ap.add_argument("--never-timeout", type=float, default=60.0,

@@ -141,6 +141,19 @@ def sweep(tag: str, timeout: float = 10.0) -> list[int]:
         reap_orphans()
 
 
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU a live process has used so far (0 if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().decode(errors="replace").rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _TICK
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 def vm_hwm_mb(pid: int) -> float | None:
     """Peak resident set size of a live process (VmHWM), in MB."""
     try:
@@ -211,9 +224,14 @@ class Agent:
         return next((ln for ln in self.lines()
                      if ln.kind == "READY" and ln.t > t0 and ln.world == world), None)
 
-    def start_since(self, t0: float, world: int) -> WorkerLine | None:
+    def start_of(self, ready: WorkerLine) -> WorkerLine | None:
+        """The START line of the worker process that printed ``ready`` (same pid).
+
+        Why the same process and not the first START with that world: a worker that started
+        with the new world and then failed does not count as running; its successor does.
+        """
         return next((ln for ln in self.lines()
-                     if ln.kind == "START" and ln.t > t0 and ln.world == world), None)
+                     if ln.kind == "START" and ln.pid == ready.pid), None)
 
     def group_rank(self) -> int | None:
         """Node rank of this agent's newest running worker."""
@@ -233,6 +251,14 @@ class Agent:
         self.killed_at = time.time()
         kill_pids(victims)
         return self.killed_at
+
+    def cpu_s(self) -> float:
+        """CPU seconds the agent process itself has used (not its workers)."""
+        return cpu_seconds(self.pid) if self.alive() else 0.0
+
+    def tree_cpu_s(self) -> float:
+        """CPU seconds of the agent and every live process below it."""
+        return sum(cpu_seconds(p) for p in [self.pid, *descendants(self.pid)])
 
     def rss_mb(self) -> float | None:
         return vm_hwm_mb(self.pid) if self.alive() else None

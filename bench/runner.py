@@ -24,7 +24,7 @@ import scenarios as sc
 from launchers import ETCDRUN, LAUNCHERS, TORCHRUN, Launcher
 from procs import TAG_VAR, become_subreaper, sweep
 
-ALL = ("1", "2", "3", "3i", "4", "5", "6", "7", "8")
+ALL = ("1", "1s", "2", "3", "3i", "4", "5", "6", "7", "8")
 ALL_SIX = ("etcdrun", "c10d", "etcd-v2", "etcdrun-tuned", "c10d-tuned", "etcd-v2-tuned")
 
 
@@ -123,6 +123,11 @@ def run_all(args: argparse.Namespace, out: Path, tag: str, load: float, load_ok:
                     _series(runs, ctx, "1", "default", L[k], args.trials,
                             lambda c, la, nm: sc.first_round(c, la, args.n_first, args.n_first,
                                                              nm), n=args.n_first)
+            elif s == "1s":
+                for k in ("etcdrun", "c10d", "etcd-v2"):
+                    _series(runs, ctx, "1s", "default", L[k], args.trials,
+                            lambda c, la, nm: sc.first_round(c, la, args.n_first, args.n_first,
+                                                             nm, stagger=True), n=args.n_first)
             elif s == "2":
                 for k in ALL_SIX:
                     _series(runs, ctx, "2", "tuned" if L[k].tuned else "default", L[k],

@@ -5,11 +5,14 @@ and one whose agents all exit is another ("job died"). Every trial runs in a ``J
 etcd when the launcher needs one (``--enable-v2`` for torchrun's etcd-v2), a fresh run id, and
 on exit every agent and every tagged process killed and checked gone.
 
-Times: ``value`` is the worker-measured end point minus the harness's action (last agent's
-start, the kill, the newcomer's start): "all workers running" is the newest of the first
-``BENCH_READY`` line each node's worker printed with the expected WORLD_SIZE after the action.
-``spawn`` is the same with ``BENCH_START`` (worker process started, before torch is imported): the
-launcher's own share. Everything between is Python + ``import torch`` + the gloo init.
+Times are worker-measured end points minus the harness's action (last agent's start, the kill,
+the newcomer's start). ``spawn`` ("workers running", what the targets are about) is the newest,
+over the nodes, of the ``BENCH_START`` line (the worker's first line, before ``import torch``) of
+the worker that went on to print ``BENCH_READY`` with the expected WORLD_SIZE: the launcher has
+started every worker with the new world's environment (torchrun's ``WorkerState.RUNNING``).
+``value`` ("workers ready") is the newest such ``BENCH_READY``: ``init_process_group("gloo")``
+returned everywhere. Between the two lie the workers' own Python start, ``import torch`` and the
+gloo init, which no launcher controls.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from procs import Agent, listener_pid, sweep
 POLL = 0.05
 FORM_TIMEOUT = 90.0    # a first round, beyond the launcher's own last-call wait
 SETTLE = 1.0           # collectives running before we disturb the job
+QUIET_WINDOW = 0.5     # wait_quiet: sampling window, s
+QUIET_CPU = 0.1        # wait_quiet: CPUs the waiting agents may use together and count as idle
 
 
 @dataclass
@@ -129,13 +134,14 @@ class Job:
 
 def wait_world(agents: list[Agent], t0: float, world: int, timeout: float,
                what: str) -> tuple[float, float | None]:
-    """(newest READY, newest START) of ``agents``' workers with ``world``, after ``t0``."""
+    """(newest READY, newest START of those same workers) with ``world``, after ``t0``."""
     deadline = time.monotonic() + timeout
     while True:
         ready = [a.ready_since(t0, world) for a in agents]
         if all(ready):
-            starts = [a.start_since(t0, world) for a in agents]
-            spawn = max(s.t for s in starts) if all(starts) else None
+            starts = [a.start_of(r) for a, r in zip(agents, ready, strict=True) if r]
+            spawn = max(s.t for s in starts) if len(starts) == len(agents) and all(starts) \
+                else None
             return max(r.t for r in ready if r), spawn
         dead = [a for a, r in zip(agents, ready, strict=True) if not r and not a.alive()]
         if dead and len(dead) == len([r for r in ready if not r]):
@@ -175,15 +181,48 @@ def _trial(fn):
     return run
 
 
+def wait_quiet(agents: list[Agent], timeout: float = 60.0) -> float:
+    """Wait until ``agents`` (with anything below them) have started up and sit waiting.
+
+    Why CPU and not a log line: it means the same for every launcher. "Waiting" is the whole
+    group using under ``QUIET_CPU`` of a CPU over ``QUIET_WINDOW``; returns how long it took.
+    """
+    t0 = time.monotonic()
+    last = sum(a.tree_cpu_s() for a in agents)
+    while True:
+        time.sleep(QUIET_WINDOW)
+        dead = [a.name for a in agents if not a.alive()]
+        if dead:
+            raise Fail("died", f"{', '.join(dead)} exited while the others were starting up")
+        now = sum(a.tree_cpu_s() for a in agents)
+        if now - last < QUIET_CPU * QUIET_WINDOW:
+            return time.monotonic() - t0
+        if time.monotonic() - t0 > timeout:
+            raise Fail("error", f"agents still busy (CPU) {timeout:.0f}s after their start")
+        last = now
+
+
 @_trial
-def first_round(ctx: Ctx, launcher: Launcher, n: int, max_nodes: int, name: str) -> Trial:
-    """Scenarios 1 and 2: ``n`` agents started together, ``--nnodes`` min..max_nodes."""
+def first_round(ctx: Ctx, launcher: Launcher, n: int, max_nodes: int, name: str,
+                stagger: bool = False) -> Trial:
+    """Scenarios 1 and 2: ``n`` agents, ``--nnodes`` min..max_nodes.
+
+    ``stagger``: start ``n - 1`` agents, wait until they sit waiting in the rendezvous, then
+    start the last one (as on a real cluster, where one node boots last). Without it all ``n``
+    start together, and on this 2-CPU machine the figure is mostly ``n`` agents' start-up CPU.
+    ``extra["agent_cpu_s"]``: the median agent's own CPU seconds when every worker was ready.
+    """
     nnodes = f"{n}:{max_nodes}" if max_nodes == n else f"2:{max_nodes}"
     with Job(ctx, launcher, nnodes, "allreduce", name) as job:
-        t0 = job.start(n)
+        extra = {}
+        if stagger:
+            job.start(n - 1)
+            extra["settle_s"] = round(wait_quiet(job.agents), 2)
+        t0 = job.start(n - len(job.agents))
         ready, spawn = wait_world(job.agents, job.agents[0].t_start, n,
                                   FORM_TIMEOUT + launcher.last_call, "the last start")
-        return Trial(ready - t0, spawn=None if spawn is None else spawn - t0)
+        extra["agent_cpu_s"] = round(statistics.median(a.cpu_s() for a in job.agents), 3)
+        return Trial(ready - t0, spawn=None if spawn is None else spawn - t0, extra=extra)
 
 
 def _victim(job: Job, which: str) -> tuple[Agent, str]:
