@@ -221,12 +221,13 @@ class EtcdRendezvousHandler(RunLifecycle, RendezvousHandler):
         if self._shutdown:
             return True
         self._shutdown = True
+        node = self.node_id
         self._stop_watching()  # a leader must not reopen the round it is about to remove
         ok = self._drop_session()
         self._clean_up_if_none_left()
         if self._own_client:
             self.client.close()
-        events.emit("node_left", run_id=self.run_id, node=self.node_id)
+        events.emit("node_left", run_id=self.run_id, node=node)
         return ok
 
     # ---- status ------------------------------------------------------------------------------
@@ -306,6 +307,8 @@ class EtcdRendezvousHandler(RunLifecycle, RendezvousHandler):
         return ok
 
     def _on_lost(self, lease) -> None:
+        if lease.lost_reason == "revoked":
+            return  # our own leave (node_left says so), not a loss
         events.emit("session_lost", run_id=self.run_id, node=self.node_id,
                     reason=lease.lost_reason)
         with self._cond:

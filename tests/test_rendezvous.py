@@ -359,3 +359,39 @@ def test_status_line_while_waiting_names_counts_and_last_call(etcd):
         shutdown_all(hs)
         for th in ths:
             th.join(10)
+
+
+def test_leave_and_loss_events_name_the_node(etcd):
+    """A deliberate leave is `node_left` with the node id (not a `session_lost`); a lease taken
+    away from outside is `session_lost`, with the reason."""
+    import os
+    import subprocess
+
+    from etcdrun.rendezvous import events
+
+    run = new_run_id()
+    hs = [handler(etcd.endpoints, run, 1, 2) for _ in range(2)]
+    got: list[dict] = []
+    unsubscribe = events.subscribe(lambda e: got.append(e) if e.get("run_id") == run else None)
+    try:
+        rendezvous(hs)
+        leaving, staying = hs
+        leaving_id, staying_id = leaving.node_id, staying.node_id
+        leaving.shutdown()
+        left = [e for e in got if e["event"] == "node_left"]
+        assert [e["node"] for e in left] == [leaving_id]
+        assert not [e for e in got if e["event"] == "session_lost"]
+
+        lease_id = staying._session.lease.id
+        subprocess.run(["etcdctl", "--endpoints", etcd.endpoints, "lease", "revoke",
+                        f"{lease_id:x}"], check=True, capture_output=True,
+                       env={**os.environ, "ETCDCTL_API": "3"})
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not [
+                e for e in got if e["event"] == "session_lost"]:
+            time.sleep(0.05)
+        lost = [e for e in got if e["event"] == "session_lost"]
+        assert [e["node"] for e in lost] == [staying_id] and lost[0]["reason"]
+    finally:
+        unsubscribe()
+        shutdown_all(hs)
