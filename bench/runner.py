@@ -36,9 +36,10 @@ def _trials(args: argparse.Namespace, launcher: Launcher) -> int:
 def _fmt(t: sc.Trial, unit: str = "s") -> str:
     if t.value is None:
         return f"{t.outcome.upper()}: {t.note}"
-    spawn = f" (workers spawned at {t.spawn:.2f} s)" if t.spawn is not None else ""
     note = f" [{t.note}]" if t.note else ""
-    return f"{t.value:.2f} {unit}{spawn}{note}"
+    if t.spawn is not None:
+        return f"running {t.spawn:.2f} s, ready {t.value:.2f} s{note}"
+    return f"{t.value:.2f} {unit}{note}"
 
 
 def _series(runs: list[dict], ctx: sc.Ctx, scenario: str, setting: str, launcher: Launcher,
