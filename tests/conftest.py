@@ -100,6 +100,18 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
     return result
 
 
+@pytest.fixture
+def torch_available() -> None:
+    """torch (a test extra, never a runtime dependency): missing skips locally, FAILS in CI."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        msg = "torch is not installed (pip install -e '.[test]' brings torch==2.13.0)"
+        if _in_ci():
+            pytest.fail(f"{msg} [CI=true: a missing torch is an error]", pytrace=False)
+        pytest.skip(msg)
+
+
 # --- etcd fixtures ----------------------------------------------------------------------------
 @pytest.fixture(scope="session")
 def etcd_bin() -> str:

@@ -1,0 +1,125 @@
+"""bench/compare.py's own parts: the verdicts it publishes, and its harness against real agents.
+
+Why test a benchmark: its tables are the project's claims. The report is pure logic over a results
+dict (synthetic here); the harness is checked end to end on a small real job (etcd, etcdrun agents,
+torch workers), so that `python bench/compare.py` does not rot between its long runs.
+"""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+sys.path.insert(0, str(BENCH))
+
+import report  # noqa: E402
+
+
+def _run(scenario, col, trials, setting="default", unit="s", n=8):
+    kind = "etcdrun" if col == "etcdrun" else "torchrun"
+    backend = {"etcdrun": "etcd"}.get(col, col)
+    label = "etcdrun" if kind == "etcdrun" else f"torchrun {col}"
+    if setting == "tuned":
+        label += " (lease_ttl=2)" if kind == "etcdrun" else " (last_call_timeout=1)"
+    return {"scenario": scenario, "setting": setting, "launcher": col, "label": label,
+            "kind": kind, "backend": backend, "tuned": setting == "tuned", "unit": unit,
+            "trials": trials, "n": n}
+
+
+def _t(ready, running, **extra):
+    return {"value": ready, "spawn": running, "outcome": "ok", "note": "", "extra": extra}
+
+
+def _never(note="timeout 75s: no worker"):
+    return {"value": None, "spawn": None, "outcome": "never", "note": note}
+
+
+def _results(runs):
+    meta = {"date": "2026-11-30T00:00:00", "cpus": 2, "python": "3.11", "torch": "2.13.0",
+            "etcdrun": "0.1.0", "n": 4, "n_first": 8, "trials": 3, "slow_trials": 2,
+            "load_before": 0.5, "load_after": 0.6, "duration_s": 60, "leftover_processes": 0,
+            "complete": True}
+    return {"meta": meta, "runs": runs, "help": {}, "scale": {}}
+
+
+def test_verdicts_are_on_workers_running_and_name_the_reason():
+    runs = [
+        _run("1", "etcdrun", [_t(4.9, 0.62, agent_cpu_s=0.12), _t(4.5, 0.64, agent_cpu_s=0.12)]),
+        _run("1s", "etcdrun", [_t(4.4, 0.20), _t(4.2, 0.22)]),
+        _run("3", "etcdrun", [_t(5.8, 3.9), _t(5.6, 4.0)]),      # ready > 6 s, running < 6 s
+        _run("3", "etcdrun", [_t(3.8, 2.2)], setting="tuned"),
+        _run("3", "c10d", [_t(6.8, 4.9)], setting="tuned"),
+        _run("3i", "etcdrun", [_t(3.5, 2.9)], setting="tuned"),  # < 3 s, but torchrun: 2.5
+        _run("3i", "c10d", [_t(3.0, 2.5)], setting="tuned"),
+        _run("5", "etcdrun", [_t(2.6, 0.2), _t(2.7, None)]),     # a START line went missing
+    ]
+    # scenario 3i compares with torchrun's best tuned figure of scenario 3 (4.9 s): 2.9 passes
+    assert report.verdict("3i", "tuned", runs) == ("PASS", "")
+    runs[4]["trials"] = [_t(4.0, 2.8)]
+    v, why = report.verdict("3i", "tuned", runs)
+    assert v == "MISS" and "not ahead of torchrun's best tuned (2.80 s)" in why
+
+    v, why = report.verdict("1", "default", runs)
+    assert v == "MISS" and "median 0.63 s > 0.5 s" in why
+    assert "all 8 agents start at once" in why and "each agent used 0.12 s of CPU" in why
+    assert report.verdict("1s", "default", runs) == ("PASS", "")
+    assert report.verdict("3", "default", runs) == ("PASS", "")
+    v, why = report.verdict("5", "default", runs)
+    assert v == "MISS" and "BENCH_START" in why
+
+
+def test_a_run_that_never_recovers_is_a_miss_and_an_infinite_ratio():
+    runs = [_run("3i", "etcdrun", [_never()], setting="tuned"),
+            _run("3", "etcdrun", [_t(3.0, 1.0)], setting="tuned"),
+            _run("3", "c10d", [_never()], setting="tuned")]
+    v, why = report.verdict("3i", "tuned", runs)
+    assert v == "MISS" and "1/1 trial(s)" in why
+    table = report.rows(_results(runs))
+    row = next(r for r in table if r[0].startswith("3. "))
+    assert row[2].startswith("1.00 s") and row[3] == "never (timeout 75 s) ×1"
+    assert row[5] == "∞ (torchrun: never)"
+
+
+def test_published_tables_running_with_targets_ready_without():
+    runs = [_run("1", "etcdrun", [_t(4.9, 0.4)]), _run("1", "c10d", [_t(9.0, 5.0)]),
+            _run("5", "etcdrun", [_t(2.6, 0.2)]), _run("5", "c10d", [_t(6.0, 3.5)])]
+    res = _results(runs)
+    md = report.results_md(res)
+    running, ready = md.split("## To workers ready", 1)
+    assert "| 1. First round" in running and "workers running | default | 0.40 s" in running
+    assert "PASS" in running and "12.5x" in running       # 5.0 / 0.4
+    ready_table = ready.split("## How it is measured", 1)[0]
+    assert "workers ready | default | 4.90 s" in ready_table and "1.8x" in ready_table
+    assert "PASS" not in ready_table and "target" not in ready_table
+    assert "(2.4-4.5 s in this run)" in ready_table      # from the trials, not typed in
+
+
+@pytest.mark.timeout(180)
+def test_harness_measures_a_real_job_and_leaves_nothing(etcd_bin, torch_available, tmp_path):
+    """Scenario 1s and 3' at N = 3 with etcdrun agents and torch workers, as compare.py runs
+    them (its own etcd per trial), then the tag sweep finds nothing left to kill."""
+    import scenarios as sc
+    from launchers import LAUNCHERS
+    from procs import sweep, tagged
+
+    tag = uuid.uuid4().hex
+    ctx = sc.Ctx(bindir=Path(sys.executable).parent, out=tmp_path, tag=tag,
+                 recover_timeout=30.0)
+    try:
+        first = sc.first_round(ctx, LAUNCHERS["etcdrun"], 3, 3, "s1s", stagger=True)
+        assert first.outcome == "ok", first.note
+        assert 0 < first.spawn < first.value and first.extra["settle_s"] > 0
+        assert not tagged(tag)  # the trial's Job cleaned up after itself
+
+        kill = sc.kill_node(ctx, LAUNCHERS["etcdrun-tuned"], 3, "member", "idle", "s3i")
+        assert kill.outcome == "ok", kill.note
+        assert 0 < kill.spawn < kill.value
+        logs = sorted(p.name for p in (tmp_path / "s3i").iterdir())
+        assert logs == ["node0.log", "node1.log", "node2.log"]
+    finally:
+        left = sweep(tag)
+    assert left == []
