@@ -128,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _interrupt)
     sys.path.insert(0, str(HERE))
+    import publish
     import report
     from runner import run_all
 
@@ -153,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(report.console(results))
     if args.publish or results["meta"]["complete"]:
-        report.publish(results, HERE / "results.md", HERE / "recovery.png", REPO / "README.md")
+        publish.publish(results, HERE / "results.md", HERE / "recovery.png", REPO / "README.md")
         print("wrote bench/results.md, bench/recovery.png, README.md (Benchmarks vs torchrun)")
     return 0
 

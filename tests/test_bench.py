@@ -16,6 +16,7 @@ import pytest
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 sys.path.insert(0, str(BENCH))
 
+import publish  # noqa: E402
 import report  # noqa: E402
 
 
@@ -88,7 +89,7 @@ def test_published_tables_running_with_targets_ready_without():
     runs = [_run("1", "etcdrun", [_t(4.9, 0.4)]), _run("1", "c10d", [_t(9.0, 5.0)]),
             _run("5", "etcdrun", [_t(2.6, 0.2)]), _run("5", "c10d", [_t(6.0, 3.5)])]
     res = _results(runs)
-    md = report.results_md(res)
+    md = publish.results_md(res)
     running, ready = md.split("## To workers ready", 1)
     assert "| 1. First round" in running and "workers running | default | 0.40 s" in running
     assert "PASS" in running and "12.5x" in running       # 5.0 / 0.4
