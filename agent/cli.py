@@ -23,6 +23,15 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from etcdrun.agent.flags import (
+    UsageError,
+    parse_nnodes,
+    parse_nproc,
+    parse_ranks_filter,
+    parse_rdzv_conf,
+    parse_std,
+)
+
 if TYPE_CHECKING:
     from etcdrun.agent.config import LaunchConfig
 
@@ -30,10 +39,6 @@ PROG = "etcdrun"
 ETCD_BACKENDS = ("etcd", "etcd-v3")
 DEFAULT_MASTER_ADDR = "127.0.0.1"
 DEFAULT_MASTER_PORT = 29500  # torchrun's
-
-
-class UsageError(ValueError):
-    """A mistake on the command line or in a PET_* variable: reported in one line, exit 2."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -192,92 +197,6 @@ def _script_args(argv: list[str], ns: argparse.Namespace) -> list[str]:
     return rest
 
 
-def _parse_nnodes(value: str) -> tuple[int, int]:
-    parts = value.split(":")
-    try:
-        if len(parts) == 1:
-            return int(parts[0]), int(parts[0])
-        if len(parts) == 2:
-            return int(parts[0]), int(parts[1])
-    except ValueError:
-        pass
-    raise UsageError(f"--nnodes {value!r}: expected N or MIN:MAX (integers)")
-
-
-def _gpu_count() -> int:
-    """NVIDIA GPUs visible to workers, found without importing torch or CUDA."""
-    try:
-        present = len(os.listdir("/proc/driver/nvidia/gpus"))
-    except OSError:
-        return 0
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is None:
-        return present
-    count = 0
-    for item in visible.split(","):  # CUDA stops at the first invalid entry
-        item = item.strip()
-        if not item or item.startswith("-"):
-            break
-        count += 1
-    return min(count, present)
-
-
-def _nproc(value: str) -> int:
-    text = value.strip()
-    try:
-        return int(text)
-    except ValueError:
-        pass
-    if text == "cpu":
-        return os.cpu_count() or 1
-    if text == "gpu":
-        gpus = _gpu_count()
-        if not gpus:
-            raise UsageError("--nproc-per-node gpu: no GPU is visible on this node")
-        return gpus
-    if text == "auto":  # torchrun: the accelerators if any, else the CPUs
-        return _gpu_count() or os.cpu_count() or 1
-    raise UsageError(f"--nproc-per-node {value!r}: expected an integer, cpu, gpu or auto")
-
-
-def _parse_rdzv_conf(text: str) -> dict[str, str]:
-    conf: dict[str, str] = {}
-    if not text.strip():
-        return conf
-    for item in text.split(","):
-        key, sep, value = item.partition("=")
-        key, value = key.strip(), value.strip()
-        if not key or not sep or not value:
-            raise UsageError(f"--rdzv-conf: {item.strip()!r} is not key=value (k1=v1,k2=v2,...)")
-        conf[key] = value
-    return conf
-
-
-def _parse_std(flag: str, text: str) -> Any:
-    """torchrun's redirect syntax (0-3, or ``rank:0-3,...``), parsed by the worker runtime's Std."""
-    from etcdrun.agent.api import Std
-
-    try:
-        value = Std.from_str(text)
-    except ValueError as exc:
-        raise UsageError(f"{flag}: {exc}") from None
-    return None if value == Std.NONE else value
-
-
-def _parse_ranks_filter(text: str) -> set[int] | None:
-    if not text.strip():
-        return None
-    try:
-        ranks = {int(r) for r in text.split(",")}
-    except ValueError:
-        ranks = set()
-    if not ranks or min(ranks) < 0:
-        raise UsageError(
-            f"--local-ranks-filter {text!r}: expected a comma list of local ranks, e.g. 0,1,2"
-        )
-    return ranks
-
-
 def _rendezvous(ns: argparse.Namespace) -> tuple[str, str, str, str | None, int | None]:
     """(backend, endpoint, run_id, master_addr, master_port) as the launcher should get them."""
     from etcdrun.rendezvous.registry import check_backend
@@ -327,12 +246,12 @@ def parse_args(argv: Sequence[str]) -> tuple[LaunchConfig, Callable[..., Any] | 
     argv = list(argv)
     ns = build_parser().parse_args(argv)
     script_args = _script_args(argv, ns)
-    min_nodes, max_nodes = _parse_nnodes(ns.nnodes)
-    nproc = _nproc(ns.nproc_per_node)
+    min_nodes, max_nodes = parse_nnodes(ns.nnodes)
+    nproc = parse_nproc(ns.nproc_per_node)
     if ns.standalone and max_nodes != 1:
         raise UsageError(f"--standalone runs a single node, but --nnodes is {ns.nnodes!r}")
     backend, endpoint, run_id, master_addr, master_port = _rendezvous(ns)
-    rdzv_configs: dict[str, Any] = _parse_rdzv_conf(ns.rdzv_conf)
+    rdzv_configs: dict[str, Any] = parse_rdzv_conf(ns.rdzv_conf)
     if backend == "static":
         rdzv_configs["rank"] = ns.node_rank  # like torchrun: --node-rank wins over rank=
 
@@ -366,13 +285,13 @@ def parse_args(argv: Sequence[str]) -> tuple[LaunchConfig, Callable[..., Any] | 
             monitor_interval=ns.monitor_interval,
             start_method=ns.start_method,
             log_dir=ns.log_dir,
-            redirects=_parse_std("--redirects", ns.redirects),
-            tee=_parse_std("--tee", ns.tee),
+            redirects=parse_std("--redirects", ns.redirects),
+            tee=parse_std("--tee", ns.tee),
             local_addr=ns.local_addr,
             node_rank=ns.node_rank,
             master_addr=master_addr,
             master_port=master_port,
-            local_ranks_filter=_parse_ranks_filter(ns.local_ranks_filter),
+            local_ranks_filter=parse_ranks_filter(ns.local_ranks_filter),
             stop_grace=ns.stop_grace,
             entrypoint_kind=kind,
         )

@@ -125,9 +125,9 @@ def test_python_exec_env(monkeypatch):
 def test_nproc_per_node_words():
     cpus = os.cpu_count()
     assert parse_args(["--nproc-per-node", "cpu", "t.py"])[0].nproc_per_node == cpus
-    from etcdrun.agent.cli import _gpu_count
+    from etcdrun.agent.flags import gpu_count
 
-    gpus = _gpu_count()
+    gpus = gpu_count()
     assert parse_args(["--nproc-per-node", "auto", "t.py"])[0].nproc_per_node == (gpus or cpus)
     if gpus == 0:
         with pytest.raises(UsageError, match="no GPU"):

@@ -1,0 +1,102 @@
+"""Values of the ``etcdrun`` flags, parsed as torchrun reads them and checked as strictly.
+
+Why apart from cli.py: these are the rules for each value (``--nnodes 2:4``, ``--nproc-per-node
+gpu``, ``--rdzv-conf k=v,...``, redirects, rank filters); cli.py is the parser and the flow. Like
+cli.py this imports only os at the top: ``etcdrun --help`` loads it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+
+class UsageError(ValueError):
+    """A mistake on the command line or in a PET_* variable: reported in one line, exit 2."""
+
+
+
+def parse_nnodes(value: str) -> tuple[int, int]:
+    parts = value.split(":")
+    try:
+        if len(parts) == 1:
+            return int(parts[0]), int(parts[0])
+        if len(parts) == 2:
+            return int(parts[0]), int(parts[1])
+    except ValueError:
+        pass
+    raise UsageError(f"--nnodes {value!r}: expected N or MIN:MAX (integers)")
+
+
+def gpu_count() -> int:
+    """NVIDIA GPUs visible to workers, found without importing torch or CUDA."""
+    try:
+        present = len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        return 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return present
+    count = 0
+    for item in visible.split(","):  # CUDA stops at the first invalid entry
+        item = item.strip()
+        if not item or item.startswith("-"):
+            break
+        count += 1
+    return min(count, present)
+
+
+def parse_nproc(value: str) -> int:
+    text = value.strip()
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    if text == "cpu":
+        return os.cpu_count() or 1
+    if text == "gpu":
+        gpus = gpu_count()
+        if not gpus:
+            raise UsageError("--nproc-per-node gpu: no GPU is visible on this node")
+        return gpus
+    if text == "auto":  # torchrun: the accelerators if any, else the CPUs
+        return gpu_count() or os.cpu_count() or 1
+    raise UsageError(f"--nproc-per-node {value!r}: expected an integer, cpu, gpu or auto")
+
+
+def parse_rdzv_conf(text: str) -> dict[str, str]:
+    conf: dict[str, str] = {}
+    if not text.strip():
+        return conf
+    for item in text.split(","):
+        key, sep, value = item.partition("=")
+        key, value = key.strip(), value.strip()
+        if not key or not sep or not value:
+            raise UsageError(f"--rdzv-conf: {item.strip()!r} is not key=value (k1=v1,k2=v2,...)")
+        conf[key] = value
+    return conf
+
+
+def parse_std(flag: str, text: str) -> Any:
+    """torchrun's redirect syntax (0-3, or ``rank:0-3,...``), parsed by the worker runtime's Std."""
+    from etcdrun.agent.api import Std
+
+    try:
+        value = Std.from_str(text)
+    except ValueError as exc:
+        raise UsageError(f"{flag}: {exc}") from None
+    return None if value == Std.NONE else value
+
+
+def parse_ranks_filter(text: str) -> set[int] | None:
+    if not text.strip():
+        return None
+    try:
+        ranks = {int(r) for r in text.split(",")}
+    except ValueError:
+        ranks = set()
+    if not ranks or min(ranks) < 0:
+        raise UsageError(
+            f"--local-ranks-filter {text!r}: expected a comma list of local ranks, e.g. 0,1,2"
+        )
+    return ranks
