@@ -27,9 +27,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from . import _spawn
+from ._proc import WorkerProc
 from .api import EntrypointKind, RunResult, Worker, WorkerSpec, WorkerState
 from .errors import ProcessFailure
-from .logs import TAIL_LINES, Reactor
+from .logs import Reactor
 
 if TYPE_CHECKING:  # pragma: no cover
     from etcdrun.rendezvous.api import RendezvousInfo
@@ -40,26 +41,6 @@ WorkerFiles = _spawn.WorkerFiles
 worker_env = _spawn.worker_env
 KILL_WAIT = 10.0  # after SIGKILL: only an unkillable (D-state) process takes longer
 DRAIN_WAIT = 1.0  # after the workers are gone: output their children may still hold
-
-
-class _Proc:
-    """Bookkeeping of one started worker (guarded by the group's lock)."""
-
-    def __init__(self, worker: Worker, files: WorkerFiles, modes: tuple[str, str]) -> None:
-        self.worker = worker
-        self.files = files
-        self.modes = modes
-        self.handle: _spawn.Handle | None = None
-        self.stream_fds: list[int] = []
-        self.stderr_tail: Any = None
-        self.reaped = False  # exit status collected: the pid may be reused, never signal it
-        self.reaped_code: int | None = None
-        self.exitcode: int | None = None  # published once its buffered output was relayed
-        self.exit_time: float | None = None
-        self.signalled_at: float | None = None
-        self.stop_signal: str | None = None
-        self.failure: ProcessFailure | None = None
-        self.returned: tuple[Any] | None = None  # (value,) once read
 
 
 class WorkerGroup:
@@ -86,7 +67,7 @@ class WorkerGroup:
         self.host = host or socket.gethostname()
         self._cond = threading.Condition()
         self._generation = 0
-        self._procs: list[_Proc] = []
+        self._procs: list[WorkerProc] = []
         self._reactor: Reactor | None = None
         self._spec: WorkerSpec | None = None
         self._info: RendezvousInfo | None = None
@@ -184,7 +165,7 @@ class WorkerGroup:
             worker = Worker(local_rank, rank, rank, info.world_size, info.world_size)
             files = WorkerFiles.under(self._attempt_dir, rank)
             files.prepare()
-            procs.append(_Proc(worker, files, _spawn.stream_modes(spec, worker)))
+            procs.append(WorkerProc(worker, files, _spawn.stream_modes(spec, worker)))
         self._payload_file = None
         if payload is not None:
             self._payload_file = os.path.join(self._attempt_dir, f".payload-{os.getpid()}.pkl")
@@ -214,7 +195,7 @@ class WorkerGroup:
             self._spawn_one(spec, info, kind, proc)
 
     def _spawn_one(
-        self, spec: WorkerSpec, info: RendezvousInfo, kind: EntrypointKind, proc: _Proc
+        self, spec: WorkerSpec, info: RendezvousInfo, kind: EntrypointKind, proc: WorkerProc
     ) -> None:
         reactor = self._reactor
         assert reactor is not None
@@ -228,7 +209,7 @@ class WorkerGroup:
         reactor.watch_exit(fd, lambda: self._check_exit(proc), owns_fd=owns)
 
     @staticmethod
-    def _reap(proc: _Proc) -> bool:
+    def _reap(proc: WorkerProc) -> bool:
         # Caller holds the lock.
         if not proc.reaped:
             assert proc.handle is not None
@@ -238,7 +219,7 @@ class WorkerGroup:
             proc.reaped, proc.reaped_code = True, code
         return True
 
-    def _check_exit(self, proc: _Proc) -> bool:
+    def _check_exit(self, proc: WorkerProc) -> bool:
         """Relay thread: collect an exit, relay the output it left, then publish it."""
         with self._cond:
             if proc.exitcode is not None:
@@ -301,9 +282,9 @@ class WorkerGroup:
         returns: dict[int, Any] = {}
         for proc, code in exited:
             if code != 0:
-                failures[proc.worker.global_rank] = self._failure(proc, code)
+                failures[proc.worker.global_rank] = proc.failure_for(code, self.host)
             else:
-                returns[proc.worker.global_rank] = self._return_value(proc)
+                returns[proc.worker.global_rank] = proc.return_value()
         if any(not f.stopped_by_agent for f in failures.values()):
             return RunResult(WorkerState.FAILED, returns, failures)
         if everyone and not failures and not interrupted:
@@ -311,50 +292,6 @@ class WorkerGroup:
         if everyone or final:
             return RunResult(WorkerState.STOPPED, returns, failures)
         return None
-
-    def _failure(self, proc: _Proc, code: int) -> ProcessFailure:
-        if proc.failure is None:
-            assert proc.handle is not None
-            f = ProcessFailure(
-                local_rank=proc.worker.local_rank,
-                pid=proc.handle.pid,
-                exitcode=code,
-                error_file=proc.files.error_file,
-                global_rank=proc.worker.global_rank,
-                host=self.host,
-                exit_time=proc.exit_time,
-                stderr_tail=self._stderr_tail(proc),
-            )
-            if proc.signalled_at is not None and not f.failed_before(proc.signalled_at):
-                f.stopped_by_agent, f.stop_signal = True, proc.stop_signal
-            proc.failure = f
-        return proc.failure
-
-    @staticmethod
-    def _stderr_tail(proc: _Proc) -> tuple[str, ...]:
-        if proc.stderr_tail is not None:
-            return tuple(proc.stderr_tail)
-        try:
-            with open(proc.files.stderr, "rb") as fp:
-                fp.seek(0, os.SEEK_END)
-                fp.seek(max(fp.tell() - 8192, 0))
-                text = fp.read().decode("utf-8", "replace")
-        except OSError:
-            return ()
-        return tuple(line.rstrip("\r") for line in text.splitlines()[-TAIL_LINES:])
-
-    @staticmethod
-    def _return_value(proc: _Proc) -> Any:
-        """A callable's return value (read once); None for commands, which return nothing."""
-        if proc.returned is None:
-            import pickle
-
-            try:
-                with open(proc.files.return_file, "rb") as fp:
-                    proc.returned = (pickle.load(fp),)
-            except FileNotFoundError:
-                proc.returned = (None,)
-        return proc.returned[0]
 
     # ---- signals and stop ----------------------------------------------------------------------
 
@@ -368,7 +305,7 @@ class WorkerGroup:
             for proc in self._procs:
                 self._signal(proc, sig)
 
-    def _signal(self, proc: _Proc, sig: int) -> None:
+    def _signal(self, proc: WorkerProc, sig: int) -> None:
         # Caller holds the lock, and the relay thread reaps under it: a reaped pid is never hit.
         # A worker that already exited by itself (not yet seen by the relay) is not marked.
         if proc.handle is None or self._reap(proc):
