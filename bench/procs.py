@@ -256,9 +256,9 @@ class Agent:
         """CPU seconds the agent process itself has used (not its workers)."""
         return cpu_seconds(self.pid) if self.alive() else 0.0
 
-    def tree_cpu_s(self) -> float:
-        """CPU seconds of the agent and every live process below it."""
-        return sum(cpu_seconds(p) for p in [self.pid, *descendants(self.pid)])
+    def tree_cpu_s(self) -> dict[int, float]:
+        """CPU seconds of the agent and of every live process below it, by pid."""
+        return {p: cpu_seconds(p) for p in [self.pid, *descendants(self.pid)]}
 
     def rss_mb(self) -> float | None:
         return vm_hwm_mb(self.pid) if self.alive() else None

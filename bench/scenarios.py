@@ -187,15 +187,20 @@ def wait_quiet(agents: list[Agent], timeout: float = 60.0) -> float:
     Why CPU and not a log line: it means the same for every launcher. "Waiting" is the whole
     group using under ``QUIET_CPU`` of a CPU over ``QUIET_WINDOW``; returns how long it took.
     """
+    def sample() -> dict[int, float]:
+        return {p: c for a in agents for p, c in a.tree_cpu_s().items()}
+
     t0 = time.monotonic()
-    last = sum(a.tree_cpu_s() for a in agents)
+    last = sample()
     while True:
         time.sleep(QUIET_WINDOW)
         dead = [a.name for a in agents if not a.alive()]
         if dead:
             raise Fail("died", f"{', '.join(dead)} exited while the others were starting up")
-        now = sum(a.tree_cpu_s() for a in agents)
-        if now - last < QUIET_CPU * QUIET_WINDOW:
+        now = sample()
+        # per pid: a child that exited in between must not make the group look idle
+        used = sum(c - last.get(p, 0.0) for p, c in now.items())
+        if used < QUIET_CPU * QUIET_WINDOW:
             return time.monotonic() - t0
         if time.monotonic() - t0 > timeout:
             raise Fail("error", f"agents still busy (CPU) {timeout:.0f}s after their start")
