@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from report import READY, RUNNING, _num, markdown_table
+from report import READY, RUNNING, fmt_num, markdown_table
 
 
 def _idle_detail(res: dict) -> list[str]:
@@ -37,7 +37,7 @@ def _trials_detail(res: dict) -> list[str]:
             elif t.get("spawn") is not None:
                 items.append(f"running {t['spawn']:.2f} s, ready {t['value']:.2f} s")
             else:
-                items.append(_num(t["value"], r["unit"]))
+                items.append(fmt_num(t["value"], r["unit"]))
             cpu = (t.get("extra") or {}).get("agent_cpu_s")
             if cpu is not None:
                 items[-1] += f", agent CPU {cpu:.2f} s"

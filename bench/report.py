@@ -55,7 +55,7 @@ def _med(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
-def _num(x: float, unit: str) -> str:
+def fmt_num(x: float, unit: str) -> str:
     if unit == "s":
         return f"{x:.2f} s"
     if unit == "MB":
@@ -71,8 +71,8 @@ def cell(run: dict | None) -> str:
     bad = [t for t in trials if t["value"] is None]
     parts = []
     if vals:
-        rng = f" ({_num(min(vals), unit)}–{_num(max(vals), unit)})" if len(vals) > 1 else ""
-        parts.append(f"{_num(_med(vals), unit)}{rng}")
+        rng = f" ({fmt_num(min(vals), unit)}–{fmt_num(max(vals), unit)})" if len(vals) > 1 else ""
+        parts.append(f"{fmt_num(_med(vals), unit)}{rng}")
     for outcome in ("never", "died", "error"):
         these = [t for t in bad if t["outcome"] == outcome]
         if not these:
