@@ -10,9 +10,9 @@ the command name (and ``--rdzv-backend etcd``). Where we differ, it is to fail e
 - no prefix abbreviations (``--nproc`` is ambiguous between ``--nproc-per-node`` and its
   underscore spelling on Python 3.11; explicit names keep both spellings working).
 
-Why this module imports only argparse, os and sys at the top: ``etcdrun --help`` is a cost paid on
-every node and measured against torchrun's; LaunchConfig, the registry and the launcher (gRPC) are
-imported only once the command line is known to be good.
+Why this module imports only argparse, os, sys and agent/flags.py (itself only os) at the top:
+``etcdrun --help`` is a cost paid on every node and measured against torchrun's; LaunchConfig,
+the registry and the launcher (gRPC) are imported only once the command line is known to be good.
 """
 
 from __future__ import annotations
