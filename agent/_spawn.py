@@ -102,9 +102,9 @@ def stream_modes(spec: WorkerSpec, worker: Worker) -> tuple[str, str]:
     A worker filtered off the console keeps its output in its log file (torchrun does the same).
     """
     redirects, tee = spec.redirect_map(), spec.tee_map()
-    shown = (
-        spec.local_ranks_filter is None or worker.local_rank in spec.local_ranks_filter
-    ) and (spec.global_ranks_filter is None or worker.global_rank in spec.global_ranks_filter)
+    shown = (spec.local_ranks_filter is None or worker.local_rank in spec.local_ranks_filter) and (
+        spec.global_ranks_filter is None or worker.global_rank in spec.global_ranks_filter
+    )
     modes = []
     for std in (Std.OUT, Std.ERR):
         if tee[worker.local_rank] & std:
@@ -211,8 +211,13 @@ def launch(
     if spec.start_method == "spawn":
         assert payload_file is not None
         argv = [
-            sys.executable, "-u", "-c", _boot.SPAWN_CODE,
-            str(agent_pid), payload_file, files.return_file,
+            sys.executable,
+            "-u",
+            "-c",
+            _boot.SPAWN_CODE,
+            str(agent_pid),
+            payload_file,
+            files.return_file,
         ]
         return Handle(_popen(argv, full_env, stdout, stderr), via_mp=False, forkserver=False)
     fn, args = callable_target(spec, kind)

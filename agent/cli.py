@@ -135,55 +135,145 @@ def build_parser() -> argparse.ArgumentParser:
                 spellings.append("--" + n[2:].replace("-", "_"))
         p.add_argument(*spellings, **kw)
 
-    opt("--nnodes", action=_Env, default="1:1", metavar="N|MIN:MAX",
-        help="number of nodes, or the elastic range MIN:MAX (default: %(default)s)")
-    opt("--nproc-per-node", action=_Env, default="1", metavar="N|cpu|gpu|auto",
-        help="workers per node; auto: one per GPU, else one per CPU (default: %(default)s)")
-    opt("--rdzv-backend", action=_Env, default="static",
-        help="rendezvous backend: static, etcd (alias etcd-v3) (default: %(default)s)")
-    opt("--rdzv-endpoint", action=_Env, default="", metavar="ENDPOINTS",
+    opt(
+        "--nnodes",
+        action=_Env,
+        default="1:1",
+        metavar="N|MIN:MAX",
+        help="number of nodes, or the elastic range MIN:MAX (default: %(default)s)",
+    )
+    opt(
+        "--nproc-per-node",
+        action=_Env,
+        default="1",
+        metavar="N|cpu|gpu|auto",
+        help="workers per node; auto: one per GPU, else one per CPU (default: %(default)s)",
+    )
+    opt(
+        "--rdzv-backend",
+        action=_Env,
+        default="static",
+        help="rendezvous backend: static, etcd (alias etcd-v3) (default: %(default)s)",
+    )
+    opt(
+        "--rdzv-endpoint",
+        action=_Env,
+        default="",
+        metavar="ENDPOINTS",
         help="etcd: comma list of [http[s]://]host[:port] (port 2379 when omitted); "
-        "static: host:port of the master node")
+        "static: host:port of the master node",
+    )
     opt("--rdzv-id", action=_Env, default="none", help="job id shared by all nodes of a job")
-    opt("--rdzv-conf", action=_Env, default="", metavar="K=V,...",
-        help="backend options, e.g. lease_ttl=2,join_timeout=60")
-    opt("--standalone", action=_EnvFlag,
+    opt(
+        "--rdzv-conf",
+        action=_Env,
+        default="",
+        metavar="K=V,...",
+        help="backend options, e.g. lease_ttl=2,join_timeout=60",
+    )
+    opt(
+        "--standalone",
+        action=_EnvFlag,
         help="single node, no etcd: static backend on a free local port with a fresh job id "
-        "(--rdzv-backend/--rdzv-endpoint/--rdzv-id are ignored)")
-    opt("--max-restarts", action=_Env, type=int, default=0,
+        "(--rdzv-backend/--rdzv-endpoint/--rdzv-id are ignored)",
+    )
+    opt(
+        "--max-restarts",
+        action=_Env,
+        type=int,
+        default=0,
         help="worker-failure restarts before failing; job-wide with etcd, where a node's death "
-             "costs none (default: %(default)s)")
-    opt("--monitor-interval", action=_Env, type=float, default=0.1, metavar="SECONDS",
-        help="how often workers are checked (default: %(default)s)")
-    opt("--start-method", action=_Env, default="spawn", choices=["spawn", "fork", "forkserver"],
-        help="how callable entrypoints start workers (default: %(default)s)")
+        "costs none (default: %(default)s)",
+    )
+    opt(
+        "--monitor-interval",
+        action=_Env,
+        type=float,
+        default=0.1,
+        metavar="SECONDS",
+        help="how often workers are checked (default: %(default)s)",
+    )
+    opt(
+        "--start-method",
+        action=_Env,
+        default="spawn",
+        choices=["spawn", "fork", "forkserver"],
+        help="how callable entrypoints start workers (default: %(default)s)",
+    )
     opt("--role", action=_Env, default="default", help="role name of the workers")
     opt("-m", "--module", action=_EnvFlag, help="run the script as a module, like python -m")
     opt("--no-python", action=_EnvFlag, help="run the script as an executable, without python")
-    opt("--run-path", action=_EnvFlag,
+    opt(
+        "--run-path",
+        action=_EnvFlag,
         help="run the script with runpy.run_path in a fresh interpreter per worker "
-        "(takes precedence over --no-python)")
+        "(takes precedence over --no-python)",
+    )
     opt("--log-dir", action=_Env, default=None, help="base directory for logs")
-    opt("-r", "--redirects", action=_Env, default="0", metavar="0-3|RANK:0-3,...",
+    opt(
+        "-r",
+        "--redirects",
+        action=_Env,
+        default="0",
+        metavar="0-3|RANK:0-3,...",
         help="redirect worker stdout (1), stderr (2) or both (3) to log files, for all local "
-        "ranks or per local rank (e.g. 0:1,1:2)")
-    opt("-t", "--tee", action=_Env, default="0", metavar="0-3|RANK:0-3,...",
-        help="like --redirects, but also keep the output on the console")
-    opt("--local-ranks-filter", action=_Env, default="", metavar="RANK,...",
-        help="show only these local ranks' output on the console")
-    opt("--node-rank", action=_Env, type=int, default=0,
-        help="this node's rank (static backend) (default: %(default)s)")
-    opt("--master-addr", action=_Env, default=None,
-        help=f"master node address, static backend only (default: {DEFAULT_MASTER_ADDR})")
-    opt("--master-port", action=_Env, type=int, default=None,
-        help=f"master node port, static backend only (default: {DEFAULT_MASTER_PORT})")
-    opt("--local-addr", action=_Env, default=None,
-        help="this node's address as peers should reach it")
-    opt("--stop-grace", action=_Env, type=float, default=None, metavar="SECONDS",
-        help="grace between SIGTERM and SIGKILL when stopping workers (default: 30)")
+        "ranks or per local rank (e.g. 0:1,1:2)",
+    )
+    opt(
+        "-t",
+        "--tee",
+        action=_Env,
+        default="0",
+        metavar="0-3|RANK:0-3,...",
+        help="like --redirects, but also keep the output on the console",
+    )
+    opt(
+        "--local-ranks-filter",
+        action=_Env,
+        default="",
+        metavar="RANK,...",
+        help="show only these local ranks' output on the console",
+    )
+    opt(
+        "--node-rank",
+        action=_Env,
+        type=int,
+        default=0,
+        help="this node's rank (static backend) (default: %(default)s)",
+    )
+    opt(
+        "--master-addr",
+        action=_Env,
+        default=None,
+        help=f"master node address, static backend only (default: {DEFAULT_MASTER_ADDR})",
+    )
+    opt(
+        "--master-port",
+        action=_Env,
+        type=int,
+        default=None,
+        help=f"master node port, static backend only (default: {DEFAULT_MASTER_PORT})",
+    )
+    opt(
+        "--local-addr",
+        action=_Env,
+        default=None,
+        help="this node's address as peers should reach it",
+    )
+    opt(
+        "--stop-grace",
+        action=_Env,
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="grace between SIGTERM and SIGKILL when stopping workers (default: 30)",
+    )
     p.add_argument("--version", action=_Version, help="print the version and exit")
-    p.add_argument("script", help="the training script (or module with -m, executable with "
-                   "--no-python), followed by its own arguments")
+    p.add_argument(
+        "script",
+        help="the training script (or module with -m, executable with "
+        "--no-python), followed by its own arguments",
+    )
     p.add_argument("script_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     return p
 
@@ -321,7 +411,8 @@ def _setup_logging() -> None:
         root.addHandler(handler)
     root.setLevel(level if level in logging._nameToLevel else "INFO")
     logging.getLogger("etcdrun.events").setLevel(
-        "DEBUG" if root.level <= logging.DEBUG else "WARNING")
+        "DEBUG" if root.level <= logging.DEBUG else "WARNING"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

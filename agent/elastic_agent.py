@@ -44,15 +44,22 @@ class ElasticAgent:
     launcher raises ChildFailedError for a failed one) or raises ChildFailedError itself when
     another node closed the run as failed."""
 
-    def __init__(self, spec: WorkerSpec, log_dir: str | None = None, *,
-                 status_interval: float = 5.0, console_out: Any = None,
-                 console_err: Any = None) -> None:
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        log_dir: str | None = None,
+        *,
+        status_interval: float = 5.0,
+        console_out: Any = None,
+        console_err: Any = None,
+    ) -> None:
         if spec.rdzv_handler is None:
             raise ValueError("WorkerSpec.rdzv_handler is required")
         self._spec = spec
         self._h: RendezvousHandler = spec.rdzv_handler
-        self._group = WorkerGroup(log_dir or spec.log_dir, console_out=console_out,
-                                  console_err=console_err)
+        self._group = WorkerGroup(
+            log_dir or spec.log_dir, console_out=console_out, console_err=console_err
+        )
         self._status_interval = status_interval
         self._failed: tuple[str, RunResult] | None = None  # (node id, result) of our failure
         self._deferred: int | None = None
@@ -65,8 +72,7 @@ class ElasticAgent:
         try:
             return self._loop()
         except SignalException as e:
-            log.warning("got %s: forwarding it to the workers and leaving the job",
-                        e.sigval.name)
+            log.warning("got %s: forwarding it to the workers and leaving the job", e.sigval.name)
             self._stop_workers(forward=e.sigval)
             raise
         finally:
@@ -91,23 +97,32 @@ class ElasticAgent:
             with self._deferring():
                 self._group.start(spec, info)
             self.rounds += 1
-            log.info("round %d: node rank %d of %d, ranks %d..%d of %d, restarts %d/%d",
-                     info.round, info.node_rank, info.node_count, info.first_global_rank,
-                     info.first_global_rank + spec.local_world_size - 1, info.world_size,
-                     info.restart_count, spec.max_restarts)
+            log.info(
+                "round %d: node rank %d of %d, ranks %d..%d of %d, restarts %d/%d",
+                info.round,
+                info.node_rank,
+                info.node_count,
+                info.first_global_rank,
+                info.first_global_rank + spec.local_world_size - 1,
+                info.world_size,
+                info.restart_count,
+                spec.max_restarts,
+            )
             result = self._wait(info)
             if result is None:  # the round was superseded (or our lease was lost)
                 lost = bool(getattr(h, "session_lost", lambda: False)())
                 self._stop_workers(grace=0.0 if lost else None)
-                reason = "lease lost" if lost else (
-                    getattr(h, "round_reason", lambda: "")() or "membership changed")
+                reason = (
+                    "lease lost"
+                    if lost
+                    else (getattr(h, "round_reason", lambda: "")() or "membership changed")
+                )
                 log.info("round %d superseded (%s): restarting workers", info.round, reason)
                 self._raise_if_failed_elsewhere()
                 continue
             if result.state == WorkerState.SUCCEEDED:
                 final = self._stop_workers()
-                log.info("round %d: workers succeeded; waiting for the other nodes",
-                         info.round)
+                log.info("round %d: workers succeeded; waiting for the other nodes", info.round)
                 if not h.exit_barrier():
                     self._raise_if_failed_elsewhere()
                     log.warning("not every node finished in time; leaving anyway")
@@ -115,28 +130,50 @@ class ElasticAgent:
             final = self._stop_workers()
             rank, root = _root_cause(final)
             failure = FailureInfo(
-                node_id=info.node_id, host=root.host, global_rank=rank, exit_code=root.exitcode,
-                signal_name=root.signal or "", message=root.message, traceback=root.traceback,
-                timestamp=root.timestamp, local_rank=root.local_rank, pid=root.pid)
+                node_id=info.node_id,
+                host=root.host,
+                global_rank=rank,
+                exit_code=root.exitcode,
+                signal_name=root.signal or "",
+                message=root.message,
+                traceback=root.traceback,
+                timestamp=root.timestamp,
+                local_rank=root.local_rank,
+                pid=root.pid,
+            )
             what = f"worker rank {rank} on {root.host} failed ({root.exit_description()})"
             if h.shared_restarts:
                 # The rendezvous charges the job-wide budget when it freezes the next round — or
                 # closes the run with this failure when the budget is spent — unless a peer's
                 # death caused it (then the restart is a free membership change).
-                log.warning("round %d: %s; restarting (restarts so far %d/%d, job-wide)",
-                            info.round, what, info.restart_count, spec.max_restarts)
+                log.warning(
+                    "round %d: %s; restarting (restarts so far %d/%d, job-wide)",
+                    info.round,
+                    what,
+                    info.restart_count,
+                    spec.max_restarts,
+                )
                 self._failed = (info.node_id, final)
                 with self._deferring():
                     h.request_restart(what, failure)
                 continue
             if info.restart_count < spec.max_restarts:
-                log.warning("round %d: %s; restart %d/%d", info.round, what,
-                            info.restart_count + 1, spec.max_restarts)
+                log.warning(
+                    "round %d: %s; restart %d/%d",
+                    info.round,
+                    what,
+                    info.restart_count + 1,
+                    spec.max_restarts,
+                )
                 with self._deferring():
                     h.request_restart(what, failure)
                 continue
-            log.error("round %d: %s and the restart budget (%d) is spent", info.round, what,
-                      spec.max_restarts)
+            log.error(
+                "round %d: %s and the restart budget (%d) is spent",
+                info.round,
+                what,
+                spec.max_restarts,
+            )
             with self._deferring():
                 h.close_with_failure(failure)
             return final
@@ -148,8 +185,11 @@ class ElasticAgent:
 
         def ticker() -> None:
             while not done.wait(self._status_interval):
-                log.info("waiting for a round (%.0f s): %s", time.monotonic() - started,
-                         self._h.status() or "...")
+                log.info(
+                    "waiting for a round (%.0f s): %s",
+                    time.monotonic() - started,
+                    self._h.status() or "...",
+                )
 
         th = threading.Thread(target=ticker, name="etcdrun-status", daemon=True)
         th.start()
@@ -171,8 +211,9 @@ class ElasticAgent:
                 return result
             changed.wait(self._spec.monitor_interval)
 
-    def _stop_workers(self, grace: float | None = None,
-                      forward: signal.Signals | None = None) -> RunResult:
+    def _stop_workers(
+        self, grace: float | None = None, forward: signal.Signals | None = None
+    ) -> RunResult:
         with self._deferring():
             if forward is not None:
                 self._group.signal_all(forward)
@@ -194,12 +235,18 @@ class ElasticAgent:
         if failure is None:
             return
         path = self._write_remote_error(failure)
-        pf = ProcessFailure(local_rank=failure.local_rank, pid=failure.pid,
-                            exitcode=failure.exit_code,
-                            error_file=path, global_rank=failure.global_rank,
-                            host=failure.host, exit_time=failure.timestamp)
-        raise ChildFailedError(name=self._spec.get_entrypoint_name(),
-                               failures={failure.global_rank: pf})
+        pf = ProcessFailure(
+            local_rank=failure.local_rank,
+            pid=failure.pid,
+            exitcode=failure.exit_code,
+            error_file=path,
+            global_rank=failure.global_rank,
+            host=failure.host,
+            exit_time=failure.timestamp,
+        )
+        raise ChildFailedError(
+            name=self._spec.get_entrypoint_name(), failures={failure.global_rank: pf}
+        )
 
     def _write_remote_error(self, f: FailureInfo) -> str:
         """The remote root cause, as an error file in our own log dir (torch's format)."""
@@ -207,11 +254,19 @@ class ElasticAgent:
         os.makedirs(d, exist_ok=True)
         path = os.path.join(d, f"root_cause_rank{f.global_rank}.json")
         with open(path, "w") as fp:
-            json.dump({"message": {"message": f.message or f"exit code {f.exit_code}",
-                                   "extraInfo": {"py_callstack": f.traceback,
-                                                 "timestamp": str(int(f.timestamp)),
-                                                 "timestamp_ms": int(f.timestamp * 1000)}}},
-                      fp)
+            json.dump(
+                {
+                    "message": {
+                        "message": f.message or f"exit code {f.exit_code}",
+                        "extraInfo": {
+                            "py_callstack": f.traceback,
+                            "timestamp": str(int(f.timestamp)),
+                            "timestamp_ms": int(f.timestamp * 1000),
+                        },
+                    }
+                },
+                fp,
+            )
         return path
 
     # ---- signals ---------------------------------------------------------------------------
@@ -232,14 +287,12 @@ class ElasticAgent:
         if self._defer:
             self._deferred = signum  # raised as soon as the critical section ends
             return
-        raise SignalException(f"process {os.getpid()} got signal {signum}",
-                              signal.Signals(signum))
+        raise SignalException(f"process {os.getpid()} got signal {signum}", signal.Signals(signum))
 
     def _check_deferred(self) -> None:
         if self._deferred is not None and not self._defer:
             sig, self._deferred = self._deferred, None
-            raise SignalException(f"process {os.getpid()} got signal {sig}",
-                                  signal.Signals(sig))
+            raise SignalException(f"process {os.getpid()} got signal {sig}", signal.Signals(sig))
 
     def _deferring(self) -> _Deferring:
         return _Deferring(self)

@@ -117,9 +117,7 @@ def write_error_file(path: str, exc: BaseException, skip_frames: int = 0) -> Non
         "message": {
             "message": f"{type(exc).__name__}: {exc}",
             "extraInfo": {
-                "py_callstack": "".join(
-                    traceback.format_exception(type(exc), exc, tb)
-                ),
+                "py_callstack": "".join(traceback.format_exception(type(exc), exc, tb)),
                 "timestamp": str(int(now)),
                 "timestamp_ms": str(int(now * 1000)),
             },
@@ -290,8 +288,10 @@ def _format_root(rank: int, f: ProcessFailure) -> list[str]:
         lines.append("  traceback :")
         lines.extend(_indent(f.traceback, _TRACEBACK_INDENT))
     elif f.stderr_tail:
-        lines.append(f"  stderr (last {len(f.stderr_tail)} lines; decorate the entrypoint with"
-                     " @record for a traceback):")
+        lines.append(
+            f"  stderr (last {len(f.stderr_tail)} lines; decorate the entrypoint with"
+            " @record for a traceback):"
+        )
         lines.extend(_TRACEBACK_INDENT + line for line in f.stderr_tail)
     elif not f.has_error_file and not f.stopped_by_agent:
         lines.append("  traceback : none (decorate the entrypoint with @record to get one)")

@@ -15,7 +15,6 @@ class UsageError(ValueError):
     """A mistake on the command line or in a PET_* variable: reported in one line, exit 2."""
 
 
-
 def parse_nnodes(value: str) -> tuple[int, int]:
     parts = value.split(":")
     try:

@@ -339,8 +339,10 @@ class WorkerGroup:
             return self._result or RunResult(WorkerState.INIT)
         assert self._spec is not None and self._reactor is not None
         if threading.current_thread() is self._reactor.thread:
-            raise RuntimeError("stop() cannot run on the relay thread (from on_exit): wake the"
-                               " elastic loop instead")
+            raise RuntimeError(
+                "stop() cannot run on the relay thread (from on_exit): wake the"
+                " elastic loop instead"
+            )
         grace = self._spec.stop_grace if grace is None else grace
         self.signal_all(signal.SIGTERM)
         if not self._wait_exited(grace):

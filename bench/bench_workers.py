@@ -28,17 +28,27 @@ def ready_fn(out: str) -> None:
 
 
 def info(n: int) -> RendezvousInfo:
-    return RendezvousInfo(run_id="bench", round=0, node_id="n", node_rank=0, node_count=1,
-                          first_global_rank=0, world_size=n, master_addr="127.0.0.1",
-                          master_port=1, restart_count=0)
+    return RendezvousInfo(
+        run_id="bench",
+        round=0,
+        node_id="n",
+        node_rank=0,
+        node_count=1,
+        first_global_rank=0,
+        world_size=n,
+        master_addr="127.0.0.1",
+        master_port=1,
+        restart_count=0,
+    )
 
 
 def start_to_ready(spec_kw: dict, n: int, out: str) -> tuple[float, float, float]:
     """(start() returned, all workers ran their first line, stop() of finished workers) in s."""
     for f in os.listdir(out):
         os.unlink(os.path.join(out, f))
-    g = WorkerGroup(tempfile.mkdtemp(prefix="bench_"), console_out=io.BytesIO(),
-                    console_err=io.BytesIO())
+    g = WorkerGroup(
+        tempfile.mkdtemp(prefix="bench_"), console_out=io.BytesIO(), console_err=io.BytesIO()
+    )
     t0 = time.perf_counter()
     g.start(WorkerSpec(local_world_size=n, **spec_kw), info(n))
     t_start = time.perf_counter() - t0
@@ -73,8 +83,10 @@ def main() -> None:
     print(f"{a.workers} workers, median of {a.repeat}: start() returns | all running | stop()")
     for name, kw in kinds.items():
         runs = [start_to_ready(kw, a.workers, out) for _ in range(a.repeat)]
-        print(f"  {name:24s} {median_ms([r[0] for r in runs])} | "
-              f"{median_ms([r[1] for r in runs])} | {median_ms([r[2] for r in runs])}")
+        print(
+            f"  {name:24s} {median_ms([r[0] for r in runs])} | "
+            f"{median_ms([r[1] for r in runs])} | {median_ms([r[2] for r in runs])}"
+        )
     direct, shimmed = [], []
     for _ in range(20):
         t0 = time.perf_counter()
@@ -83,9 +95,11 @@ def main() -> None:
         t0 = time.perf_counter()
         subprocess.run(_boot.shim_argv(os.getpid(), ["/bin/true"]), check=True)
         shimmed.append(time.perf_counter() - t0)
-    print(f"exec shim: /bin/true {median_ms(direct)}, through the shim {median_ms(shimmed)}"
-          f" (cost {statistics.median(shimmed) * 1000 - statistics.median(direct) * 1000:.1f} ms"
-          " per worker, paid in parallel)")
+    print(
+        f"exec shim: /bin/true {median_ms(direct)}, through the shim {median_ms(shimmed)}"
+        f" (cost {statistics.median(shimmed) * 1000 - statistics.median(direct) * 1000:.1f} ms"
+        " per worker, paid in parallel)"
+    )
 
 
 if __name__ == "__main__":

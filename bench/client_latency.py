@@ -63,8 +63,9 @@ def summarize(ours: list[int], bare: list[int]) -> dict:
     }
 
 
-def interleave(ours: Callable[[], None], bare: Callable[[], None], n: int, warmup: int,
-               budget: float) -> tuple[list[int], list[int]]:
+def interleave(
+    ours: Callable[[], None], bare: Callable[[], None], n: int, warmup: int, budget: float
+) -> tuple[list[int], list[int]]:
     """Time ``ours`` and ``bare`` alternately (the order flips every round); stop early when
     ``budget`` seconds are spent, so one slow operation cannot make the run unbounded."""
     t_ours: list[int] = []
@@ -114,8 +115,10 @@ def bench_unary(client, channel, prefix: bytes, n: int, warmup: int, budget: flo
     results["range"] = summarize(*interleave(range_ours, range_bare, n, warmup, budget))
 
     # A fenced write, as the rendezvous does it: put only if nobody wrote since our last write.
-    rev = {"ours": client.range(k_ours).kvs[0].mod_revision,
-           "bare": client.range(k_bare).kvs[0].mod_revision}
+    rev = {
+        "ours": client.range(k_ours).kvs[0].mod_revision,
+        "bare": client.range(k_bare).kvs[0].mod_revision,
+    }
 
     def txn_ours() -> None:
         r = client.txn([t.mod_revision(k_ours, "==", rev["ours"])], [t.put(k_ours, value)])
@@ -125,9 +128,16 @@ def bench_unary(client, channel, prefix: bytes, n: int, warmup: int, budget: flo
 
     def txn_bare() -> None:
         req = pb.TxnRequest(
-            compare=[pb.Compare(key=k_bare, result=pb.Compare.EQUAL, target=pb.Compare.MOD,
-                                mod_revision=rev["bare"])],
-            success=[pb.RequestOp(request_put=pb.PutRequest(key=k_bare, value=value))])
+            compare=[
+                pb.Compare(
+                    key=k_bare,
+                    result=pb.Compare.EQUAL,
+                    target=pb.Compare.MOD,
+                    mod_revision=rev["bare"],
+                )
+            ],
+            success=[pb.RequestOp(request_put=pb.PutRequest(key=k_bare, value=value))],
+        )
         r = txn_stub(req, timeout=REQUEST_TIMEOUT)
         if not r.succeeded:
             raise RuntimeError("txn (bare) compare failed")
@@ -141,12 +151,14 @@ def bench_unary(client, channel, prefix: bytes, n: int, warmup: int, budget: flo
     lease_bare = bind(channel, "LeaseGrant")(pb.LeaseGrantRequest(TTL=60), timeout=REQUEST_TIMEOUT)
     keeper = client._leases
     try:
+
         def ka_ours() -> None:
             keeper._tick([lease_ours])
 
         def ka_bare() -> None:
-            call = ka_stub(iter([pb.LeaseKeepAliveRequest(ID=lease_bare.ID)]),
-                           timeout=REQUEST_TIMEOUT)
+            call = ka_stub(
+                iter([pb.LeaseKeepAliveRequest(ID=lease_bare.ID)]), timeout=REQUEST_TIMEOUT
+            )
             for resp in call:
                 if resp.TTL <= 0:
                     raise RuntimeError("keep-alive (bare): lease gone")
@@ -156,15 +168,18 @@ def bench_unary(client, channel, prefix: bytes, n: int, warmup: int, budget: flo
         t_ours, t_bare = interleave(ka_ours, ka_bare, n, warmup, budget)
         ticks = len(t_ours) + warmup
         if lease_ours.keepalives != ticks or lease_ours.lost.is_set():
-            raise RuntimeError(f"keep-alive (ours): {lease_ours.keepalives} of {ticks} ticks "
-                               f"acknowledged ({lease_ours.lost_reason or 'lease not lost'})")
+            raise RuntimeError(
+                f"keep-alive (ours): {lease_ours.keepalives} of {ticks} ticks "
+                f"acknowledged ({lease_ours.lost_reason or 'lease not lost'})"
+            )
         results["keepalive"] = summarize(t_ours, t_bare)
     finally:
         # Lease.revoke() of a lease granted with keepalive=False does not reach the server (it
         # has no keeper to ask), so revoke through the keeper directly.
         keeper.revoke(lease_ours.id, timeout=REQUEST_TIMEOUT)
-        bind(channel, "LeaseRevoke")(pb.LeaseRevokeRequest(ID=lease_bare.ID),
-                                     timeout=REQUEST_TIMEOUT)
+        bind(channel, "LeaseRevoke")(
+            pb.LeaseRevokeRequest(ID=lease_bare.ID), timeout=REQUEST_TIMEOUT
+        )
     return results
 
 
@@ -180,8 +195,9 @@ def putter_main(target: str) -> int:
         put = bind(ch, "Put")
         put(pb.PutRequest(key=b"/etcdrun-bench-warmup", value=b""), timeout=REQUEST_TIMEOUT)
         put(pb.PutRequest(key=b"/etcdrun-bench-warmup", value=b""), timeout=REQUEST_TIMEOUT)
-        bind(ch, "DeleteRange")(pb.DeleteRangeRequest(key=b"/etcdrun-bench-warmup"),
-                                timeout=REQUEST_TIMEOUT)
+        bind(ch, "DeleteRange")(
+            pb.DeleteRangeRequest(key=b"/etcdrun-bench-warmup"), timeout=REQUEST_TIMEOUT
+        )
         print("ready", flush=True)
         for line in sys.stdin:
             key = line.strip().encode()
@@ -192,14 +208,18 @@ def putter_main(target: str) -> int:
 class BareWatcher:
     """A watch on one key over the bare stub; one thread reads the stream (as our client's)."""
 
-    def __init__(self, channel, key: bytes, start_revision: int,
-                 on_event: Callable[[bytes], None]) -> None:
+    def __init__(
+        self, channel, key: bytes, start_revision: int, on_event: Callable[[bytes], None]
+    ) -> None:
         from etcdrun.proto import etcd_api_pb2 as pb
         from etcdrun.proto.etcd_stubs import bind
 
         self._requests: queue.Queue = queue.Queue()
-        self._requests.put(pb.WatchRequest(create_request=pb.WatchCreateRequest(
-            key=key, start_revision=start_revision)))
+        self._requests.put(
+            pb.WatchRequest(
+                create_request=pb.WatchCreateRequest(key=key, start_revision=start_revision)
+            )
+        )
         self._call = bind(channel, "Watch")(self._iter())
         self._on_event = on_event
         self.created = threading.Event()
@@ -230,8 +250,9 @@ class BareWatcher:
         self._thread.join(timeout=5)
 
 
-def bench_watch(client, channel, target: str, prefix: bytes, n: int, warmup: int,
-                budget: float) -> dict:
+def bench_watch(
+    client, channel, target: str, prefix: bytes, n: int, warmup: int, budget: float
+) -> dict:
     from etcdrun.proto import etcd_api_pb2 as pb
     from etcdrun.proto.etcd_stubs import bind
 
@@ -245,9 +266,13 @@ def bench_watch(client, channel, target: str, prefix: bytes, n: int, warmup: int
 
     putter = subprocess.Popen(
         [sys.executable, os.path.abspath(__file__), "--_putter", target],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    w_ours = client.watch(k_ours, start_revision=start_rev,
-                          callback=lambda b: [stamp(ev.kv.value) for ev in b.events])
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    w_ours = client.watch(
+        k_ours, start_revision=start_rev, callback=lambda b: [stamp(ev.kv.value) for ev in b.events]
+    )
     w_bare = BareWatcher(channel, k_bare, start_rev, stamp)
     try:
         if not w_ours.created.wait(EVENT_TIMEOUT) or not w_bare.created.wait(EVENT_TIMEOUT):
@@ -264,8 +289,10 @@ def bench_watch(client, channel, target: str, prefix: bytes, n: int, warmup: int
                     return arrived.get(timeout=EVENT_TIMEOUT)
                 except queue.Empty:
                     err = w_ours.error or w_bare.error or "no event"
-                    raise RuntimeError(f"watch event for {key!r} not delivered within "
-                                       f"{EVENT_TIMEOUT} s: {err}") from None
+                    raise RuntimeError(
+                        f"watch event for {key!r} not delivered within {EVENT_TIMEOUT} s: {err}"
+                    ) from None
+
             return run
 
         t_ours: list[int] = []
@@ -273,8 +300,11 @@ def bench_watch(client, channel, target: str, prefix: bytes, n: int, warmup: int
         deadline = time.monotonic() + budget
         run_ours, run_bare = one(k_ours), one(k_bare)
         for i in range(warmup + n):
-            pair = ((run_ours, t_ours), (run_bare, t_bare)) if i % 2 == 0 else \
-                ((run_bare, t_bare), (run_ours, t_ours))
+            pair = (
+                ((run_ours, t_ours), (run_bare, t_bare))
+                if i % 2 == 0
+                else ((run_bare, t_bare), (run_ours, t_ours))
+            )
             for fn, out in pair:
                 dt = fn()
                 if i >= warmup:
@@ -310,14 +340,16 @@ def run(endpoints: str, n: int, warmup: int, budget: float) -> dict:
         bind(channel, "Status")(pb.StatusRequest(), timeout=REQUEST_TIMEOUT)
     except grpc.RpcError as e:
         channel.close()
-        raise RuntimeError(f"etcd at {target} does not answer: {e.code().name} "
-                           f"({e.details()})") from None
+        raise RuntimeError(
+            f"etcd at {target} does not answer: {e.code().name} ({e.details()})"
+        ) from None
     client = EtcdClient(endpoints)
     try:
         results = bench_unary(client, channel, prefix, n, warmup, per_op)
         results["watch"] = bench_watch(client, channel, target, prefix, n, warmup, per_op)
-        bind(channel, "DeleteRange")(pb.DeleteRangeRequest(key=prefix, range_end=prefix[:-1]
-                                                           + b"0"), timeout=REQUEST_TIMEOUT)
+        bind(channel, "DeleteRange")(
+            pb.DeleteRangeRequest(key=prefix, range_end=prefix[:-1] + b"0"), timeout=REQUEST_TIMEOUT
+        )
     finally:
         client.close()
         channel.close()
@@ -325,18 +357,27 @@ def run(endpoints: str, n: int, warmup: int, budget: float) -> dict:
 
 
 def print_table(results: dict) -> None:
-    labels = {"put": "put", "range": "range", "txn": "txn (cmp+put)",
-              "keepalive": "lease keep-alive", "watch": "watch delivery"}
-    head = (f"{'operation':<17}{'ours p50':>9}{'p90':>8}{'bare p50':>10}{'p90':>8}"
-            f"{'ours/bare':>11}{'n':>7}  target {TARGET}x")
+    labels = {
+        "put": "put",
+        "range": "range",
+        "txn": "txn (cmp+put)",
+        "keepalive": "lease keep-alive",
+        "watch": "watch delivery",
+    }
+    head = (
+        f"{'operation':<17}{'ours p50':>9}{'p90':>8}{'bare p50':>10}{'p90':>8}"
+        f"{'ours/bare':>11}{'n':>7}  target {TARGET}x"
+    )
     print(head)
     print("-" * len(head))
     for op in OPS:
         r = results[op]
         o, b = r["ours"], r["bare"]
         verdict = "PASS" if r["pass"] else "MISS"
-        print(f"{labels[op]:<17}{o['p50_ms']:>9.3f}{o['p90_ms']:>8.3f}{b['p50_ms']:>10.3f}"
-              f"{b['p90_ms']:>8.3f}{r['ratio_p50']:>10.2f}x{o['samples']:>7}  {verdict}")
+        print(
+            f"{labels[op]:<17}{o['p50_ms']:>9.3f}{o['p90_ms']:>8.3f}{b['p50_ms']:>10.3f}"
+            f"{b['p90_ms']:>8.3f}{r['ratio_p50']:>10.2f}x{o['samples']:>7}  {verdict}"
+        )
     print("(milliseconds; ratio of the p50s; n = timed calls per side, after warm-up)")
 
 
@@ -344,12 +385,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     p.add_argument("--n", type=int, default=2000, help="timed calls per operation and side")
     p.add_argument("--warmup", type=int, default=200, help="untimed calls first (default 200)")
-    p.add_argument("--endpoints", help="use this etcd (host:port[,...], plain http) instead of "
-                                       "starting a local one")
+    p.add_argument(
+        "--endpoints",
+        help="use this etcd (host:port[,...], plain http) instead of starting a local one",
+    )
     p.add_argument("--json", metavar="FILE", help="also write the figures to FILE")
-    p.add_argument("--budget", type=float, default=45.0,
-                   help="seconds for all timing loops together; an operation that runs out "
-                        "of its share stops early with fewer samples (default 45)")
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=45.0,
+        help="seconds for all timing loops together; an operation that runs out "
+        "of its share stops early with fewer samples (default 45)",
+    )
     p.add_argument("--check", action="store_true", help="exit 1 when any operation misses")
     p.add_argument("--_putter", metavar="TARGET", help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -371,8 +418,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"client_latency: {e}", file=sys.stderr)
             return 2
         if any(ep.secure for ep in eps):
-            print("client_latency: TLS endpoints are not supported (plain http only)",
-                  file=sys.stderr)
+            print(
+                "client_latency: TLS endpoints are not supported (plain http only)", file=sys.stderr
+            )
             return 2
     started = time.monotonic()
     try:
@@ -398,12 +446,20 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"client_latency: {e}", file=sys.stderr)
         return 1
-    print(f"etcd client latency: {where}; Python {platform.python_version()}, "
-          f"{os.cpu_count()} cores, {time.monotonic() - started:.1f} s")
+    print(
+        f"etcd client latency: {where}; Python {platform.python_version()}, "
+        f"{os.cpu_count()} cores, {time.monotonic() - started:.1f} s"
+    )
     print_table(results)
     if args.json:
-        doc = {"target_ratio": TARGET, "n": args.n, "warmup": args.warmup, "etcd": where,
-               "python": platform.python_version(), "results": results}
+        doc = {
+            "target_ratio": TARGET,
+            "n": args.n,
+            "warmup": args.warmup,
+            "etcd": where,
+            "python": platform.python_version(),
+            "results": results,
+        }
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=2)
     missed = [op for op in OPS if not results[op]["pass"]]

@@ -52,13 +52,38 @@ def ensure_venv() -> None:
         return
     steps = []
     if not VENV_PY.exists():
-        print(f"creating {VENV.relative_to(REPO)} ({TORCH_PIN} CPU, python-etcd, "
-              f"matplotlib)...", flush=True)
-        steps += [[sys.executable, "-m", "venv", str(VENV)],
-                  [str(VENV_PY), "-m", "pip", "install", "-q", TORCH_PIN, "python-etcd",
-                   "matplotlib", "setuptools>=68", str(REPO)]]  # REPO: etcdrun's own deps
-    steps.append([str(VENV_PY), "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall",
-                  "--no-build-isolation", str(REPO)])
+        print(
+            f"creating {VENV.relative_to(REPO)} ({TORCH_PIN} CPU, python-etcd, matplotlib)...",
+            flush=True,
+        )
+        steps += [
+            [sys.executable, "-m", "venv", str(VENV)],
+            [
+                str(VENV_PY),
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                TORCH_PIN,
+                "python-etcd",
+                "matplotlib",
+                "setuptools>=68",
+                str(REPO),
+            ],
+        ]  # REPO: etcdrun's own deps
+    steps.append(
+        [
+            str(VENV_PY),
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--force-reinstall",
+            "--no-build-isolation",
+            str(REPO),
+        ]
+    )
     print("installing this checkout into the bench venv (regular install)...", flush=True)
     for cmd in steps:
         if subprocess.run(cmd).returncode != 0:
@@ -79,8 +104,11 @@ def wait_for_load(limit: float, max_wait: float) -> tuple[float, bool]:
             return load, True
         if time.monotonic() > deadline:
             return load, False
-        print(f"  1-min load {load:.2f} >= {limit}: waiting (up to "
-              f"{deadline - time.monotonic():.0f}s more)", flush=True)
+        print(
+            f"  1-min load {load:.2f} >= {limit}: waiting (up to "
+            f"{deadline - time.monotonic():.0f}s more)",
+            flush=True,
+        )
         time.sleep(30)
 
 
@@ -89,24 +117,50 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--n", type=int, default=4, help="agents for scenarios 2-6, 8 (default 4)")
     ap.add_argument("--n-first", type=int, default=8, help="agents for scenario 1 (default 8)")
     ap.add_argument("--trials", type=int, default=3, help="trials per launcher (default 3)")
-    ap.add_argument("--slow-trials", type=int, default=2,
-                    help="trials of torchrun runs with default settings, which take 30-90 s "
-                         "each (default 2)")
-    ap.add_argument("--only", default="", help="comma list of scenarios, e.g. 1,3 (default all:"
-                    " 1,1s,2,3,3i,4,5,6,7,8; 1s = scenario 1 with the last agent started"
-                    " after the others wait; 3i = scenario 3 with idle workers)")
-    ap.add_argument("--timeout", type=float, default=75.0,
-                    help="bound on one recovery/scale-up wait, seconds (default 75)")
-    ap.add_argument("--never-timeout", type=float, default=60.0,
-                    help="bound for runs expected never to recover (torchrun, idle workers)")
+    ap.add_argument(
+        "--slow-trials",
+        type=int,
+        default=2,
+        help="trials of torchrun runs with default settings, which take 30-90 s each (default 2)",
+    )
+    ap.add_argument(
+        "--only",
+        default="",
+        help="comma list of scenarios, e.g. 1,3 (default all:"
+        " 1,1s,2,3,3i,4,5,6,7,8; 1s = scenario 1 with the last agent started"
+        " after the others wait; 3i = scenario 3 with idle workers)",
+    )
+    ap.add_argument(
+        "--timeout",
+        type=float,
+        default=75.0,
+        help="bound on one recovery/scale-up wait, seconds (default 75)",
+    )
+    ap.add_argument(
+        "--never-timeout",
+        type=float,
+        default=60.0,
+        help="bound for runs expected never to recover (torchrun, idle workers)",
+    )
     ap.add_argument("--idle-window", type=float, default=10.0, help="scenario 8 window, s")
     ap.add_argument("--scale-n", default="10,100,1000", help="scenario 7 participant counts")
-    ap.add_argument("--wait-load", type=float, default=LOAD_MAX,
-                    help=f"wait until the 1-min load is below this (default {LOAD_MAX})")
-    ap.add_argument("--max-wait", type=float, default=900.0,
-                    help="give up waiting for a low load after this many seconds, run anyway")
-    ap.add_argument("--publish", action="store_true",
-                    help="write results.md, recovery.png and README even with --only")
+    ap.add_argument(
+        "--wait-load",
+        type=float,
+        default=LOAD_MAX,
+        help=f"wait until the 1-min load is below this (default {LOAD_MAX})",
+    )
+    ap.add_argument(
+        "--max-wait",
+        type=float,
+        default=900.0,
+        help="give up waiting for a low load after this many seconds, run anyway",
+    )
+    ap.add_argument(
+        "--publish",
+        action="store_true",
+        help="write results.md, recovery.png and README even with --only",
+    )
     ap.add_argument("--report", metavar="JSON", help="only rebuild the report from a saved run")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(argv)

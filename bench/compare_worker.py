@@ -16,10 +16,12 @@ import os
 import sys
 import time
 
-_ID = (f"world={os.environ.get('WORLD_SIZE')} rank={os.environ.get('RANK')} "
-       f"group_rank={os.environ.get('GROUP_RANK')} "
-       f"restart={os.environ.get('TORCHELASTIC_RESTART_COUNT')} "
-       f"round={os.environ.get('ETCDRUN_ROUND')} pid={os.getpid()}")
+_ID = (
+    f"world={os.environ.get('WORLD_SIZE')} rank={os.environ.get('RANK')} "
+    f"group_rank={os.environ.get('GROUP_RANK')} "
+    f"restart={os.environ.get('TORCHELASTIC_RESTART_COUNT')} "
+    f"round={os.environ.get('ETCDRUN_ROUND')} pid={os.getpid()}"
+)
 print(f"BENCH_START t={time.time():.6f} {_ID}", flush=True)
 
 import datetime  # noqa: E402

@@ -22,11 +22,11 @@ ETCDRUN, TORCHRUN = "etcdrun", "torchrun"
 
 @dataclass(frozen=True)
 class Launcher:
-    key: str                 # stable id used in results
-    label: str               # what the tables show
-    kind: str                # ETCDRUN or TORCHRUN
-    backend: str             # etcd (etcdrun), c10d or etcd-v2 (torchrun)
-    conf: str = ""           # --rdzv-conf
+    key: str  # stable id used in results
+    label: str  # what the tables show
+    kind: str  # ETCDRUN or TORCHRUN
+    backend: str  # etcd (etcdrun), c10d or etcd-v2 (torchrun)
+    conf: str = ""  # --rdzv-conf
     tuned: bool = False
     env: dict[str, str] = field(default_factory=dict)
     last_call: float = 30.0  # seconds its first round may wait for more nodes (both default 30)
@@ -36,14 +36,37 @@ class Launcher:
         return self.backend in ("etcd", "etcd-v2")
 
     def with_env(self, key: str, label: str, **env: str) -> Launcher:
-        return Launcher(key, label, self.kind, self.backend, self.conf, self.tuned,
-                        {**self.env, **env}, self.last_call)
+        return Launcher(
+            key,
+            label,
+            self.kind,
+            self.backend,
+            self.conf,
+            self.tuned,
+            {**self.env, **env},
+            self.last_call,
+        )
 
-    def command(self, bindir: Path, nnodes: str, endpoint: str, run_id: str,
-                mode: str) -> list[str]:
-        cmd = [str(bindir / self.kind), "--nnodes", nnodes, "--nproc-per-node", "1",
-               "--rdzv-backend", self.backend, "--rdzv-endpoint", endpoint, "--rdzv-id", run_id,
-               "--max-restarts", str(MAX_RESTARTS), "--monitor-interval", "0.1"]
+    def command(
+        self, bindir: Path, nnodes: str, endpoint: str, run_id: str, mode: str
+    ) -> list[str]:
+        cmd = [
+            str(bindir / self.kind),
+            "--nnodes",
+            nnodes,
+            "--nproc-per-node",
+            "1",
+            "--rdzv-backend",
+            self.backend,
+            "--rdzv-endpoint",
+            endpoint,
+            "--rdzv-id",
+            run_id,
+            "--max-restarts",
+            str(MAX_RESTARTS),
+            "--monitor-interval",
+            "0.1",
+        ]
         if self.conf:
             cmd += ["--rdzv-conf", self.conf]
         return [*cmd, str(WORKER), mode]
@@ -61,14 +84,35 @@ _NO_SHARE_LABEL = " + TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"
 
 LAUNCHERS = {
     "etcdrun": Launcher("etcdrun", "etcdrun", ETCDRUN, "etcd"),
-    "etcdrun-tuned": Launcher("etcdrun-tuned", f"etcdrun ({_ETCDRUN_TUNED})", ETCDRUN, "etcd",
-                              _ETCDRUN_TUNED, tuned=True, last_call=1.0),
+    "etcdrun-tuned": Launcher(
+        "etcdrun-tuned",
+        f"etcdrun ({_ETCDRUN_TUNED})",
+        ETCDRUN,
+        "etcd",
+        _ETCDRUN_TUNED,
+        tuned=True,
+        last_call=1.0,
+    ),
     "c10d": Launcher("c10d", "torchrun c10d", TORCHRUN, "c10d"),
-    "c10d-tuned": Launcher("c10d-tuned", f"torchrun c10d ({_TORCH_TUNED}{_NO_SHARE_LABEL})",
-                           TORCHRUN, "c10d", _TORCH_TUNED, tuned=True, env=NO_SHARE,
-                           last_call=1.0),
+    "c10d-tuned": Launcher(
+        "c10d-tuned",
+        f"torchrun c10d ({_TORCH_TUNED}{_NO_SHARE_LABEL})",
+        TORCHRUN,
+        "c10d",
+        _TORCH_TUNED,
+        tuned=True,
+        env=NO_SHARE,
+        last_call=1.0,
+    ),
     "etcd-v2": Launcher("etcd-v2", "torchrun etcd-v2", TORCHRUN, "etcd-v2"),
-    "etcd-v2-tuned": Launcher("etcd-v2-tuned",
-                              f"torchrun etcd-v2 ({_TORCH_TUNED}{_NO_SHARE_LABEL})", TORCHRUN,
-                              "etcd-v2", _TORCH_TUNED, tuned=True, env=NO_SHARE, last_call=1.0),
+    "etcd-v2-tuned": Launcher(
+        "etcd-v2-tuned",
+        f"torchrun etcd-v2 ({_TORCH_TUNED}{_NO_SHARE_LABEL})",
+        TORCHRUN,
+        "etcd-v2",
+        _TORCH_TUNED,
+        tuned=True,
+        env=NO_SHARE,
+        last_call=1.0,
+    ),
 }

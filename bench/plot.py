@@ -18,16 +18,21 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-GROUPS = (("3", "default", "3. kill -9 node\n(default)"),
-          ("3", "tuned", "3. kill -9 node\n(tuned)"),
-          ("3i", "default", "3'. kill, idle workers\n(default)"),
-          ("3i", "tuned", "3'. kill, idle workers\n(tuned)"),
-          ("4", "default", "4. kill -9 rank 0\n(default)"),
-          ("4", "tuned", "4. kill -9 rank 0\n(tuned)"),
-          ("5", "default", "5. scale-up\n(default)"),
-          ("5", "tuned", "5. scale-up\n(tuned)"))
-SERIES = (("etcdrun", "etcdrun", "#1f77b4"), ("c10d", "torchrun c10d", "#d62728"),
-          ("etcd-v2", "torchrun etcd-v2", "#ff7f0e"))
+GROUPS = (
+    ("3", "default", "3. kill -9 node\n(default)"),
+    ("3", "tuned", "3. kill -9 node\n(tuned)"),
+    ("3i", "default", "3'. kill, idle workers\n(default)"),
+    ("3i", "tuned", "3'. kill, idle workers\n(tuned)"),
+    ("4", "default", "4. kill -9 rank 0\n(default)"),
+    ("4", "tuned", "4. kill -9 rank 0\n(tuned)"),
+    ("5", "default", "5. scale-up\n(default)"),
+    ("5", "tuned", "5. scale-up\n(tuned)"),
+)
+SERIES = (
+    ("etcdrun", "etcdrun", "#1f77b4"),
+    ("c10d", "torchrun c10d", "#d62728"),
+    ("etcd-v2", "torchrun etcd-v2", "#ff7f0e"),
+)
 
 
 def _col(run: dict) -> str:
@@ -36,14 +41,21 @@ def _col(run: dict) -> str:
 
 def recovery_plot(res: dict, path: Path) -> None:
     runs = res["runs"]
-    groups = [g for g in GROUPS if any(r["scenario"] == g[0] and r["setting"] == g[1]
-                                       for r in runs)]
+    groups = [
+        g for g in GROUPS if any(r["scenario"] == g[0] and r["setting"] == g[1] for r in runs)
+    ]
     fig, ax = plt.subplots(figsize=(10, 0.9 * max(len(groups), 2) + 1.5))
     h = 0.26
     for gi, (s, setting, _) in enumerate(groups):
         for si, (col, _, color) in enumerate(SERIES):
-            run = next((r for r in runs if r["scenario"] == s and r["setting"] == setting
-                        and _col(r) == col), None)
+            run = next(
+                (
+                    r
+                    for r in runs
+                    if r["scenario"] == s and r["setting"] == setting and _col(r) == col
+                ),
+                None,
+            )
             if run is None:
                 continue
             y = gi + (si - 1) * h
@@ -52,14 +64,27 @@ def recovery_plot(res: dict, path: Path) -> None:
             running = [t["spawn"] for t in ok if t.get("spawn") is not None]
             if ready:
                 med = statistics.median(ready)
-                ax.barh(y, med, h * 0.9, color=color, alpha=0.3,
-                        xerr=[[med - min(ready)], [max(ready) - med]], capsize=2,
-                        error_kw={"alpha": 0.4})
+                ax.barh(
+                    y,
+                    med,
+                    h * 0.9,
+                    color=color,
+                    alpha=0.3,
+                    xerr=[[med - min(ready)], [max(ready) - med]],
+                    capsize=2,
+                    error_kw={"alpha": 0.4},
+                )
                 label = f"ready {med:.1f} s"
                 if running:
                     rm = statistics.median(running)
-                    ax.barh(y, rm, h * 0.9, color=color,
-                            xerr=[[rm - min(running)], [max(running) - rm]], capsize=2)
+                    ax.barh(
+                        y,
+                        rm,
+                        h * 0.9,
+                        color=color,
+                        xerr=[[rm - min(running)], [max(running) - rm]],
+                        capsize=2,
+                    )
                     label = f"running {rm:.1f} s, {label}"
                 ax.text(max(ready) + 0.5, y, label, va="center", fontsize=7)
                 continue
@@ -73,18 +98,28 @@ def recovery_plot(res: dict, path: Path) -> None:
                 afters = [(t.get("extra") or {}).get("after") for t in run["trials"]]
                 after = max((a for a in afters if a is not None), default=0.0)  # as the table
                 ax.plot([after], [y], marker="x", color=color, markersize=8)
-                ax.text(after + 0.6, y, f"job died ({after:.1f} s)" if t0["outcome"] == "died"
-                        else t0["outcome"], va="center", fontsize=7)
+                ax.text(
+                    after + 0.6,
+                    y,
+                    f"job died ({after:.1f} s)" if t0["outcome"] == "died" else t0["outcome"],
+                    va="center",
+                    fontsize=7,
+                )
     ax.set_xlim(0, ax.get_xlim()[1] * 1.15)  # room for the labels right of the bars
     ax.set_yticks(range(len(groups)), [g[2] for g in groups], fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel("seconds until every worker runs again (solid) and is past init_process_group "
-                  "(light); median, min–max; lower is better")
+    ax.set_xlabel(
+        "seconds until every worker runs again (solid) and is past init_process_group "
+        "(light); median, min–max; lower is better"
+    )
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for _, _, c in SERIES]
     ax.legend(handles, [lb for _, lb, _ in SERIES], loc="lower right", fontsize=8)
     m = res["meta"]
-    ax.set_title(f"etcdrun vs torchrun {m['torch'].split('+')[0]}: N = {m['n']} local agents, "
-                 f"{m['date'][:10]}, 1-min load {m['load_before']}", fontsize=9)
+    ax.set_title(
+        f"etcdrun vs torchrun {m['torch'].split('+')[0]}: N = {m['n']} local agents, "
+        f"{m['date'][:10]}, 1-min load {m['load_before']}",
+        fontsize=9,
+    )
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

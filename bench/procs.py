@@ -28,8 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 TAG_VAR = "ETCDRUN_BENCH_TAG"
-_LINE = re.compile(r"BENCH_(START|READY) t=([0-9.]+) world=(\S+) rank=(\S+) group_rank=(\S+) "
-                   r"restart=(\S+) round=(\S+) pid=(\d+)")
+_LINE = re.compile(
+    r"BENCH_(START|READY) t=([0-9.]+) world=(\S+) rank=(\S+) group_rank=(\S+) "
+    r"restart=(\S+) round=(\S+) pid=(\d+)"
+)
 _PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -52,12 +54,12 @@ def reap_orphans() -> None:
 
 @dataclass(frozen=True)
 class WorkerLine:
-    kind: str          # "START" (process began, before torch) or "READY" (process group up)
-    t: float           # the worker's time.time()
+    kind: str  # "START" (process began, before torch) or "READY" (process group up)
+    t: float  # the worker's time.time()
     world: int
     rank: int
     group_rank: int
-    restart: str       # TORCHELASTIC_RESTART_COUNT: per node (torchrun), job-wide (etcdrun)
+    restart: str  # TORCHELASTIC_RESTART_COUNT: per node (torchrun), job-wide (etcdrun)
     pid: int
 
 
@@ -66,8 +68,11 @@ def parse_lines(text: str) -> list[WorkerLine]:
     for m in _LINE.finditer(text):
         kind, t, world, rank, group_rank, restart, _round, pid = m.groups()
         with contextlib.suppress(ValueError):
-            out.append(WorkerLine(kind, float(t), int(world), int(rank), int(group_rank),
-                                  restart, int(pid)))
+            out.append(
+                WorkerLine(
+                    kind, float(t), int(world), int(rank), int(group_rank), restart, int(pid)
+                )
+            )
     return out
 
 
@@ -200,9 +205,14 @@ class Agent:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "wb") as out:
             self.t_start = time.time()
-            self.proc = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL, stdout=out,
-                                         stderr=subprocess.STDOUT, env=self.env,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                self.cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                start_new_session=True,
+            )
         return self.t_start
 
     @property
@@ -221,8 +231,10 @@ class Agent:
 
     def ready_since(self, t0: float, world: int) -> WorkerLine | None:
         """This node's first worker READY line after ``t0`` with this world size."""
-        return next((ln for ln in self.lines()
-                     if ln.kind == "READY" and ln.t > t0 and ln.world == world), None)
+        return next(
+            (ln for ln in self.lines() if ln.kind == "READY" and ln.t > t0 and ln.world == world),
+            None,
+        )
 
     def start_of(self, ready: WorkerLine) -> WorkerLine | None:
         """The START line of the worker process that printed ``ready`` (same pid).
@@ -230,8 +242,7 @@ class Agent:
         Why the same process and not the first START with that world: a worker that started
         with the new world and then failed does not count as running; its successor does.
         """
-        return next((ln for ln in self.lines()
-                     if ln.kind == "START" and ln.pid == ready.pid), None)
+        return next((ln for ln in self.lines() if ln.kind == "START" and ln.pid == ready.pid), None)
 
     def group_rank(self) -> int | None:
         """Node rank of this agent's newest running worker."""

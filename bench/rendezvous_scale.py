@@ -52,7 +52,7 @@ METRICS = {
     "ranges": "etcd_mvcc_range_total",
     "watch_events": "etcd_debugging_mvcc_events_total",
     "watch_msgs": 'grpc_server_msg_sent_total{grpc_method="Watch",'
-                  'grpc_service="etcdserverpb.Watch",grpc_type="bidi_stream"}',
+    'grpc_service="etcdserverpb.Watch",grpc_type="bidi_stream"}',
     "sent_bytes": "etcd_network_client_grpc_sent_bytes_total",
 }
 
@@ -82,9 +82,13 @@ def machine_cpu() -> float:
 
 
 def snapshot(url: str, etcd_pids: list[int], worker_pids: list[int]) -> dict[str, float]:
-    return {**scrape(url), "etcd_cpu": cpu_seconds(etcd_pids),
-            "workers_cpu": cpu_seconds(worker_pids), "machine_cpu": machine_cpu(),
-            "t": time.monotonic()}
+    return {
+        **scrape(url),
+        "etcd_cpu": cpu_seconds(etcd_pids),
+        "workers_cpu": cpu_seconds(worker_pids),
+        "machine_cpu": machine_cpu(),
+        "t": time.monotonic(),
+    }
 
 
 def scrape(url: str) -> dict[str, float]:
@@ -98,8 +102,9 @@ def scrape(url: str) -> dict[str, float]:
 
 
 def delta(a: dict, b: dict) -> dict:
-    d = {k: round(b[k] - a[k], 2) if k.endswith("_cpu") or k == "t"
-         else int(b[k] - a[k]) for k in a}
+    d = {
+        k: round(b[k] - a[k], 2) if k.endswith("_cpu") or k == "t" else int(b[k] - a[k]) for k in a
+    }
     d["other_cpu"] = round(d.pop("machine_cpu") - d["etcd_cpu"] - d["workers_cpu"], 2)
     return d
 
@@ -111,16 +116,24 @@ def last(evs: list[dict], kind: str, rnd: int | None = None) -> float | None:
 
 def gc_pauses(done: dict[int, tuple]) -> dict:
     """Longest per-process total of garbage-collector pauses in the round, and gen-2 runs."""
-    return {"gc_s": round(max((d[2] for d in done.values()), default=0.0), 3),
-            "gc2": sum(d[3] for d in done.values())}
+    return {
+        "gc_s": round(max((d[2] for d in done.values()), default=0.0), 3),
+        "gc2": sum(d[3] for d in done.values()),
+    }
 
 
 def sessions(evs: list[dict], since_t: float) -> dict:
     """Sessions opened and lost since ``since_t``: more than N opened means re-registrations."""
-    return {"opened": sum(1 for e in evs if e["event"] == "session_opened"
-                          and e["time"] >= since_t),
-            "lost": sum(1 for e in evs if e["event"] == "session_lost" and e["time"] >= since_t
-                        and e.get("reason") != "revoked")}  # a revoke is a leave, not a loss
+    return {
+        "opened": sum(1 for e in evs if e["event"] == "session_opened" and e["time"] >= since_t),
+        "lost": sum(
+            1
+            for e in evs
+            if e["event"] == "session_lost"
+            and e["time"] >= since_t
+            and e.get("reason") != "revoked"
+        ),
+    }  # a revoke is a leave, not a loss
 
 
 def fanout(evs: list[dict], rnd: int) -> list[float]:
@@ -130,8 +143,11 @@ def fanout(evs: list[dict], rnd: int) -> list[float]:
     if frozen is None:
         return []
     ws = sorted({e["worker"] for e in evs})
-    return [round(t - frozen, 3) for w in ws
-            if (t := last([e for e in evs if e["worker"] == w], "round_accepted", rnd))]
+    return [
+        round(t - frozen, 3)
+        for w in ws
+        if (t := last([e for e in evs if e["worker"] == w], "round_accepted", rnd))
+    ]
 
 
 def check_infos(results: list, n_expected: int, rnd: int) -> list[str]:
@@ -158,11 +174,29 @@ def py_spy(pids: list[int], out_dir: str | None, seconds: float) -> list[subproc
         print("py-spy not found (pip install py-spy); no profile", file=sys.stderr)
         return []
     os.makedirs(out_dir, exist_ok=True)
-    return [subprocess.Popen([exe, "record", "--pid", str(pid), "--duration", str(int(seconds)),
-                              "--rate", "50", "--gil", "--format", "raw", "--nonblocking",
-                              "--output", os.path.join(out_dir, f"worker-{pid}.txt")],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            for pid in pids]
+    return [
+        subprocess.Popen(
+            [
+                exe,
+                "record",
+                "--pid",
+                str(pid),
+                "--duration",
+                str(int(seconds)),
+                "--rate",
+                "50",
+                "--gil",
+                "--format",
+                "raw",
+                "--nonblocking",
+                "--output",
+                os.path.join(out_dir, f"worker-{pid}.txt"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for pid in pids
+    ]
 
 
 def run_one(n: int, procs: int, args: argparse.Namespace) -> dict:
@@ -178,8 +212,13 @@ def run_one(n: int, procs: int, args: argparse.Namespace) -> dict:
     res: dict = {"n": n, "procs": p, "problems": []}
     with LocalEtcd() as etcd:
         url = f"http://{etcd.endpoint_list[0]}/metrics"
-        cfg = {"endpoints": etcd.endpoints, "run_id": run_id, "min_nodes": max(1, n - 1),
-               "max_nodes": n, "conf": conf}
+        cfg = {
+            "endpoints": etcd.endpoints,
+            "run_id": run_id,
+            "min_nodes": max(1, n - 1),
+            "max_nodes": n,
+            "conf": conf,
+        }
         pool = Pool(counts, cfg)
         snap = functools.partial(snapshot, url, etcd.pids, pool.pids)
         spies: list[subprocess.Popen] = []
@@ -197,11 +236,13 @@ def run_one(n: int, procs: int, args: argparse.Namespace) -> dict:
             done = pool.expect("done", every, args.timeout + 30, partial=True)
             m1 = snap()
             r1 = {i: done[i][1] for i in done}
-            res["problems"] += [f"round 1: {s}" for s in
-                                check_infos([x for i in done for x in r1[i]], n, 1)]
+            res["problems"] += [
+                f"round 1: {s}" for s in check_infos([x for i in done for x in r1[i]], n, 1)
+            ]
             if len(done) < p:
-                res["problems"].append(f"round 1: {p - len(done)} process(es) not done after "
-                                       f"{args.timeout + 30:g}s")
+                res["problems"].append(
+                    f"round 1: {p - len(done)} process(es) not done after {args.timeout + 30:g}s"
+                )
             evs, res["warnings"] = collect(pool, every)
             res["round1"] = {
                 "go_to_registered": since(t_go, last(evs, "session_opened")),
@@ -209,15 +250,19 @@ def run_one(n: int, procs: int, args: argparse.Namespace) -> dict:
                 "join_to_frozen": since(last(evs, "node_joined", 1), last(evs, "round_frozen", 1)),
                 "time": since(last(evs, "node_joined", 1), last(evs, "round_accepted", 1)),
                 "go_to_all": since(t_go, last(evs, "round_accepted", 1)),
-                "fanout": fanout(evs, 1), **sessions(evs, t_go), **gc_pauses(done),
-                **delta(m0, m1)}
+                "fanout": fanout(evs, 1),
+                **sessions(evs, t_go),
+                **gc_pauses(done),
+                **delta(m0, m1),
+            }
             if n >= 2 and not res["problems"]:
                 res["round2"] = leave_round(pool, evs, r1, n, args, snap)
             with EtcdClient(etcd.endpoints) as c:
                 evs, res["warnings"] = collect(pool, every)
                 accepted = [e for e in evs if e["event"] == "round_accepted"]
-                res["problems"] += checker.check_run(c, RunKeys("/etcdrun", run_id),
-                                                     cfg["min_nodes"], n, accepted)
+                res["problems"] += checker.check_run(
+                    c, RunKeys("/etcdrun", run_id), cfg["min_nodes"], n, accepted
+                )
             pool.send(0, "close")
             pool.expect("closed", [0], 30)
         except (TimeoutError, RuntimeError) as e:
@@ -247,13 +292,22 @@ def since(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else b - a
 
 
-def leave_round(pool: Pool, evs: list[dict], r1: dict[int, list], n: int,
-                args: argparse.Namespace, snap: Callable[[], dict]) -> dict:
+def leave_round(
+    pool: Pool,
+    evs: list[dict],
+    r1: dict[int, list],
+    n: int,
+    args: argparse.Namespace,
+    snap: Callable[[], dict],
+) -> dict:
     """One participant leaves; time until every survivor accepted the next round."""
     leader = next(e["node"] for e in evs if e["event"] == "round_frozen" and e["round"] == 1)
     by_rank = sorted((x for xs in r1.values() for x in xs), key=lambda r: r[2])
-    leaving = leader if args.leave == "leader" else \
-        next(r[0] for r in by_rank[n // 2:] + by_rank if r[0] != leader)
+    leaving = (
+        leader
+        if args.leave == "leader"
+        else next(r[0] for r in by_rank[n // 2 :] + by_rank if r[0] != leader)
+    )
     owner = next(i for i, xs in r1.items() if any(x[0] == leaving for x in xs))
     every = list(range(len(pool.conns)))
     for i in every:
@@ -266,16 +320,24 @@ def leave_round(pool: Pool, evs: list[dict], r1: dict[int, list], n: int,
     m3 = snap()
     r2 = [x for i in done for x in done[i][1]]
     evs, _ = collect(pool, every)
-    out = {"left": "leader" if leaving == leader else "member", "shutdown_s": t_left - t_leave,
-           "revoked": ok, "time": since(t_leave, last(evs, "round_accepted", 2)),
-           "leave_to_started": since(t_leave, last(evs, "round_started", 2)),
-           "leave_to_frozen": since(t_leave, last(evs, "round_frozen", 2)),
-           "leave_to_last_join": since(t_leave, last(evs, "node_joined", 2)),
-           "fanout": fanout(evs, 2), **sessions(evs, t_leave), **gc_pauses(done),
-           **delta(m2, m3), "problems": check_infos(r2, n - 1, 2)}
+    out = {
+        "left": "leader" if leaving == leader else "member",
+        "shutdown_s": t_left - t_leave,
+        "revoked": ok,
+        "time": since(t_leave, last(evs, "round_accepted", 2)),
+        "leave_to_started": since(t_leave, last(evs, "round_started", 2)),
+        "leave_to_frozen": since(t_leave, last(evs, "round_frozen", 2)),
+        "leave_to_last_join": since(t_leave, last(evs, "node_joined", 2)),
+        "fanout": fanout(evs, 2),
+        **sessions(evs, t_leave),
+        **gc_pauses(done),
+        **delta(m2, m3),
+        "problems": check_infos(r2, n - 1, 2),
+    }
     if len(done) < len(every):
-        out["problems"].append(f"{len(every) - len(done)} process(es) not done after "
-                               f"{args.timeout + 30:g}s")
+        out["problems"].append(
+            f"{len(every) - len(done)} process(es) not done after {args.timeout + 30:g}s"
+        )
     return out
 
 
@@ -293,8 +355,21 @@ def verdicts(r: dict, n: int) -> tuple[str, str]:
 
 
 def table(results: list[dict]) -> tuple[str, bool]:
-    rows = [("N", "procs", "round", "time s", "writes", "writes/N", "revs", "watch ev",
-             "ev/N", "time", f"writes<={WRITES_PER_N}N+{WRITES_CONST}")]
+    rows = [
+        (
+            "N",
+            "procs",
+            "round",
+            "time s",
+            "writes",
+            "writes/N",
+            "revs",
+            "watch ev",
+            "ev/N",
+            "time",
+            f"writes<={WRITES_PER_N}N+{WRITES_CONST}",
+        )
+    ]
     ok = True
     for res in results:
         n = res["n"]
@@ -303,17 +378,42 @@ def table(results: list[dict]) -> tuple[str, bool]:
             if r is None and n == 1 and name == "round2":
                 continue  # nobody can leave a round of one
             if r is None:
-                rows.append((str(n), str(res["procs"]), name, "-", "-", "-", "-", "-", "-",
-                             "MISS (not run)", "MISS"))
+                rows.append(
+                    (
+                        str(n),
+                        str(res["procs"]),
+                        name,
+                        "-",
+                        "-",
+                        "-",
+                        "-",
+                        "-",
+                        "-",
+                        "MISS (not run)",
+                        "MISS",
+                    )
+                )
                 ok = False
                 continue
             label = "1: all join" if name == "round1" else f"2: {r['left']} left"
             tv, wv = verdicts(r, n)
             ok &= "MISS" not in tv and wv == "PASS"
             t = r.get("time")
-            rows.append((str(n), str(res["procs"]), label, "-" if t is None else f"{t:.3f}",
-                         str(r["writes"]), f"{r['writes'] / n:.2f}", str(r["revisions"]),
-                         str(r["watch_events"]), f"{r['watch_events'] / n:.2f}", tv, wv))
+            rows.append(
+                (
+                    str(n),
+                    str(res["procs"]),
+                    label,
+                    "-" if t is None else f"{t:.3f}",
+                    str(r["writes"]),
+                    f"{r['writes'] / n:.2f}",
+                    str(r["revisions"]),
+                    str(r["watch_events"]),
+                    f"{r['watch_events'] / n:.2f}",
+                    tv,
+                    wv,
+                )
+            )
         ok &= not res["problems"] and not res.get("round2", {}).get("problems")
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
@@ -326,21 +426,27 @@ def _s(v: float | None) -> str:
 
 def details(res: dict) -> str:
     r1, r2 = res.get("round1", {}), res.get("round2", {})
-    ops = ("puts {puts}, deletes {deletes}, ranges {ranges}, watch msgs {watch_msgs}, etcd "
-           "sent {sent_bytes} B\n    CPU s: etcd {etcd_cpu}, workers {workers_cpu}, other "
-           "programs {other_cpu} in {t} s wall; GC pauses {gc_s} s ({gc2} gen-2); sessions "
-           "opened {opened}, lost {lost}")
+    ops = (
+        "puts {puts}, deletes {deletes}, ranges {ranges}, watch msgs {watch_msgs}, etcd "
+        "sent {sent_bytes} B\n    CPU s: etcd {etcd_cpu}, workers {workers_cpu}, other "
+        "programs {other_cpu} in {t} s wall; GC pauses {gc_s} s ({gc2} gen-2); sessions "
+        "opened {opened}, lost {lost}"
+    )
     out = [f"N={res['n']} in {res['procs']} processes"]
     if r1:
-        out += [f"  round 1: go->all registered {_s(r1['go_to_registered'])}s, go->last join "
-                f"{_s(r1['go_to_last_join'])}s, last join->frozen {_s(r1['join_to_frozen'])}s, "
-                f"go->all accepted {_s(r1['go_to_all'])}s",
-                f"    frozen->last accepted, per process: {r1['fanout']} s; " + ops.format(**r1)]
+        out += [
+            f"  round 1: go->all registered {_s(r1['go_to_registered'])}s, go->last join "
+            f"{_s(r1['go_to_last_join'])}s, last join->frozen {_s(r1['join_to_frozen'])}s, "
+            f"go->all accepted {_s(r1['go_to_all'])}s",
+            f"    frozen->last accepted, per process: {r1['fanout']} s; " + ops.format(**r1),
+        ]
     if r2:
-        out += [f"  round 2 ({r2['left']} left): shutdown() {_s(r2['shutdown_s'])}s, "
-                f"leave->round started {_s(r2['leave_to_started'])}s, ->last join "
-                f"{_s(r2['leave_to_last_join'])}s, ->frozen {_s(r2['leave_to_frozen'])}s",
-                f"    frozen->last accepted, per process: {r2['fanout']} s; " + ops.format(**r2)]
+        out += [
+            f"  round 2 ({r2['left']} left): shutdown() {_s(r2['shutdown_s'])}s, "
+            f"leave->round started {_s(r2['leave_to_started'])}s, ->last join "
+            f"{_s(r2['leave_to_last_join'])}s, ->frozen {_s(r2['leave_to_frozen'])}s",
+            f"    frozen->last accepted, per process: {r2['fanout']} s; " + ops.format(**r2),
+        ]
     for p in res["problems"] + r2.get("problems", []):
         out.append(f"  PROBLEM: {p}")
     for w, info in res.get("warnings", {}).items():
@@ -354,8 +460,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", default="10,100,1000", help="comma-separated participant counts")
     ap.add_argument("--procs", type=int, default=4, help="worker processes (default 4)")
-    ap.add_argument("--leave", choices=("member", "leader"), default="member",
-                    help="who leaves for round 2 (default: a non-leader member)")
+    ap.add_argument(
+        "--leave",
+        choices=("member", "leader"),
+        default="member",
+        help="who leaves for round 2 (default: a non-leader member)",
+    )
     ap.add_argument("--lease-ttl", type=int, default=5, help="rdzv lease_ttl (default 5)")
     ap.add_argument("--timeout", type=float, default=120.0, help="per-round bound, seconds")
     ap.add_argument("--json", help="also write the figures to this file")
@@ -367,15 +477,21 @@ def main(argv: list[str] | None = None) -> int:
         if not ns or min(ns) < 1 or args.procs < 1 or args.lease_ttl < 1 or args.timeout <= 0:
             raise ValueError
     except ValueError:
-        print(f"bad arguments: --n {args.n!r} must list integers >= 1; --procs, --lease-ttl "
-              f"and --timeout must be positive", file=sys.stderr)
+        print(
+            f"bad arguments: --n {args.n!r} must list integers >= 1; --procs, --lease-ttl "
+            f"and --timeout must be positive",
+            file=sys.stderr,
+        )
         return 2
     from etcdrun.rendezvous.client.local_etcd import find_etcd
+
     if find_etcd() is None:
         print("etcd not found: set $ETCD_BIN or install etcd-server", file=sys.stderr)
         return 2
-    print(f"{os.cpu_count()} CPU(s); one etcd per N (fast timings); handlers share one "
-          f"client per process; times from time.time() across processes of this machine")
+    print(
+        f"{os.cpu_count()} CPU(s); one etcd per N (fast timings); handlers share one "
+        f"client per process; times from time.time() across processes of this machine"
+    )
     results = []
     for n in ns:
         t0 = time.monotonic()
@@ -386,14 +502,22 @@ def main(argv: list[str] | None = None) -> int:
     text, ok = table(results)
     print()
     print(text)
-    busy = [(r["n"], name, r[name]["other_cpu"], r[name]["t"]) for r in results
-            for name in ("round1", "round2") if name in r]
+    busy = [
+        (r["n"], name, r[name]["other_cpu"], r[name]["t"])
+        for r in results
+        for name in ("round1", "round2")
+        if name in r
+    ]
     for n, name, other, wall in busy:
         if wall > 0 and other >= 0.2 and other / (2 * wall) > 0.1:
-            print(f"note: N={n} {name}: other programs used {other:.2f} CPU-s in {wall:.2f} s "
-                  f"of the 2-core budget; its time is pessimistic")
-    print(f"time target: N={TIME_TARGET[0]} in <= {TIME_TARGET[1]:g}s (last join -> all "
-          f"accepted; round 2: leave -> all survivors accepted). writes: raft proposals.")
+            print(
+                f"note: N={n} {name}: other programs used {other:.2f} CPU-s in {wall:.2f} s "
+                f"of the 2-core budget; its time is pessimistic"
+            )
+    print(
+        f"time target: N={TIME_TARGET[0]} in <= {TIME_TARGET[1]:g}s (last join -> all "
+        f"accepted; round 2: leave -> all survivors accepted). writes: raft proposals."
+    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2, default=str)

@@ -25,9 +25,9 @@ TARGETS = {
 }
 TITLES = {
     "1": "1. First round, N = {n1} = min = max, all started at once: last agent's start → all "
-         "workers {what}",
+    "workers {what}",
     "1s": "1s. Same, the last agent started after the other {n1m1} wait: its start → all "
-          "workers {what}",
+    "workers {what}",
     "2": "2. First round, {n} agents of max {n2} (min 2): last start → all {what}",
     "3": "3. kill -9 of a node (not rank 0), all_reduce workers: kill → survivors {what}, N-1",
     "3i": "3'. Same, workers that never talk after init",
@@ -86,28 +86,41 @@ def cell(run: dict | None) -> str:
             what = "job died" + (f" ({max(afters):.1f} s after)" if afters else "")
         else:
             what = "error"
-        parts.append(what if not vals and len(these) == len(trials)
-                     else f"{len(these)}/{len(trials)} {what}")
+        parts.append(
+            what if not vals and len(these) == len(trials) else f"{len(these)}/{len(trials)} {what}"
+        )
     return ", ".join(parts) + f" ×{len(trials)}"
 
 
 def _find(runs: list[dict], scenario: str, setting: str, col: str) -> dict | None:
-    return next((r for r in runs if r["scenario"] == scenario and r["setting"] == setting
-                 and _col(r) == col), None)
+    return next(
+        (
+            r
+            for r in runs
+            if r["scenario"] == scenario and r["setting"] == setting and _col(r) == col
+        ),
+        None,
+    )
 
 
 def _ratio(ours: dict | None, theirs: list[dict | None]) -> str:
     m = _med(_ok(ours)) if ours else None
     if not m:
         return "—"
-    tv = [_med(_ok(t)) for t in theirs if t is not None and _ok(t)
-          and len(_ok(t)) == len(t["trials"])]
+    tv = [
+        _med(_ok(t)) for t in theirs if t is not None and _ok(t) and len(_ok(t)) == len(t["trials"])
+    ]
     if tv:
         return f"{min(tv) / m:.1f}x"
     outs = {t["trials"][0]["outcome"] for t in theirs if t is not None and t["trials"]}
     if outs and outs <= {"never", "died"}:
-        return "∞ (torchrun: " + " / ".join(
-            {"never": "never", "died": "job died"}[o] for o in sorted(outs, reverse=True)) + ")"
+        return (
+            "∞ (torchrun: "
+            + " / ".join(
+                {"never": "never", "died": "job died"}[o] for o in sorted(outs, reverse=True)
+            )
+            + ")"
+        )
     return "—"
 
 
@@ -124,15 +137,22 @@ def view(run: dict | None, which: str) -> dict | None:
         if t["value"] is None:
             trials.append(t)
         elif t.get("spawn") is None:
-            trials.append({**t, "value": None, "outcome": "error",
-                           "note": "workers' first lines (BENCH_START) not found"})
+            trials.append(
+                {
+                    **t,
+                    "value": None,
+                    "outcome": "error",
+                    "note": "workers' first lines (BENCH_START) not found",
+                }
+            )
         else:
             trials.append({**t, "value": t["spawn"]})
     return {**run, "trials": trials}
 
 
-def _find_view(runs: list[dict], scenario: str, setting: str, col: str,
-               which: str = RUNNING) -> dict | None:
+def _find_view(
+    runs: list[dict], scenario: str, setting: str, col: str, which: str = RUNNING
+) -> dict | None:
     return view(_find(runs, scenario, setting, col), which)
 
 
@@ -170,15 +190,20 @@ def verdict(scenario: str, setting: str, runs: list[dict]) -> tuple[str, str]:
     if not ok:
         reasons.append(f"median {med:.2f} s > {bound:g} s")
     if scenario in ("3", "3i", "4") and setting == "tuned":
-        best = [_med(_ok(r)) for r in (_find_view(runs, "3", "tuned", c) for c in
-                                       ("c10d", "etcd-v2")) if r is not None and _ok(r)]
+        best = [
+            _med(_ok(r))
+            for r in (_find_view(runs, "3", "tuned", c) for c in ("c10d", "etcd-v2"))
+            if r is not None and _ok(r)
+        ]
         if best and med >= min(best):
             ok = False
             reasons.append(f"not ahead of torchrun's best tuned ({min(best):.2f} s)")
     cpu = [t.get("extra", {}).get("agent_cpu_s") for t in trials]
     if not ok and scenario == "1" and all(cpu):
-        reasons.append(f"all {ours.get('n', '?')} agents start at once on this machine's "
-                       f"CPUs; each agent used {_med(cpu):.2f} s of CPU (median)")
+        reasons.append(
+            f"all {ours.get('n', '?')} agents start at once on this machine's "
+            f"CPUs; each agent used {_med(cpu):.2f} s of CPU (median)"
+        )
     return ("PASS" if ok else "MISS"), "; ".join(reasons)
 
 
@@ -187,9 +212,16 @@ def _setting_label(scenario: str, setting: str, runs: list[dict]) -> str:
         return "default"
     parts = []
     for kind in ("etcdrun", "torchrun"):
-        confs = sorted({r["label"].split("(", 1)[1].split(")", 1)[0] for r in runs
-                        if r["scenario"] == scenario and r["setting"] == setting
-                        and r["kind"] == kind and "(" in r["label"]})
+        confs = sorted(
+            {
+                r["label"].split("(", 1)[1].split(")", 1)[0]
+                for r in runs
+                if r["scenario"] == scenario
+                and r["setting"] == setting
+                and r["kind"] == kind
+                and "(" in r["label"]
+            }
+        )
         if confs:
             parts.append(f"{kind} {', '.join(confs)}")
     return "tuned: " + "; ".join(parts)
@@ -213,9 +245,19 @@ def rows(res: dict, which: str = RUNNING) -> list[list[str]]:
             e, t = _med(h.get("etcdrun", [])), _med(h.get("torchrun", []))
             if e and t:
                 ratio = t / e
-                out.append(["6. `--help` wall time (7 runs each, interleaved)", "default",
-                            f"{e:.3f} s", f"{t:.3f} s", "(same binary)", f"{ratio:.1f}x",
-                            TARGETS["6h"], "PASS" if ratio >= 5 else "MISS", ""])
+                out.append(
+                    [
+                        "6. `--help` wall time (7 runs each, interleaved)",
+                        "default",
+                        f"{e:.3f} s",
+                        f"{t:.3f} s",
+                        "(same binary)",
+                        f"{ratio:.1f}x",
+                        TARGETS["6h"],
+                        "PASS" if ratio >= 5 else "MISS",
+                        "",
+                    ]
+                )
         if s == "7":
             out.extend(_scale_rows(res.get("scale") or {}))
             continue
@@ -228,15 +270,26 @@ def rows(res: dict, which: str = RUNNING) -> list[list[str]]:
             v, why = verdict(s, setting, runs) if which == RUNNING else ("—", "")
             target = TARGETS.get("6r" if s == "6" else s, "—") if which == RUNNING else "—"
             if s == "6":
-                e, ts = _med(_ok(cells["etcdrun"])) if cells["etcdrun"] else None, \
-                    [_med(_ok(t)) for t in tor if t and _ok(t)]
+                e, ts = (
+                    _med(_ok(cells["etcdrun"])) if cells["etcdrun"] else None,
+                    [_med(_ok(t)) for t in tor if t and _ok(t)],
+                )
                 if e and ts:
                     v = "PASS" if min(ts) / e >= 3 else "MISS"
             shown = [cell(cells[c]) for c, _ in COLS]
             if s == "8":
                 shown[1] = "n/a (no etcd: its TCPStore)"
-            out.append([title, _setting_label(s, setting, runs), *shown,
-                        _ratio(cells["etcdrun"], tor), target, v, why])
+            out.append(
+                [
+                    title,
+                    _setting_label(s, setting, runs),
+                    *shown,
+                    _ratio(cells["etcdrun"], tor),
+                    target,
+                    v,
+                    why,
+                ]
+            )
     return out
 
 
@@ -246,8 +299,19 @@ def _scale_rows(scale: dict) -> list[list[str]]:
         return []
     title = "7. One round, N simulated participants (bench/rendezvous_scale.py)"
     if "error" in scale:
-        return [[title, "—", f"not run: {scale['error']}", "—", "—", "—", TARGETS["7"], "MISS",
-                 scale["error"]]]
+        return [
+            [
+                title,
+                "—",
+                f"not run: {scale['error']}",
+                "—",
+                "—",
+                "—",
+                TARGETS["7"],
+                "MISS",
+                scale["error"],
+            ]
+        ]
     out = []
     for rnd, label in (("round1", "all join"), ("round2", "one leaves")):
         rs = [r for r in scale["rows"] if r["round"] == rnd]
@@ -265,13 +329,33 @@ def _scale_rows(scale: dict) -> list[list[str]]:
         problems = [p for r in rs for p in r["problems"]]
         if problems:
             v, why = "MISS", "; ".join(problems)[:200]
-        out.append([f"{title}: {label}", "lease_ttl 5", "; ".join(parts), "—", "—", "—",
-                    TARGETS["7"] if rnd == "round1" else "O(N) writes", v, why])
+        out.append(
+            [
+                f"{title}: {label}",
+                "lease_ttl 5",
+                "; ".join(parts),
+                "—",
+                "—",
+                "—",
+                TARGETS["7"] if rnd == "round1" else "O(N) writes",
+                v,
+                why,
+            ]
+        )
     return out
 
 
-HEAD = ["scenario", "settings", "etcdrun", "torchrun c10d", "torchrun etcd-v2",
-        "torchrun/etcdrun", "target (etcdrun)", "verdict", "why"]
+HEAD = [
+    "scenario",
+    "settings",
+    "etcdrun",
+    "torchrun c10d",
+    "torchrun etcd-v2",
+    "torchrun/etcdrun",
+    "target (etcdrun)",
+    "verdict",
+    "why",
+]
 
 
 def markdown_table(res: dict, which: str = RUNNING) -> str:
@@ -292,11 +376,18 @@ def console(res: dict) -> str:
             out.append(f"{r[0]}  [{r[1]}]")
             for (_, name), c in zip(COLS, r[2:5], strict=True):
                 out.append(f"    {name:<17} {c}")
-            out.append(f"    torchrun/etcdrun {r[5]}" + (
-                f"; target {r[6]}: {r[7]}" + (f" — {r[8]}" if r[8] else "")
-                if which == RUNNING else ""))
+            out.append(
+                f"    torchrun/etcdrun {r[5]}"
+                + (
+                    f"; target {r[6]}: {r[7]}" + (f" — {r[8]}" if r[8] else "")
+                    if which == RUNNING
+                    else ""
+                )
+            )
     m = res["meta"]
-    out.append(f"load average (1 min): {m['load_before']} before, {m.get('load_after')} after; "
-               f"{m.get('duration_s')} s; leftover processes swept at the end: "
-               f"{m.get('leftover_processes')}")
+    out.append(
+        f"load average (1 min): {m['load_before']} before, {m.get('load_after')} after; "
+        f"{m.get('duration_s')} s; leftover processes swept at the end: "
+        f"{m.get('leftover_processes')}"
+    )
     return "\n".join(out)

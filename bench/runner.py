@@ -42,12 +42,29 @@ def _fmt(t: sc.Trial, unit: str = "s") -> str:
     return f"{t.value:.2f} {unit}{note}"
 
 
-def _series(runs: list[dict], ctx: sc.Ctx, scenario: str, setting: str, launcher: Launcher,
-            trials: int, fn: Callable[[sc.Ctx, Launcher, str], sc.Trial], unit: str = "s",
-            **meta: object) -> None:
-    rec = {"scenario": scenario, "setting": setting, "launcher": launcher.key,
-           "label": launcher.label, "kind": launcher.kind, "backend": launcher.backend,
-           "tuned": launcher.tuned, "unit": unit, "trials": [], **meta}
+def _series(
+    runs: list[dict],
+    ctx: sc.Ctx,
+    scenario: str,
+    setting: str,
+    launcher: Launcher,
+    trials: int,
+    fn: Callable[[sc.Ctx, Launcher, str], sc.Trial],
+    unit: str = "s",
+    **meta: object,
+) -> None:
+    rec = {
+        "scenario": scenario,
+        "setting": setting,
+        "launcher": launcher.key,
+        "label": launcher.label,
+        "kind": launcher.kind,
+        "backend": launcher.backend,
+        "tuned": launcher.tuned,
+        "unit": unit,
+        "trials": [],
+        **meta,
+    }
     runs.append(rec)
     for i in range(trials):
         name = f"s{scenario}-{setting}-{launcher.key}-{i + 1}"
@@ -58,8 +75,11 @@ def _series(runs: list[dict], ctx: sc.Ctx, scenario: str, setting: str, launcher
             trial = sc.Trial(None, "error", f"{type(exc).__name__}: {exc}")
             sweep(ctx.tag)
         rec["trials"].append({**trial.to_json(), "load1": round(os.getloadavg()[0], 2)})
-        print(f"  [{scenario} {setting}] {launcher.label} {i + 1}/{trials}: {_fmt(trial, unit)}"
-              f"  ({time.monotonic() - t0:.0f}s, load {os.getloadavg()[0]:.1f})", flush=True)
+        print(
+            f"  [{scenario} {setting}] {launcher.label} {i + 1}/{trials}: {_fmt(trial, unit)}"
+            f"  ({time.monotonic() - t0:.0f}s, load {os.getloadavg()[0]:.1f})",
+            flush=True,
+        )
 
 
 def _scale(args: argparse.Namespace, out: Path, tag: str) -> dict:
@@ -71,8 +91,9 @@ def _scale(args: argparse.Namespace, out: Path, tag: str) -> dict:
     cmd = [sys.executable, str(script), "--n", args.scale_n, "--json", str(path)]
     print(f"  [7] {' '.join(cmd[1:])}", flush=True)
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
-                           env={**os.environ, TAG_VAR: tag})  # its etcd and workers: swept
+        p = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=900, env={**os.environ, TAG_VAR: tag}
+        )  # its etcd and workers: swept
     except subprocess.TimeoutExpired:
         return {"error": "rendezvous_scale.py did not finish within 900 s"}
     (out / "rendezvous_scale.txt").write_text(p.stdout + p.stderr)
@@ -83,11 +104,21 @@ def _scale(args: argparse.Namespace, out: Path, tag: str) -> dict:
     for r in json.loads(path.read_text()):
         for rnd in ("round1", "round2"):
             x = r.get(rnd) or {}
-            rows.append({"n": r["n"], "round": rnd, "time": x.get("time"),
-                         "writes": x.get("writes"), "watch_events": x.get("watch_events"),
-                         "problems": r.get("problems", []) + x.get("problems", [])})
-    print("  [7] " + "; ".join(f"N={x['n']} {x['round']}: {x['time']} s, {x['writes']} writes"
-                               for x in rows), flush=True)
+            rows.append(
+                {
+                    "n": r["n"],
+                    "round": rnd,
+                    "time": x.get("time"),
+                    "writes": x.get("writes"),
+                    "watch_events": x.get("watch_events"),
+                    "problems": r.get("problems", []) + x.get("problems", []),
+                }
+            )
+    print(
+        "  [7] "
+        + "; ".join(f"N={x['n']} {x['round']}: {x['time']} s, {x['writes']} writes" for x in rows),
+        flush=True,
+    )
     return {"rows": rows, "exit_code": p.returncode}
 
 
@@ -96,21 +127,44 @@ def run_all(args: argparse.Namespace, out: Path, tag: str, load: float, load_ok:
     only = [s.strip() for s in args.only.split(",") if s.strip()] or list(ALL)
     bad = sorted(set(only) - set(ALL))
     if bad:
-        raise SystemExit(f"compare.py: unknown scenario(s) {', '.join(bad)} "
-                         f"(known: {', '.join(ALL)})")
+        raise SystemExit(
+            f"compare.py: unknown scenario(s) {', '.join(bad)} (known: {', '.join(ALL)})"
+        )
     bindir = Path(sys.executable).parent
-    ctx = sc.Ctx(bindir=bindir, out=out, tag=tag, recover_timeout=args.timeout,
-                 idle_window=args.idle_window, verbose=args.verbose)
-    never = sc.Ctx(bindir=bindir, out=out, tag=tag, recover_timeout=args.never_timeout,
-                   idle_window=args.idle_window, verbose=args.verbose)
+    ctx = sc.Ctx(
+        bindir=bindir,
+        out=out,
+        tag=tag,
+        recover_timeout=args.timeout,
+        idle_window=args.idle_window,
+        verbose=args.verbose,
+    )
+    never = sc.Ctx(
+        bindir=bindir,
+        out=out,
+        tag=tag,
+        recover_timeout=args.never_timeout,
+        idle_window=args.idle_window,
+        verbose=args.verbose,
+    )
     n, L = args.n, LAUNCHERS
     runs: list[dict] = []
-    meta = {"date": dt.datetime.now().isoformat(timespec="seconds"), "cpus": os.cpu_count(),
-            "python": platform.python_version(), "torch": version("torch"),
-            "etcdrun": version("etcdrun"), "n": n, "n_first": args.n_first,
-            "trials": args.trials, "slow_trials": args.slow_trials, "scenarios": only,
-            "load_before": round(load, 2), "load_waited_ok": load_ok, "load_limit": args.wait_load,
-            "complete": set(only) == set(ALL)}
+    meta = {
+        "date": dt.datetime.now().isoformat(timespec="seconds"),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": version("torch"),
+        "etcdrun": version("etcdrun"),
+        "n": n,
+        "n_first": args.n_first,
+        "trials": args.trials,
+        "slow_trials": args.slow_trials,
+        "scenarios": only,
+        "load_before": round(load, 2),
+        "load_waited_ok": load_ok,
+        "load_limit": args.wait_load,
+        "complete": set(only) == set(ALL),
+    }
     started = time.monotonic()
     # Warm the page cache (torch's shared libraries) so the first trial is not the odd one out.
     subprocess.run([str(bindir / "python"), "-c", "import torch"], check=False)
@@ -121,19 +175,42 @@ def run_all(args: argparse.Namespace, out: Path, tag: str, load: float, load_ok:
             print(f"scenario {s}", flush=True)
             if s == "1":
                 for k in ("etcdrun", "c10d", "etcd-v2"):
-                    _series(runs, ctx, "1", "default", L[k], args.trials,
-                            lambda c, la, nm: sc.first_round(c, la, args.n_first, args.n_first,
-                                                             nm), n=args.n_first)
+                    _series(
+                        runs,
+                        ctx,
+                        "1",
+                        "default",
+                        L[k],
+                        args.trials,
+                        lambda c, la, nm: sc.first_round(c, la, args.n_first, args.n_first, nm),
+                        n=args.n_first,
+                    )
             elif s == "1s":
                 for k in ("etcdrun", "c10d", "etcd-v2"):
-                    _series(runs, ctx, "1s", "default", L[k], args.trials,
-                            lambda c, la, nm: sc.first_round(c, la, args.n_first, args.n_first,
-                                                             nm, stagger=True), n=args.n_first)
+                    _series(
+                        runs,
+                        ctx,
+                        "1s",
+                        "default",
+                        L[k],
+                        args.trials,
+                        lambda c, la, nm: sc.first_round(
+                            c, la, args.n_first, args.n_first, nm, stagger=True
+                        ),
+                        n=args.n_first,
+                    )
             elif s == "2":
                 for k in ALL_SIX:
-                    _series(runs, ctx, "2", "tuned" if L[k].tuned else "default", L[k],
-                            _trials(args, L[k]),
-                            lambda c, la, nm: sc.first_round(c, la, n, 2 * n, nm), n=n)
+                    _series(
+                        runs,
+                        ctx,
+                        "2",
+                        "tuned" if L[k].tuned else "default",
+                        L[k],
+                        _trials(args, L[k]),
+                        lambda c, la, nm: sc.first_round(c, la, n, 2 * n, nm),
+                        n=n,
+                    )
             elif s in ("3", "4", "3i"):
                 which = "rank0" if s == "4" else "member"
                 mode = "idle" if s == "3i" else "allreduce"
@@ -143,29 +220,69 @@ def run_all(args: argparse.Namespace, out: Path, tag: str, load: float, load_ok:
                     c, trials = ctx, _trials(args, la)
                     if s == "3i" and la.kind == TORCHRUN:
                         c, trials = never, 1
-                    _series(runs, c, s, "tuned" if la.tuned else "default", la, trials,
-                            lambda c, la, nm, w=which, m=mode: sc.kill_node(c, la, n, w, m, nm),
-                            n=n)
+                    _series(
+                        runs,
+                        c,
+                        s,
+                        "tuned" if la.tuned else "default",
+                        la,
+                        trials,
+                        lambda c, la, nm, w=which, m=mode: sc.kill_node(c, la, n, w, m, nm),
+                        n=n,
+                    )
             elif s == "5":
                 for k in ALL_SIX:
                     la = L[k]
-                    _series(runs, ctx, "5", "tuned" if la.tuned else "default", la,
-                            _trials(args, la), lambda c, la, nm: sc.scale_up(c, la, n, nm), n=n)
+                    _series(
+                        runs,
+                        ctx,
+                        "5",
+                        "tuned" if la.tuned else "default",
+                        la,
+                        _trials(args, la),
+                        lambda c, la, nm: sc.scale_up(c, la, n, nm),
+                        n=n,
+                    )
             elif s == "6":
                 help_out = sc.help_times(bindir, [ETCDRUN, TORCHRUN], 7)
-                print("  [6] --help: " + ", ".join(
-                    f"{k} {sorted(v)[len(v) // 2]:.3f} s" for k, v in help_out.items()))
+                print(
+                    "  [6] --help: "
+                    + ", ".join(f"{k} {sorted(v)[len(v) // 2]:.3f} s" for k, v in help_out.items())
+                )
                 for k in ("etcdrun", "c10d", "etcd-v2"):
-                    _series(runs, ctx, "6", "default", L[k], args.trials,
-                            lambda c, la, nm: sc.agent_rss(c, la, n, nm), unit="MB", n=n)
+                    _series(
+                        runs,
+                        ctx,
+                        "6",
+                        "default",
+                        L[k],
+                        args.trials,
+                        lambda c, la, nm: sc.agent_rss(c, la, n, nm),
+                        unit="MB",
+                        n=n,
+                    )
             elif s == "7":
                 scale_out = _scale(args, out, tag)
             elif s == "8":
                 for k in ("etcdrun", "etcdrun-tuned", "etcd-v2", "etcd-v2-tuned"):
-                    _series(runs, ctx, "8", "tuned" if L[k].tuned else "default", L[k], 2,
-                            lambda c, la, nm: sc.idle_requests(c, la, n, nm), unit="req/s", n=n)
+                    _series(
+                        runs,
+                        ctx,
+                        "8",
+                        "tuned" if L[k].tuned else "default",
+                        L[k],
+                        2,
+                        lambda c, la, nm: sc.idle_requests(c, la, n, nm),
+                        unit="req/s",
+                        n=n,
+                    )
     finally:
         left = sweep(tag)
-    meta.update({"duration_s": round(time.monotonic() - started), "load_after":
-                 round(os.getloadavg()[0], 2), "leftover_processes": len(left)})
+    meta.update(
+        {
+            "duration_s": round(time.monotonic() - started),
+            "load_after": round(os.getloadavg()[0], 2),
+            "leftover_processes": len(left),
+        }
+    )
     return {"meta": meta, "runs": runs, "help": help_out, "scale": scale_out}

@@ -15,8 +15,16 @@ import os
 import threading
 import time
 
-EVENTS = ("session_opened", "leader_elected", "node_joined", "round_started", "round_frozen",
-          "round_accepted", "session_lost", "node_left")
+EVENTS = (
+    "session_opened",
+    "leader_elected",
+    "node_joined",
+    "round_started",
+    "round_frozen",
+    "round_accepted",
+    "session_lost",
+    "node_left",
+)
 
 
 class _LogTally(logging.Handler):
@@ -59,12 +67,24 @@ def worker(conn: mpc.Connection, cfg: dict) -> None:
             conn.send(msg)
 
     seen: list[dict] = []
-    events.subscribe(lambda e: seen.append(e) if e.get("event") in EVENTS
-                     and e.get("run_id") == cfg["run_id"] else None)
+    events.subscribe(
+        lambda e: (
+            seen.append(e)
+            if e.get("event") in EVENTS and e.get("run_id") == cfg["run_id"]
+            else None
+        )
+    )
     client = EtcdClient(cfg["endpoints"])
     client.status()  # open the channel before any clock starts, as a running agent has
-    params = RendezvousParameters("etcd", cfg["endpoints"], cfg["run_id"], cfg["min_nodes"],
-                                  cfg["max_nodes"], local_world_size=1, config=cfg["conf"])
+    params = RendezvousParameters(
+        "etcd",
+        cfg["endpoints"],
+        cfg["run_id"],
+        cfg["min_nodes"],
+        cfg["max_nodes"],
+        local_world_size=1,
+        config=cfg["conf"],
+    )
     hs = [EtcdRendezvousHandler(params, client=client) for _ in range(cfg["count"])]
     cancel = threading.Event()
 
@@ -81,13 +101,21 @@ def worker(conn: mpc.Connection, cfg: dict) -> None:
                             out[i] = "cancelled"
                             return
                 info = h.next_rendezvous()
-                out[i] = (info.node_id, info.round, info.node_rank, info.node_count,
-                          info.master_addr, info.master_port)
+                out[i] = (
+                    info.node_id,
+                    info.round,
+                    info.node_rank,
+                    info.node_count,
+                    info.master_addr,
+                    info.master_port,
+                )
             except Exception as e:  # reported to the main process
                 out[i] = f"{type(e).__name__}: {e}"
 
-        ths = [threading.Thread(target=one, args=(i,), name=f"bench-{tag}-{i}")
-               for i in range(len(todo))]
+        ths = [
+            threading.Thread(target=one, args=(i,), name=f"bench-{tag}-{i}")
+            for i in range(len(todo))
+        ]
         for th in ths:
             th.start()
         send("armed", tag)
@@ -121,9 +149,11 @@ def worker(conn: mpc.Connection, cfg: dict) -> None:
                 client.close()
                 end = time.monotonic() + 3.0  # the rendezvous' and client's threads must end
                 while True:
-                    extra = [t.name for t in threading.enumerate()
-                             if t is not threading.current_thread()
-                             and t is not threading.main_thread()]
+                    extra = [
+                        t.name
+                        for t in threading.enumerate()
+                        if t is not threading.current_thread() and t is not threading.main_thread()
+                    ]
                     if not extra or time.monotonic() > end:
                         break
                     time.sleep(0.05)
@@ -152,8 +182,9 @@ class Pool:
     def send(self, i: int, *msg: object) -> None:
         self.conns[i].send(msg)
 
-    def expect(self, kind: str, which: list[int], timeout: float,
-               partial: bool = False) -> dict[int, tuple]:
+    def expect(
+        self, kind: str, which: list[int], timeout: float, partial: bool = False
+    ) -> dict[int, tuple]:
         """The next message of ``kind`` from each worker in ``which``. Other messages wait in
         the worker's inbox: a worker may finish one thing before it answers another. On a
         timeout, raise — or with ``partial``, return what came."""
@@ -170,8 +201,9 @@ class Pool:
             if not ready:
                 if partial:
                     return got
-                raise TimeoutError(f"no '{kind}' from {len(which) - len(got)} worker(s) "
-                                   f"within {timeout:g}s")
+                raise TimeoutError(
+                    f"no '{kind}' from {len(which) - len(got)} worker(s) within {timeout:g}s"
+                )
             for c in ready:
                 i = self.conns.index(c)
                 try:

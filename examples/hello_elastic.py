@@ -21,16 +21,16 @@ import time
 def _env(name: str) -> str:
     value = os.environ.get(name)
     if value is None:
-        sys.exit(f"hello_elastic: ${name} is not set; run me under etcdrun "
-                 "(see examples/demo.py)")
+        sys.exit(f"hello_elastic: ${name} is not set; run me under etcdrun (see examples/demo.py)")
     return value
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=10, help="lines to print (default 10)")
-    parser.add_argument("--interval", type=float, default=0.75,
-                        help="seconds between lines (default 0.75)")
+    parser.add_argument(
+        "--interval", type=float, default=0.75, help="seconds between lines (default 0.75)"
+    )
     args = parser.parse_args()
 
     rank, world = _env("RANK"), _env("WORLD_SIZE")

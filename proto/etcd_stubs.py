@@ -49,7 +49,9 @@ METHODS: dict[str, Method] = {
         "Auth", "UserGrantRole", "AuthUserGrantRoleRequest", "AuthUserGrantRoleResponse"
     ),
     "RoleGrantPermission": _m(
-        "Auth", "RoleGrantPermission", "AuthRoleGrantPermissionRequest",
+        "Auth",
+        "RoleGrantPermission",
+        "AuthRoleGrantPermissionRequest",
         "AuthRoleGrantPermissionResponse",
     ),
 }

@@ -33,8 +33,17 @@ def _tools_path() -> Path:
     target = cache / f"grpcio-tools-{GRPC_TOOLS_VERSION}"
     if not (target / "grpc_tools" / "protoc.py").exists():
         subprocess.run(
-            [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target",
-             str(target), f"grpcio-tools=={GRPC_TOOLS_VERSION}"],
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--no-deps",
+                "--target",
+                str(target),
+                f"grpcio-tools=={GRPC_TOOLS_VERSION}",
+            ],
             check=True,
         )
     return target
@@ -77,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         stale = [
-            p.name for p in generate(Path(tmp))
+            p.name
+            for p in generate(Path(tmp))
             if not (PROTO_DIR / p.name).exists()
             or (PROTO_DIR / p.name).read_bytes() != p.read_bytes()
         ]

@@ -37,16 +37,20 @@ def round_history(client: EtcdClient, keys: RunKeys, timeout: float = 10.0) -> l
             if batch is None:
                 break
             for ev in batch.events:
-                state = None if ev.type == pb.Event.DELETE else \
-                    codec.round_message(ev.kv.value, keys.round)
+                state = (
+                    None
+                    if ev.type == pb.Event.DELETE
+                    else codec.round_message(ev.kv.value, keys.round)
+                )
                 out.append(Version(ev.kv.mod_revision, state))
     finally:
         w.cancel()
     return out
 
 
-def check(history: list[Version], min_nodes: int, max_nodes: int,
-          accepted: Iterable[Mapping] = ()) -> list[str]:
+def check(
+    history: list[Version], min_nodes: int, max_nodes: int, accepted: Iterable[Mapping] = ()
+) -> list[str]:
     """Return every violation found (empty when the run was safe)."""
     errors: list[str] = []
     frozen: dict[int, st.RoundState] = {}
@@ -59,11 +63,14 @@ def check(history: list[Version], min_nodes: int, max_nodes: int,
             continue
         where = f"round {s.number} @rev {v.revision}"
         # S5: rounds move forward only; within a round JOINING → FROZEN → CLOSED.
-        if prev is not None and (s.number < prev.number or
-                                 (s.number == prev.number and s.phase <= prev.phase
-                                  and s.phase != st.CLOSED)):
-            errors.append(f"S5 {where}: {st.Phase.Name(s.phase)} after "
-                          f"round {prev.number} {st.Phase.Name(prev.phase)}")
+        if prev is not None and (
+            s.number < prev.number
+            or (s.number == prev.number and s.phase <= prev.phase and s.phase != st.CLOSED)
+        ):
+            errors.append(
+                f"S5 {where}: {st.Phase.Name(s.phase)} after "
+                f"round {prev.number} {st.Phase.Name(prev.phase)}"
+            )
         if s.phase == st.FROZEN:
             # S1: one frozen participant list per round number.
             if s.number in frozen:
@@ -80,8 +87,9 @@ def check(history: list[Version], min_nodes: int, max_nodes: int,
         n, node = int(ev["round"]), str(ev["node"])
         s = frozen.get(n)
         if s is None or node not in [p.node_id for p in s.participants]:
-            errors.append(f"S3 round {n}: node {node} started workers outside a frozen round "
-                          f"listing it")
+            errors.append(
+                f"S3 round {n}: node {node} started workers outside a frozen round listing it"
+            )
         elif s.participants[int(ev["node_rank"])].node_id != node:
             errors.append(f"S4 round {n}: node {node} used rank {ev['node_rank']} of another")
         if (n, node) in seen:
@@ -102,8 +110,10 @@ def _check_frozen(s: st.RoundState, where: str, min_nodes: int, max_nodes: int) 
     first = 0
     for p in ps:
         if p.first_global_rank != first:
-            errors.append(f"S2 {where}: node rank {p.node_rank} starts at global rank "
-                          f"{p.first_global_rank}, expected {first}")
+            errors.append(
+                f"S2 {where}: node rank {p.node_rank} starts at global rank "
+                f"{p.first_global_rank}, expected {first}"
+            )
         first += p.local_world_size
     if s.world_size != first:
         errors.append(f"S2 {where}: world_size {s.world_size} != {first}")
@@ -125,6 +135,11 @@ def _check_stability(a: st.RoundState, b: st.RoundState, where: str) -> list[str
     return errors
 
 
-def check_run(client: EtcdClient, keys: RunKeys, min_nodes: int, max_nodes: int,
-              accepted: Iterable[Mapping] = ()) -> list[str]:
+def check_run(
+    client: EtcdClient,
+    keys: RunKeys,
+    min_nodes: int,
+    max_nodes: int,
+    accepted: Iterable[Mapping] = (),
+) -> list[str]:
     return check(round_history(client, keys), min_nodes, max_nodes, accepted)

@@ -30,8 +30,9 @@ def decode(cls: type[M], key: bytes | str, value: bytes, run_id: str | None = No
     ver = getattr(msg, "schema_version", None)
     if ver != SCHEMA_VERSION:
         what = "not an etcdrun value" if not ver else f"unknown schema version {ver}"
-        raise RendezvousStateError(f"cannot read {k}: {what} ({cls.__name__} expected)",
-                                   run_id=run_id)
+        raise RendezvousStateError(
+            f"cannot read {k}: {what} ({cls.__name__} expected)", run_id=run_id
+        )
     return msg
 
 
@@ -44,8 +45,9 @@ _round_cache: dict[tuple[str, int], tuple[Round, st.RoundState]] = {}
 _round_cache_lock = threading.Lock()
 
 
-def round_and_message(key: bytes | str, value: bytes, mod_revision: int,
-                      run_id: str | None) -> tuple[Round, st.RoundState]:
+def round_and_message(
+    key: bytes | str, value: bytes, mod_revision: int, run_id: str | None
+) -> tuple[Round, st.RoundState]:
     """Decode a round value once per process: (key, mod_revision) names one version, and with
     many handlers sharing a client (benchmarks, a torchrun plugin) each watcher would otherwise
     rebuild the same N participants — N^2 work per round."""
@@ -57,10 +59,19 @@ def round_and_message(key: bytes | str, value: bytes, mod_revision: int,
     msg = decode(st.RoundState, k, value, run_id)
     if msg.phase not in (st.JOINING, st.FROZEN, st.CLOSED) or msg.number < 1:
         raise RendezvousStateError(
-            f"cannot read {k}: round {msg.number} in phase {msg.phase}", run_id=run_id)
+            f"cannot read {k}: round {msg.number} in phase {msg.phase}", run_id=run_id
+        )
     failure = failure_from(msg.failure) if msg.HasField("failure") else None
-    r = Round(msg.number, Phase(msg.phase), members_from(msg), msg.restart_count,
-              msg.master_addr, msg.master_port, mod_revision, failure)
+    r = Round(
+        msg.number,
+        Phase(msg.phase),
+        members_from(msg),
+        msg.restart_count,
+        msg.master_addr,
+        msg.master_port,
+        mod_revision,
+        failure,
+    )
     with _round_cache_lock:
         if len(_round_cache) >= 64:
             _round_cache.clear()
@@ -73,20 +84,40 @@ def round_from(key: bytes | str, value: bytes, mod_revision: int, run_id: str | 
 
 
 def failure_to(f: FailureInfo) -> st.Failure:
-    return st.Failure(node_id=f.node_id, host=f.host, global_rank=f.global_rank,
-                      exit_code=f.exit_code, signal_name=f.signal_name,
-                      message=f.message[:2000], traceback=f.traceback[-8000:],
-                      timestamp_ms=int(f.timestamp * 1000), local_rank=f.local_rank, pid=f.pid)
+    return st.Failure(
+        node_id=f.node_id,
+        host=f.host,
+        global_rank=f.global_rank,
+        exit_code=f.exit_code,
+        signal_name=f.signal_name,
+        message=f.message[:2000],
+        traceback=f.traceback[-8000:],
+        timestamp_ms=int(f.timestamp * 1000),
+        local_rank=f.local_rank,
+        pid=f.pid,
+    )
 
 
 def failure_from(f: st.Failure) -> FailureInfo:
-    return FailureInfo(f.node_id, f.host, f.global_rank, f.exit_code, f.signal_name, f.message,
-                       f.traceback, f.timestamp_ms / 1000.0, f.local_rank, f.pid)
+    return FailureInfo(
+        f.node_id,
+        f.host,
+        f.global_rank,
+        f.exit_code,
+        f.signal_name,
+        f.message,
+        f.traceback,
+        f.timestamp_ms / 1000.0,
+        f.local_rank,
+        f.pid,
+    )
 
 
 def members_from(msg: st.RoundState) -> tuple[Member, ...]:
-    return tuple(Member(p.node_id, p.node_rank, p.local_world_size, p.addr,
-                        p.first_global_rank) for p in msg.participants)
+    return tuple(
+        Member(p.node_id, p.node_rank, p.local_world_size, p.addr, p.first_global_rank)
+        for p in msg.participants
+    )
 
 
 def hint_to(number: int, members: tuple[Member, ...]) -> bytes:
@@ -97,17 +128,35 @@ def hint_from(key: bytes | str, value: bytes, run_id: str | None) -> tuple[Membe
     return members_from(decode(st.RoundState, key, value, run_id))
 
 
-def round_to(r: Round, *, reason: str = "", decided_by: str = "",
-             outcome: int = 0, failure: st.Failure | None = None) -> bytes:
+def round_to(
+    r: Round,
+    *,
+    reason: str = "",
+    decided_by: str = "",
+    outcome: int = 0,
+    failure: st.Failure | None = None,
+) -> bytes:
     msg = st.RoundState(
-        number=r.number, phase=r.phase.value, restart_count=r.restart_count,
-        master_addr=r.master_addr, master_port=r.master_port, reason=reason,
-        decided_by=decided_by, outcome=outcome,
+        number=r.number,
+        phase=r.phase.value,
+        restart_count=r.restart_count,
+        master_addr=r.master_addr,
+        master_port=r.master_port,
+        reason=reason,
+        decided_by=decided_by,
+        outcome=outcome,
         world_size=sum(m.local_world_size for m in r.members) if r.phase is Phase.FROZEN else 0,
-        participants=[st.Participant(node_id=m.node_id, node_rank=m.node_rank,
-                                     local_world_size=m.local_world_size, addr=m.addr,
-                                     first_global_rank=m.first_global_rank)
-                      for m in r.members])
+        participants=[
+            st.Participant(
+                node_id=m.node_id,
+                node_rank=m.node_rank,
+                local_world_size=m.local_world_size,
+                addr=m.addr,
+                first_global_rank=m.first_global_rank,
+            )
+            for m in r.members
+        ],
+    )
     if failure is None and r.failure is not None:
         failure = failure_to(r.failure)
     if failure is not None:
@@ -119,13 +168,13 @@ def round_message(value: bytes, key: str, run_id: str | None = None) -> st.Round
     return decode(st.RoundState, key, value, run_id)
 
 
-def agent_from(key: bytes | str, value: bytes, create_revision: int,
-               run_id: str | None) -> Agent:
+def agent_from(key: bytes | str, value: bytes, create_revision: int, run_id: str | None) -> Agent:
     msg = decode(st.AgentInfo, key, value, run_id)
     return Agent(msg.node_id, create_revision, msg.local_world_size, msg.addr)
 
 
 def join_from(key: bytes | str, value: bytes, run_id: str | None) -> Join:
     msg = decode(st.JoinRecord, key, value, run_id)
-    return Join(msg.node_id, msg.local_world_size, msg.addr, msg.master_port,
-                msg.agent_create_revision)
+    return Join(
+        msg.node_id, msg.local_world_size, msg.addr, msg.master_port, msg.agent_create_revision
+    )

@@ -34,10 +34,10 @@ class Driver:
         self.sess = sess
         self.q: queue.Queue = queue.Queue()
         self.leader: Leader | None = None
-        self.election = Election(h.client, h.keys.agents, sess.create_revision,
-                                 lambda: self.post(("election",)))
-        self.thread = threading.Thread(target=self._run, name=f"rdzv-{sess.node_id}",
-                                       daemon=True)
+        self.election = Election(
+            h.client, h.keys.agents, sess.create_revision, lambda: self.post(("election",))
+        )
+        self.thread = threading.Thread(target=self._run, name=f"rdzv-{sess.node_id}", daemon=True)
         self.q.put(("election",))
         self.thread.start()
 
@@ -67,12 +67,22 @@ class Driver:
                         self._stop_leader()
                         self.election.close()
                     elif isinstance(item, tuple) and item[0] == "election":
-                        if not self.sess.lost.is_set() and self.leader is None \
-                                and self.election.check():
-                            self.leader = Leader(self.h.client, self.h.keys, self.h.settings,
-                                                 self.sess.node_id, self.sess.create_revision,
-                                                 self.h.get_round, self.h.set_round, self.post,
-                                                 closed_ttl=int(self.h.cfg.join_timeout))
+                        if (
+                            not self.sess.lost.is_set()
+                            and self.leader is None
+                            and self.election.check()
+                        ):
+                            self.leader = Leader(
+                                self.h.client,
+                                self.h.keys,
+                                self.h.settings,
+                                self.sess.node_id,
+                                self.sess.create_revision,
+                                self.h.get_round,
+                                self.h.set_round,
+                                self.post,
+                                closed_ttl=int(self.h.cfg.join_timeout),
+                            )
                             self.leader.start()
                     elif isinstance(item, tuple) and item[0] == "rewatch":
                         self.h.rewatch_round()

@@ -20,8 +20,13 @@ log = logging.getLogger(__name__)
 class Election:
     """Call ``check()`` at start and whenever ``on_change`` fires; ``is_leader`` tells the rest."""
 
-    def __init__(self, client: EtcdClient, agents_prefix: str, my_create_revision: int,
-                 on_change: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        client: EtcdClient,
+        agents_prefix: str,
+        my_create_revision: int,
+        on_change: Callable[[], None],
+    ) -> None:
         self._client = client
         self._prefix = agents_prefix
         self._mine = my_create_revision
@@ -34,8 +39,14 @@ class Election:
         """Find the predecessor; watch it, or become leader. Returns ``is_leader``."""
         if self.is_leader:
             return True
-        res = self._client.range(self._prefix, prefix=True, max_create_revision=self._mine - 1,
-                                 sort=("create", "descend"), limit=1, keys_only=True)
+        res = self._client.range(
+            self._prefix,
+            prefix=True,
+            max_create_revision=self._mine - 1,
+            sort=("create", "descend"),
+            limit=1,
+            keys_only=True,
+        )
         self._cancel()
         if not res.kvs:
             self.is_leader = True

@@ -52,7 +52,6 @@ class RendezvousStateError(RendezvousError):
     """A value in etcd is corrupt, foreign, or from an unknown schema version."""
 
 
-
 class RendezvousTooManyNodesError(RendezvousError):
     """The static backend was given a node rank outside the job."""
 

@@ -27,6 +27,7 @@ def _seconds(name: str, positive: bool = True):
         if f < 0 or (positive and f == 0):
             raise ValueError(f"rdzv_conf {name}={v!r}: must be {'> 0' if positive else '>= 0'}")
         return f
+
     return conv
 
 
@@ -36,6 +37,7 @@ def _int_seconds(name: str):
         if f != int(f):
             raise ValueError(f"rdzv_conf {name}={v!r}: etcd leases take whole seconds")
         return int(f)
+
     return conv
 
 
@@ -44,6 +46,7 @@ def _text(name: str):
         if not isinstance(v, str) or not v:
             raise ValueError(f"rdzv_conf {name}: expected a non-empty string")
         return v
+
     return conv
 
 
@@ -53,6 +56,7 @@ def _path(name: str):
         if not os.path.isfile(p):
             raise ValueError(f"rdzv_conf {name}: file not found: {p}")
         return p
+
     return conv
 
 
@@ -86,36 +90,42 @@ def _count(name: str, v: Any) -> int:
 
 @dataclass(frozen=True)
 class EtcdRendezvousConfig:
-    join_timeout: float = 600.0      # a round must complete within this
+    join_timeout: float = 600.0  # a round must complete within this
     last_call_timeout: float = 30.0  # first round only, while fewer than max agents registered
-    close_timeout: float = 300.0     # exit barrier: how long a finished node waits for peers
-    lease_ttl: int = 5               # liveness; keep-alive every ttl/3
-    request_timeout: float = 2.0     # one etcd request on one endpoint
-    retry_timeout: float = 30.0      # an etcd call across endpoints before giving up
+    close_timeout: float = 300.0  # exit barrier: how long a finished node waits for peers
+    lease_ttl: int = 5  # liveness; keep-alive every ttl/3
+    request_timeout: float = 2.0  # one etcd request on one endpoint
+    retry_timeout: float = 30.0  # an etcd call across endpoints before giving up
     prefix: str = "/etcdrun"
     cacert: str | None = None
     cert: str | None = None
     key: str | None = None
     user: str | None = None
     password: str | None = field(default=None, repr=False)
-    max_restarts: int = 0            # job-wide worker-failure budget (the launcher passes it)
+    max_restarts: int = 0  # job-wide worker-failure budget (the launcher passes it)
 
     @classmethod
-    def from_conf(cls, conf: Mapping[str, Any],
-                  environ: Mapping[str, str] | None = None) -> EtcdRendezvousConfig:
+    def from_conf(
+        cls, conf: Mapping[str, Any], environ: Mapping[str, str] | None = None
+    ) -> EtcdRendezvousConfig:
         env = os.environ if environ is None else environ
         unknown = sorted(set(conf) - set(_KEYS) - _PASSTHROUGH)
         if unknown:
-            raise ValueError(f"unknown rdzv_conf key(s) for the etcd backend: "
-                             f"{', '.join(unknown)} (known: {', '.join(sorted(_KEYS))})")
+            raise ValueError(
+                f"unknown rdzv_conf key(s) for the etcd backend: "
+                f"{', '.join(unknown)} (known: {', '.join(sorted(_KEYS))})"
+            )
         vals = {k: _KEYS[k](v) for k, v in conf.items() if k in _KEYS}
         if "password_file" in vals:
             if "password" in vals:
                 raise ValueError("rdzv_conf: give password or password_file, not both")
             with open(vals.pop("password_file")) as f:
                 vals["password"] = f.read().strip()
-        for key, var in (("cacert", "ETCDCTL_CACERT"), ("cert", "ETCDCTL_CERT"),
-                         ("key", "ETCDCTL_KEY")):
+        for key, var in (
+            ("cacert", "ETCDCTL_CACERT"),
+            ("cert", "ETCDCTL_CERT"),
+            ("key", "ETCDCTL_KEY"),
+        ):
             if key not in vals and env.get(var):
                 vals[key] = _path(var)(env[var])
         if "user" not in vals and env.get("ETCDCTL_USER"):

@@ -55,10 +55,18 @@ log = logging.getLogger(__name__)
 
 
 def client_for(params: RendezvousParameters, cfg: EtcdRendezvousConfig) -> EtcdClient:
-    return EtcdClient(ClientConfig.create(
-        params.endpoint, ca_cert=cfg.cacert, cert=cfg.cert, key=cfg.key, user=cfg.user,
-        password=cfg.password, request_timeout=cfg.request_timeout,
-        retry_timeout=cfg.retry_timeout))
+    return EtcdClient(
+        ClientConfig.create(
+            params.endpoint,
+            ca_cert=cfg.cacert,
+            cert=cfg.cert,
+            key=cfg.key,
+            user=cfg.user,
+            password=cfg.password,
+            request_timeout=cfg.request_timeout,
+            retry_timeout=cfg.retry_timeout,
+        )
+    )
 
 
 class EtcdRendezvousHandler(RunLifecycle, RendezvousHandler):
@@ -72,8 +80,9 @@ class EtcdRendezvousHandler(RunLifecycle, RendezvousHandler):
     def __init__(self, params: RendezvousParameters, client: EtcdClient | None = None) -> None:
         self.params = params
         self.cfg = EtcdRendezvousConfig.from_conf(params.config)
-        self.settings = Settings(params.min_nodes, params.max_nodes, self.cfg.last_call_timeout,
-                                 self.cfg.max_restarts)
+        self.settings = Settings(
+            params.min_nodes, params.max_nodes, self.cfg.last_call_timeout, self.cfg.max_restarts
+        )
         self.keys = RunKeys(self.cfg.prefix, params.run_id)
         self.run_id = params.run_id
         self._own_client = client is None
@@ -134,13 +143,18 @@ class EtcdRendezvousHandler(RunLifecycle, RendezvousHandler):
                 self._drop_session()
                 return self._next(deadline)
             if r is not None and r.phase is Phase.CLOSED:
-                raise RendezvousClosedError("the run is closed", run_id=self.run_id,
-                                            round=r.number, node=sess.node_id)
+                raise RendezvousClosedError(
+                    "the run is closed", run_id=self.run_id, round=r.number, node=sess.node_id
+                )
             if r is not None and r.phase is Phase.JOINING and self._joined != r.number:
                 self._join(sess, r)
                 continue
-            if r is not None and r.phase is Phase.FROZEN and r.member(sess.node_id) \
-                    and r.mod_revision > self._accepted_rev:
+            if (
+                r is not None
+                and r.phase is Phase.FROZEN
+                and r.member(sess.node_id)
+                and r.mod_revision > self._accepted_rev
+            ):
                 return self._accept(sess, r)
             with self._cond:
                 if self._round is r and not sess.lost.is_set():
@@ -148,18 +162,25 @@ class EtcdRendezvousHandler(RunLifecycle, RendezvousHandler):
                     if left <= 0:
                         raise RendezvousTimeoutError(
                             f"no round with this node completed within join_timeout="
-                            f"{self.cfg.join_timeout:g}s ({self.status()})", run_id=self.run_id,
-                            round=r.number if r else None, node=sess.node_id)
+                            f"{self.cfg.join_timeout:g}s ({self.status()})",
+                            run_id=self.run_id,
+                            round=r.number if r else None,
+                            node=sess.node_id,
+                        )
                     self._cond.wait(min(left, 1.0))
 
     def _join(self, sess: Session, r: Round) -> None:
-        rec = st.JoinRecord(node_id=sess.node_id, addr=self.addr,
-                            local_world_size=self.params.local_world_size,
-                            master_port=reserve_free_port(),
-                            agent_create_revision=sess.create_revision)
-        res = self.client.txn([t.mod_revision(self.keys.round, "==", r.mod_revision)],
-                              [t.put(self.keys.join(r.number, sess.node_id), codec.encode(rec),
-                                     sess.lease.id)])
+        rec = st.JoinRecord(
+            node_id=sess.node_id,
+            addr=self.addr,
+            local_world_size=self.params.local_world_size,
+            master_port=reserve_free_port(),
+            agent_create_revision=sess.create_revision,
+        )
+        res = self.client.txn(
+            [t.mod_revision(self.keys.round, "==", r.mod_revision)],
+            [t.put(self.keys.join(r.number, sess.node_id), codec.encode(rec), sess.lease.id)],
+        )
         if res.succeeded:
             self._joined = r.number
             events.emit("node_joined", run_id=self.run_id, round=r.number, node=sess.node_id)
@@ -177,16 +198,29 @@ class EtcdRendezvousHandler(RunLifecycle, RendezvousHandler):
         self._running = r
         self._accepted_rev = r.mod_revision
         info = RendezvousInfo(
-            run_id=self.run_id, round=r.number, node_id=sess.node_id, node_rank=me.node_rank,
-            node_count=len(r.members), first_global_rank=me.first_global_rank,
-            world_size=sum(m.local_world_size for m in r.members), master_addr=r.master_addr,
-            master_port=r.master_port, restart_count=r.restart_count,
-            participants=r.members)
+            run_id=self.run_id,
+            round=r.number,
+            node_id=sess.node_id,
+            node_rank=me.node_rank,
+            node_count=len(r.members),
+            first_global_rank=me.first_global_rank,
+            world_size=sum(m.local_world_size for m in r.members),
+            master_addr=r.master_addr,
+            master_port=r.master_port,
+            restart_count=r.restart_count,
+            participants=r.members,
+        )
         with self._cond:
             if self._round is not r:
                 self._on_round_locked(self._round)
-        events.emit("round_accepted", run_id=self.run_id, round=r.number, node=sess.node_id,
-                    node_rank=me.node_rank, node_count=len(r.members))
+        events.emit(
+            "round_accepted",
+            run_id=self.run_id,
+            round=r.number,
+            node=sess.node_id,
+            node_rank=me.node_rank,
+            node_count=len(r.members),
+        )
         return info
 
     def is_closed(self) -> bool:
@@ -196,8 +230,9 @@ class EtcdRendezvousHandler(RunLifecycle, RendezvousHandler):
             raise self._wrap(e) from None
         if kv is None:
             return False
-        return codec.round_from(kv.key, kv.value, kv.mod_revision, self.run_id).phase \
-            is Phase.CLOSED
+        return (
+            codec.round_from(kv.key, kv.value, kv.mod_revision, self.run_id).phase is Phase.CLOSED
+        )
 
     def round_reason(self) -> str:
         """Why the current round was opened ("node(s) left: ...", "worker rank 3 failed")."""
@@ -213,8 +248,7 @@ class EtcdRendezvousHandler(RunLifecycle, RendezvousHandler):
         with self._cond:
             r = self._round
         members = {m.node_id for m in r.members} if r and r.phase is Phase.FROZEN else set()
-        return sum(1 for kv in res.kvs
-                   if self.keys.parse(kv.key)[2] not in members)
+        return sum(1 for kv in res.kvs if self.keys.parse(kv.key)[2] not in members)
 
     def shutdown(self) -> bool:
         """Leave now: revoke the lease so peers start a new round at once. Idempotent."""
@@ -239,8 +273,10 @@ class EtcdRendezvousHandler(RunLifecycle, RendezvousHandler):
         s = f"round {r.number} {r.phase.name.lower()}"
         d = self._driver
         if d is not None and d.leader is not None and r.phase is Phase.JOINING:
-            s += (f": {d.leader.joined_count(r.number)}/{len(d.leader.agents)} live nodes "
-                  f"joined (min {self.settings.min_nodes}, max {self.settings.max_nodes})")
+            s += (
+                f": {d.leader.joined_count(r.number)}/{len(d.leader.agents)} live nodes "
+                f"joined (min {self.settings.min_nodes}, max {self.settings.max_nodes})"
+            )
             left = d.leader.last_call_left(r.number, time.monotonic())
             if left is not None:
                 s += f", last call in {left:.0f} s"
@@ -251,11 +287,15 @@ class EtcdRendezvousHandler(RunLifecycle, RendezvousHandler):
     # ---- internals ---------------------------------------------------------------------------
     def _wrap(self, e: EtcdError) -> RendezvousError:
         kind = RendezvousConnectionError
-        what = f"etcd refused access to {self.keys.root}" \
-            if isinstance(e, (EtcdAuthError, EtcdPermissionError)) else "etcd error"
+        what = (
+            f"etcd refused access to {self.keys.root}"
+            if isinstance(e, (EtcdAuthError, EtcdPermissionError))
+            else "etcd error"
+        )
         r = self._round
-        return kind(f"{what}: {e}", run_id=self.run_id, round=r.number if r else None,
-                    node=self.node_id)
+        return kind(
+            f"{what}: {e}", run_id=self.run_id, round=r.number if r else None, node=self.node_id
+        )
 
     def _ensure_session(self) -> None:
         if self._shutdown:
@@ -265,27 +305,40 @@ class EtcdRendezvousHandler(RunLifecycle, RendezvousHandler):
         self._drop_session()
         self._incarnation += 1
         node_id = f"{self.host}-{os.getpid()}-{self._tag}.{self._incarnation}"
-        info = st.AgentInfo(node_id=node_id, host=self.host, addr=self.addr, pid=os.getpid(),
-                            local_world_size=self.params.local_world_size, version=__version__,
-                            started_unix_ms=int(time.time() * 1000))
+        info = st.AgentInfo(
+            node_id=node_id,
+            host=self.host,
+            addr=self.addr,
+            pid=os.getpid(),
+            local_world_size=self.params.local_world_size,
+            version=__version__,
+            started_unix_ms=int(time.time() * 1000),
+        )
         sess = Session(self.client, self.keys, info, self.cfg.lease_ttl).open()
         self._session = sess
         self._joined = None
         sess.lease.on_lost(self._on_lost)
         kv_rev = self._load_round()
-        self._round_watch = self.client.watch(self.keys.round, start_revision=kv_rev + 1,
-                                              callback=self._on_round_batch)
+        self._round_watch = self.client.watch(
+            self.keys.round, start_revision=kv_rev + 1, callback=self._on_round_batch
+        )
         self._driver = Driver(self, sess)
-        events.emit("session_opened", run_id=self.run_id, node=node_id,
-                    create_revision=sess.create_revision, lease=sess.lease.id)
+        events.emit(
+            "session_opened",
+            run_id=self.run_id,
+            node=node_id,
+            create_revision=sess.create_revision,
+            lease=sess.lease.id,
+        )
 
     def _load_round(self) -> int:
         res = self.client.range(self.keys.round)
         with self._cond:
             if res.kvs:
                 kv = res.kvs[0]
-                self._set_round_locked(*codec.round_and_message(kv.key, kv.value,
-                                                                kv.mod_revision, self.run_id))
+                self._set_round_locked(
+                    *codec.round_and_message(kv.key, kv.value, kv.mod_revision, self.run_id)
+                )
             else:
                 self._round, self._round_msg = None, None
         return res.revision
@@ -309,8 +362,7 @@ class EtcdRendezvousHandler(RunLifecycle, RendezvousHandler):
     def _on_lost(self, lease) -> None:
         if lease.lost_reason == "revoked":
             return  # our own leave (node_left says so), not a loss
-        events.emit("session_lost", run_id=self.run_id, node=self.node_id,
-                    reason=lease.lost_reason)
+        events.emit("session_lost", run_id=self.run_id, node=self.node_id, reason=lease.lost_reason)
         with self._cond:
             self._changed.set()
             self._cond.notify_all()
@@ -332,8 +384,9 @@ class EtcdRendezvousHandler(RunLifecycle, RendezvousHandler):
                     self._on_round_locked(None)
                 continue
             try:
-                r, msg = codec.round_and_message(ev.kv.key, ev.kv.value, ev.kv.mod_revision,
-                                                 self.run_id)
+                r, msg = codec.round_and_message(
+                    ev.kv.key, ev.kv.value, ev.kv.mod_revision, self.run_id
+                )
             except RendezvousError as e:
                 log.error("%s", e)
                 continue
@@ -348,8 +401,9 @@ class EtcdRendezvousHandler(RunLifecycle, RendezvousHandler):
         if self._round_watch is not None:
             self._round_watch.cancel()
         rev = self._load_round()
-        self._round_watch = self.client.watch(self.keys.round, start_revision=rev + 1,
-                                              callback=self._on_round_batch)
+        self._round_watch = self.client.watch(
+            self.keys.round, start_revision=rev + 1, callback=self._on_round_batch
+        )
 
     def set_round(self, r: Round) -> None:
         """The leader's own successful write, applied before its watch event arrives."""

@@ -64,9 +64,9 @@ class RunKeys:
         if k == self.round:
             return "round", None, None
         if k.startswith(self.agents):
-            return "agent", None, k[len(self.agents):]
+            return "agent", None, k[len(self.agents) :]
         if k.startswith(self.rounds):
-            parts = k[len(self.rounds):].split("/")
+            parts = k[len(self.rounds) :].split("/")
             if parts == [parts[0], "hint"] and parts[0].isdigit():
                 return "hint", int(parts[0]), None
             if len(parts) >= 3 and parts[0].isdigit():

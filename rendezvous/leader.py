@@ -39,10 +39,18 @@ log = logging.getLogger(__name__)
 
 
 class Leader:
-    def __init__(self, client: EtcdClient, keys: RunKeys, settings: Settings, node_id: str,
-                 create_revision: int, get_round: Callable[[], Round | None],
-                 set_round: Callable[[Round], None],
-                 post: Callable[[object], None], closed_ttl: int = 600) -> None:
+    def __init__(
+        self,
+        client: EtcdClient,
+        keys: RunKeys,
+        settings: Settings,
+        node_id: str,
+        create_revision: int,
+        get_round: Callable[[], Round | None],
+        set_round: Callable[[Round], None],
+        post: Callable[[object], None],
+        closed_ttl: int = 600,
+    ) -> None:
         self._c = client
         self._keys = keys
         self._settings = settings
@@ -62,18 +70,21 @@ class Leader:
     # ---- caches -----------------------------------------------------------------------------
     def start(self) -> None:
         """Snapshot agents/ and rounds/ at one revision, then watch both from revision + 1."""
-        res = self._c.txn([], [t.get(self._keys.agents, prefix=True),
-                               t.get(self._keys.rounds, prefix=True)])
+        res = self._c.txn(
+            [], [t.get(self._keys.agents, prefix=True), t.get(self._keys.rounds, prefix=True)]
+        )
         rev = res.revision
         for kv in res.responses[0].response_range.kvs:
             self._apply_kv(kv, deleted=False)
         for kv in res.responses[1].response_range.kvs:
             self._apply_kv(kv, deleted=False)
         for prefix in (self._keys.agents, self._keys.rounds):
-            self._watches.append(self._c.watch(prefix, prefix=True, start_revision=rev + 1,
-                                               callback=self._post))
-        events.emit("leader_elected", run_id=self._keys.run_id, node=self._me,
-                    agents=len(self.agents))
+            self._watches.append(
+                self._c.watch(prefix, prefix=True, start_revision=rev + 1, callback=self._post)
+            )
+        events.emit(
+            "leader_elected", run_id=self._keys.run_id, node=self._me, agents=len(self.agents)
+        )
 
     def on_batch(self, batch: WatchBatch) -> None:
         if batch.error is not None:
@@ -132,48 +143,86 @@ class Leader:
                 if not self._apply(r, action):
                     return None
             except EtcdError as e:
-                log.warning("leader %s: %s failed: %s; retrying", self._me,
-                            type(action).__name__, e)
+                log.warning(
+                    "leader %s: %s failed: %s; retrying", self._me, type(action).__name__, e
+                )
                 return now + 0.5
         return None
 
     def _apply(self, r: Round | None, action: StartRound | Freeze | CloseFailed) -> bool:
         if isinstance(action, StartRound):
             new, (guard, ops) = transitions.start_round(
-                self._keys, r, action.number, action.hint, action.restart_count,
-                action.reason, self._me)
+                self._keys,
+                r,
+                action.number,
+                action.hint,
+                action.restart_count,
+                action.reason,
+                self._me,
+            )
         elif isinstance(action, Freeze):
             assert r is not None
-            new, (guard, ops) = transitions.freeze(self._keys, r, action.members,
-                                                   action.master_addr, action.master_port,
-                                                   action.restart_count, self._me)
+            new, (guard, ops) = transitions.freeze(
+                self._keys,
+                r,
+                action.members,
+                action.master_addr,
+                action.master_port,
+                action.restart_count,
+                self._me,
+            )
         else:
             marker = self._c.lease(self._closed_ttl, keepalive=False)
-            new, (guard, ops) = transitions.close(self._keys, r, st.FAILED,
-                                                  codec.failure_to(action.failure), marker.id,
-                                                  self._me)
+            new, (guard, ops) = transitions.close(
+                self._keys, r, st.FAILED, codec.failure_to(action.failure), marker.id, self._me
+            )
         # S4: a leader whose own agent key is gone (lease lost) cannot write.
         guard.append(t.create_revision(self._keys.agent(self._me), "==", self._my_rev))
         res = self._c.txn(guard, ops)
         self.writes += 1
         if not res.succeeded:
             return False
-        self._set_round(Round(new.number, new.phase, new.members, new.restart_count,
-                              new.master_addr, new.master_port, res.revision))
+        self._set_round(
+            Round(
+                new.number,
+                new.phase,
+                new.members,
+                new.restart_count,
+                new.master_addr,
+                new.master_port,
+                res.revision,
+            )
+        )
         if isinstance(action, CloseFailed):
-            events.emit("run_closed", run_id=self._keys.run_id, round=action.number,
-                        node=self._me, outcome="FAILED", restart_count=action.restart_count,
-                        failed_rank=action.failure.global_rank)
+            events.emit(
+                "run_closed",
+                run_id=self._keys.run_id,
+                round=action.number,
+                node=self._me,
+                outcome="FAILED",
+                restart_count=action.restart_count,
+                failed_rank=action.failure.global_rank,
+            )
         elif isinstance(action, StartRound):
             self.hints[action.number] = action.hint
-            events.emit("round_started", run_id=self._keys.run_id, round=action.number,
-                        node=self._me, reason=action.reason,
-                        restart_count=action.restart_count)
+            events.emit(
+                "round_started",
+                run_id=self._keys.run_id,
+                round=action.number,
+                node=self._me,
+                reason=action.reason,
+                restart_count=action.restart_count,
+            )
         else:
-            events.emit("round_frozen", run_id=self._keys.run_id, round=action.number,
-                        node=self._me, nodes=[m.node_id for m in action.members],
-                        world_size=sum(m.local_world_size for m in action.members),
-                        revision=res.revision)
+            events.emit(
+                "round_frozen",
+                run_id=self._keys.run_id,
+                round=action.number,
+                node=self._me,
+                nodes=[m.node_id for m in action.members],
+                world_size=sum(m.local_world_size for m in action.members),
+                revision=res.revision,
+            )
         return True
 
     def last_call_left(self, number: int, now: float) -> float | None:

@@ -29,19 +29,26 @@ class RunLifecycle:
             marker = None
             while True:
                 kv = self.client.get(self.keys.round)
-                cur = codec.round_from(kv.key, kv.value, kv.mod_revision, self.run_id) \
-                    if kv else None
+                cur = (
+                    codec.round_from(kv.key, kv.value, kv.mod_revision, self.run_id) if kv else None
+                )
                 if cur is not None and cur.phase is Phase.CLOSED:
                     if marker is not None:
                         marker.revoke()
                     return
                 if marker is None:
                     marker = self.client.lease(int(self.cfg.join_timeout), keepalive=False)
-                closed, (guard, ops) = transitions.close(self.keys, cur, outcome, failure,
-                                                         marker.id, self.node_id or "")
+                closed, (guard, ops) = transitions.close(
+                    self.keys, cur, outcome, failure, marker.id, self.node_id or ""
+                )
                 if self.client.txn(guard, ops).succeeded:
-                    events.emit("run_closed", run_id=self.run_id, round=closed.number,
-                                node=self.node_id, outcome=st.Outcome.Name(outcome))
+                    events.emit(
+                        "run_closed",
+                        run_id=self.run_id,
+                        round=closed.number,
+                        node=self.node_id,
+                        outcome=st.Outcome.Name(outcome),
+                    )
                     return
         except EtcdError as e:
             raise self._wrap(e) from None
@@ -73,16 +80,29 @@ class RunLifecycle:
         r = self._running
         if r is None:
             return False
-        new, (guard, ops) = transitions.start_round(self.keys, r, r.number + 1, r.members,
-                                                    r.restart_count, reason,
-                                                    self.node_id or "", failure=failure)
+        new, (guard, ops) = transitions.start_round(
+            self.keys,
+            r,
+            r.number + 1,
+            r.members,
+            r.restart_count,
+            reason,
+            self.node_id or "",
+            failure=failure,
+        )
         try:
             res = self.client.txn(guard, ops)
         except EtcdError as e:
             raise self._wrap(e) from None
         if res.succeeded:
-            events.emit("round_started", run_id=self.run_id, round=new.number,
-                        node=self.node_id, reason=reason, restart_count=new.restart_count)
+            events.emit(
+                "round_started",
+                run_id=self.run_id,
+                round=new.number,
+                node=self.node_id,
+                reason=reason,
+                restart_count=new.restart_count,
+            )
         return res.succeeded
 
     def exit_barrier(self, timeout: float | None = None) -> bool:
@@ -104,8 +124,11 @@ class RunLifecycle:
         with self._cond:
             while time.monotonic() < end:
                 cur = self._round
-                if cur is not r and cur is not None and (
-                        cur.phase is Phase.CLOSED or cur.number > r.number):
+                if (
+                    cur is not r
+                    and cur is not None
+                    and (cur.phase is Phase.CLOSED or cur.number > r.number)
+                ):
                     return cur.phase is Phase.CLOSED
                 self._cond.wait(min(1.0, max(0.0, end - time.monotonic())))
         return False
@@ -115,8 +138,7 @@ class RunLifecycle:
         expires by itself), so nothing of a finished job stays in etcd. Best effort, bounded."""
         try:
             kv = self.client.get(self.keys.round, timeout=2.0)
-            cur = codec.round_from(kv.key, kv.value, kv.mod_revision, self.run_id) if kv \
-                else None
+            cur = codec.round_from(kv.key, kv.value, kv.mod_revision, self.run_id) if kv else None
             guard, ops = transitions.clean_up_if_none_left(self.keys, cur)
             if self.client.txn(guard, ops, timeout=2.0).succeeded:
                 events.emit("run_cleaned", run_id=self.run_id, node=self.node_id)

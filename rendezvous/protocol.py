@@ -76,7 +76,8 @@ class Settings:
     def __post_init__(self) -> None:
         if not 1 <= self.min_nodes <= self.max_nodes:
             raise ValueError(
-                f"need 1 <= min_nodes ({self.min_nodes}) <= max_nodes ({self.max_nodes})")
+                f"need 1 <= min_nodes ({self.min_nodes}) <= max_nodes ({self.max_nodes})"
+            )
         if self.last_call_timeout < 0:
             raise ValueError("last_call_timeout must be >= 0")
 
@@ -141,8 +142,10 @@ def is_first_round(r: Round) -> bool:
 def order(joined: Mapping[str, Join], hint: tuple[Member, ...]) -> list[Join]:
     """Survivors first in their previous rank order, then newcomers by age (S6)."""
     prev = {m.node_id: m.node_rank for m in hint}
-    return sorted(joined.values(), key=lambda j: (
-        prev.get(j.node_id, len(prev)), j.agent_create_revision, j.node_id))
+    return sorted(
+        joined.values(),
+        key=lambda j: (prev.get(j.node_id, len(prev)), j.agent_create_revision, j.node_id),
+    )
 
 
 def assign(chosen: list[Join]) -> tuple[Member, ...]:
@@ -165,14 +168,20 @@ def decide(view: View, settings: Settings, now: float) -> Action:
         gone = [m.node_id for m in r.members if m.node_id not in agents]
         if gone:
             survivors = tuple(m for m in r.members if m.node_id in agents)
-            return StartRound(r.number + 1, f"node(s) left: {', '.join(gone)}", survivors,
-                              r.restart_count)
-        waiting = sorted((a for a in agents.values() if r.member(a.node_id) is None),
-                         key=lambda a: a.create_revision)
+            return StartRound(
+                r.number + 1, f"node(s) left: {', '.join(gone)}", survivors, r.restart_count
+            )
+        waiting = sorted(
+            (a for a in agents.values() if r.member(a.node_id) is None),
+            key=lambda a: a.create_revision,
+        )
         if waiting and len(r.members) < settings.max_nodes:
-            return StartRound(r.number + 1, f"node(s) joined: "
-                              f"{', '.join(a.node_id for a in waiting)}", r.members,
-                              r.restart_count)
+            return StartRound(
+                r.number + 1,
+                f"node(s) joined: {', '.join(a.node_id for a in waiting)}",
+                r.members,
+                r.restart_count,
+            )
         if waiting:
             return Wait(f"{len(waiting)} hot spare(s) waiting for a place")
         return Wait("round running")
@@ -206,8 +215,9 @@ def charge(r: Round, agents: Mapping[str, Agent]) -> int:
     return r.restart_count + 1
 
 
-def _freeze(r: Round, live: Mapping[str, Join], settings: Settings,
-            agents: Mapping[str, Agent]) -> Freeze | CloseFailed:
+def _freeze(
+    r: Round, live: Mapping[str, Join], settings: Settings, agents: Mapping[str, Agent]
+) -> Freeze | CloseFailed:
     count = charge(r, agents)
     if r.failure is not None and count > settings.max_restarts:
         return CloseFailed(r.number, r.failure, r.restart_count)

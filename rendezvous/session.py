@@ -49,9 +49,11 @@ class Session:
         self.lease = self.client.lease(self.ttl)
         key = self.keys.agent(self.node_id)
         try:
-            res = self.client.txn([t.create_revision(key, "==", 0)],
-                                  [t.put(key, codec.encode(self.info), self.lease.id)],
-                                  [t.get(key)])
+            res = self.client.txn(
+                [t.create_revision(key, "==", 0)],
+                [t.put(key, codec.encode(self.info), self.lease.id)],
+                [t.get(key)],
+            )
         except BaseException:
             self.lease.revoke()
             raise
@@ -64,8 +66,11 @@ class Session:
             self.create_revision = kvs[0].create_revision
             return self
         self.lease.revoke()
-        raise RendezvousStateError(f"agent key {key} already exists: two agents with one "
-                                   f"node id", run_id=self.keys.run_id, node=self.node_id)
+        raise RendezvousStateError(
+            f"agent key {key} already exists: two agents with one node id",
+            run_id=self.keys.run_id,
+            node=self.node_id,
+        )
 
     def close(self) -> bool:
         """Leave: revoke the lease, so that every key under it vanishes now. Idempotent."""

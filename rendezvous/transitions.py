@@ -26,30 +26,56 @@ def fence(keys: RunKeys, current: Round | None) -> pb.Compare:
     return t.mod_revision(keys.round, "==", current.mod_revision)
 
 
-def start_round(keys: RunKeys, current: Round | None, number: int, hint: tuple[Member, ...],
-                restart_count: int, reason: str, by: str,
-                failure: FailureInfo | None = None) -> tuple[Round, Txn]:
+def start_round(
+    keys: RunKeys,
+    current: Round | None,
+    number: int,
+    hint: tuple[Member, ...],
+    restart_count: int,
+    reason: str,
+    by: str,
+    failure: FailureInfo | None = None,
+) -> tuple[Round, Txn]:
     """Open round ``number`` for joining; drop every older round's records in the same Txn.
     The hint (the previous participants, for rank stability) goes to its own key, read by the
     leader alone: the round key every agent watches stays a few bytes until the freeze."""
     new = Round(number, Phase.JOINING, (), restart_count, failure=failure)
-    ops = [t.put(keys.round, codec.round_to(new, reason=reason, decided_by=by)),
-           t.delete(keys.rounds, range_end=keys.round_dir(number)),
-           t.put(keys.hint(number), codec.hint_to(number, hint))]
+    ops = [
+        t.put(keys.round, codec.round_to(new, reason=reason, decided_by=by)),
+        t.delete(keys.rounds, range_end=keys.round_dir(number)),
+        t.put(keys.hint(number), codec.hint_to(number, hint)),
+    ]
     return new, ([fence(keys, current)], ops)
 
 
-def freeze(keys: RunKeys, current: Round, members: tuple[Member, ...], master_addr: str,
-           master_port: int, restart_count: int, by: str) -> tuple[Round, Txn]:
+def freeze(
+    keys: RunKeys,
+    current: Round,
+    members: tuple[Member, ...],
+    master_addr: str,
+    master_port: int,
+    restart_count: int,
+    by: str,
+) -> tuple[Round, Txn]:
     new = Round(current.number, Phase.FROZEN, members, restart_count, master_addr, master_port)
     return new, ([fence(keys, current)], [t.put(keys.round, codec.round_to(new, decided_by=by))])
 
 
-def close(keys: RunKeys, current: Round | None, outcome: int, failure: st.Failure | None,
-          lease_id: int, by: str) -> tuple[Round, Txn]:
+def close(
+    keys: RunKeys,
+    current: Round | None,
+    outcome: int,
+    failure: st.Failure | None,
+    lease_id: int,
+    by: str,
+) -> tuple[Round, Txn]:
     """CLOSED under a lease: the marker outlives the agents, then expires by itself."""
-    new = Round(current.number if current else 1, Phase.CLOSED,
-                current.members if current else (), current.restart_count if current else 0)
+    new = Round(
+        current.number if current else 1,
+        Phase.CLOSED,
+        current.members if current else (),
+        current.restart_count if current else 0,
+    )
     value = codec.round_to(new, decided_by=by, outcome=outcome, failure=failure)
     return new, ([fence(keys, current)], [t.put(keys.round, value, lease_id)])
 

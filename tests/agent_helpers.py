@@ -82,8 +82,9 @@ class Agent:
         self.stdout_path = out_dir / f"{name}.stdout"
         self.stderr_path = out_dir / f"{name}.stderr"
         with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
-            self.proc = subprocess.Popen(argv, stdout=out, stderr=err, env=env,
-                                         stdin=subprocess.DEVNULL)
+            self.proc = subprocess.Popen(
+                argv, stdout=out, stderr=err, env=env, stdin=subprocess.DEVNULL
+            )
 
     @property
     def pid(self) -> int:
@@ -101,8 +102,10 @@ class Agent:
         try:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            raise AssertionError(f"agent {self.name} did not exit within {timeout:g} s; "
-                                 f"stderr:\n{self.stderr[-3000:]}") from None
+            raise AssertionError(
+                f"agent {self.name} did not exit within {timeout:g} s; "
+                f"stderr:\n{self.stderr[-3000:]}"
+            ) from None
 
 
 class Job:
@@ -111,9 +114,18 @@ class Job:
     ``conf`` is the --rdzv-conf; ``extra`` more etcdrun flags before the script.
     """
 
-    def __init__(self, endpoints: str, root: Path, *, nnodes: str, nproc: int = 2,
-                 conf: str = "", extra: tuple[str, ...] = (), run_id: str | None = None,
-                 script: tuple[str, ...] | None = None) -> None:
+    def __init__(
+        self,
+        endpoints: str,
+        root: Path,
+        *,
+        nnodes: str,
+        nproc: int = 2,
+        conf: str = "",
+        extra: tuple[str, ...] = (),
+        run_id: str | None = None,
+        script: tuple[str, ...] | None = None,
+    ) -> None:
         self.endpoints = endpoints
         self.root = root
         self.out = root / "out"
@@ -124,15 +136,28 @@ class Job:
         self.agents: list[Agent] = []
 
     def argv(self, *script: str) -> list[str]:
-        argv = [etcdrun_bin(), "--nnodes", self.nnodes, "--nproc-per-node", str(self.nproc),
-                "--rdzv-backend", "etcd", "--rdzv-endpoint", self.endpoints,
-                "--rdzv-id", self.run_id, "--monitor-interval", "0.05"]
+        argv = [
+            etcdrun_bin(),
+            "--nnodes",
+            self.nnodes,
+            "--nproc-per-node",
+            str(self.nproc),
+            "--rdzv-backend",
+            "etcd",
+            "--rdzv-endpoint",
+            self.endpoints,
+            "--rdzv-id",
+            self.run_id,
+            "--monitor-interval",
+            "0.05",
+        ]
         if self.conf:
             argv += ["--rdzv-conf", self.conf]
         return [*argv, *self.extra, *script]
 
-    def start(self, *script: str, env: dict[str, str] | None = None,
-              extra: tuple[str, ...] = ()) -> Agent:
+    def start(
+        self, *script: str, env: dict[str, str] | None = None, extra: tuple[str, ...] = ()
+    ) -> Agent:
         """One more agent; ``script`` defaults to the worker with this job's out dir."""
         name = f"agent{len(self.agents)}"
         args = script or self.script or (WORKER, str(self.out), "sleep")
@@ -148,8 +173,16 @@ class Job:
         for path in self.out.glob("start_*.json"):
             data = json.loads(path.read_text())
             env = data["env"]
-            found.append(Start(int(env["RANK"]), int(env["ETCDRUN_ROUND"]), data["pid"],
-                               data["ppid"], data["t"], env))
+            found.append(
+                Start(
+                    int(env["RANK"]),
+                    int(env["ETCDRUN_ROUND"]),
+                    data["pid"],
+                    data["ppid"],
+                    data["t"],
+                    env,
+                )
+            )
         return sorted(found, key=lambda s: (s.round, s.rank))
 
     def rounds(self) -> dict[int, list[Start]]:
@@ -158,23 +191,31 @@ class Job:
             by_round.setdefault(s.round, []).append(s)
         return by_round
 
-    def wait_round(self, world_size: int, after: int = 0, timeout: float = 30.0
-                   ) -> list[Start]:
+    def wait_round(self, world_size: int, after: int = 0, timeout: float = 30.0) -> list[Start]:
         """The first round numbered > ``after`` in which all ``world_size`` workers started."""
+
         def complete() -> list[Start] | None:
             for number, starts in sorted(self.rounds().items()):
-                if number > after and len({s.rank for s in starts}) == world_size \
-                        and all(s.world_size == world_size for s in starts):
+                if (
+                    number > after
+                    and len({s.rank for s in starts}) == world_size
+                    and all(s.world_size == world_size for s in starts)
+                ):
                     return starts
             return None
 
-        return wait_for(complete, timeout, f"a round > {after} with {world_size} workers "
-                        f"running ({self.describe()})")
+        return wait_for(
+            complete,
+            timeout,
+            f"a round > {after} with {world_size} workers running ({self.describe()})",
+        )
 
     def signals(self) -> dict[int, dict[str, Any]]:
         """Signals workers recorded, by worker pid."""
-        return {int(p.stem.split("_")[1]): json.loads(p.read_text())
-                for p in self.out.glob("signal_*.json")}
+        return {
+            int(p.stem.split("_")[1]): json.loads(p.read_text())
+            for p in self.out.glob("signal_*.json")
+        }
 
     def describe(self) -> str:
         rounds = {n: sorted(s.rank for s in ss) for n, ss in self.rounds().items()}
@@ -217,9 +258,15 @@ def wait_leases_only(endpoints: str, allowed: set[bytes], within: float) -> None
     Why not "no lease at all": a finished run keeps its closed marker under a lease of
     join_timeout seconds by design, so that late joiners fail at once.
     """
-    wait_for(lambda: set(leased_keys(endpoints)) <= allowed and
-             all(keys for keys in list_leases(endpoints).values()) or None, within,
-             f"only {sorted(allowed)} leased (now: {leased_keys(endpoints)})")
+    wait_for(
+        lambda: (
+            set(leased_keys(endpoints)) <= allowed
+            and all(keys for keys in list_leases(endpoints).values())
+            or None
+        ),
+        within,
+        f"only {sorted(allowed)} leased (now: {leased_keys(endpoints)})",
+    )
 
 
 def alive(pids: Iterator[int] | list[int]) -> list[int]:

@@ -35,7 +35,8 @@ def _in_ci() -> bool:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", "allow_leaks: the test may leave threads or child processes behind")
+        "markers", "allow_leaks: the test may leave threads or child processes behind"
+    )
     # Become a child subreaper: orphans of our children (a worker whose agent was killed -9)
     # are re-parented to the test process instead of init, so the leak check still sees them.
     if sys.platform == "linux":
@@ -83,8 +84,7 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
         threads_before, children_before = item.stash[_BEFORE]
         deadline = time.monotonic() + LEAK_GRACE
         while True:
-            threads = [t for t in threading.enumerate()
-                       if t not in threads_before and t.is_alive()]
+            threads = [t for t in threading.enumerate() if t not in threads_before and t.is_alive()]
             procs = _children(os.getpid()) - children_before - owned_pids()
             if (not threads and not procs) or time.monotonic() >= deadline:
                 break
@@ -93,8 +93,10 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
         if threads:
             problems.append("threads still alive: " + ", ".join(sorted(t.name for t in threads)))
         if procs:
-            problems.append("child processes still alive: " + "; ".join(
-                f"pid {pid}: {_cmdline(pid)}" for pid in sorted(procs)))
+            problems.append(
+                "child processes still alive: "
+                + "; ".join(f"pid {pid}: {_cmdline(pid)}" for pid in sorted(procs))
+            )
         if problems:
             pytest.fail(f"leak after {item.nodeid}: " + " | ".join(problems), pytrace=False)
     return result
@@ -156,9 +158,14 @@ def tls_files(tmp_path_factory: pytest.TempPathFactory) -> TlsFiles:
 
 
 def _tls(files: TlsFiles, client_cert_auth: bool) -> TlsConfig:
-    return TlsConfig(ca_file=files.ca_file, cert_file=files.server_cert,
-                     key_file=files.server_key, client_cert_auth=client_cert_auth,
-                     client_cert_file=files.client_cert, client_key_file=files.client_key)
+    return TlsConfig(
+        ca_file=files.ca_file,
+        cert_file=files.server_cert,
+        key_file=files.server_key,
+        client_cert_auth=client_cert_auth,
+        client_cert_file=files.client_cert,
+        client_key_file=files.client_key,
+    )
 
 
 @pytest.fixture

@@ -41,8 +41,10 @@ class ExternalEtcd:
 def require_local(etcd: LocalEtcd | ExternalEtcd) -> LocalEtcd:
     """Skip a test that kills/restarts/pauses members when the etcd under test is external."""
     if not isinstance(etcd, LocalEtcd):
-        pytest.skip("needs a local etcd it can kill or restart; ETCDRUN_TEST_ENDPOINTS "
-                    f"points at an external one ({etcd.endpoints})")
+        pytest.skip(
+            "needs a local etcd it can kill or restart; ETCDRUN_TEST_ENDPOINTS "
+            f"points at an external one ({etcd.endpoints})"
+        )
     return etcd
 
 
@@ -90,20 +92,31 @@ def _split(endpoints: str | Sequence[str]) -> list[str]:
     return [e.strip() for e in endpoints if e.strip()]
 
 
-def list_leases(endpoints: str | Sequence[str], *, tls: TlsConfig | None = None,
-                token: str | None = None, timeout: float = 2.0) -> dict[int, list[bytes]]:
+def list_leases(
+    endpoints: str | Sequence[str],
+    *,
+    tls: TlsConfig | None = None,
+    token: str | None = None,
+    timeout: float = 2.0,
+) -> dict[int, list[bytes]]:
     """Every lease in etcd with the keys attached to it (first endpoint that answers)."""
     metadata = (("token", token),) if token else None
     last: grpc.RpcError | None = None
     for ep in _split(endpoints):
         with grpc_channel(ep, tls) as ch:
             try:
-                resp = bind(ch, "LeaseLeases")(pb.LeaseLeasesRequest(), timeout=timeout,
-                                               metadata=metadata)
+                resp = bind(ch, "LeaseLeases")(
+                    pb.LeaseLeasesRequest(), timeout=timeout, metadata=metadata
+                )
                 ttl = bind(ch, "LeaseTimeToLive")
                 return {
-                    lease.ID: list(ttl(pb.LeaseTimeToLiveRequest(ID=lease.ID, keys=True),
-                                       timeout=timeout, metadata=metadata).keys)
+                    lease.ID: list(
+                        ttl(
+                            pb.LeaseTimeToLiveRequest(ID=lease.ID, keys=True),
+                            timeout=timeout,
+                            metadata=metadata,
+                        ).keys
+                    )
                     for lease in resp.leases
                 }
             except grpc.RpcError as err:
@@ -111,8 +124,13 @@ def list_leases(endpoints: str | Sequence[str], *, tls: TlsConfig | None = None,
     raise RuntimeError(f"no etcd endpoint of {endpoints!r} answered LeaseLeases: {last}")
 
 
-def assert_no_leases(endpoints: str | Sequence[str], *, tls: TlsConfig | None = None,
-                     token: str | None = None, within: float = 0.0) -> None:
+def assert_no_leases(
+    endpoints: str | Sequence[str],
+    *,
+    tls: TlsConfig | None = None,
+    token: str | None = None,
+    within: float = 0.0,
+) -> None:
     """Fail if etcd still holds leases (after waiting up to ``within`` s for them to go).
 
     Why ``within``: a lease revoked on close is gone at once, but one that only expires (an agent

@@ -18,16 +18,21 @@ def new_run_id() -> str:
     return "t-" + uuid.uuid4().hex[:8]
 
 
-def handler(endpoints: str, run_id: str, min_nodes: int, max_nodes: int, *, lws: int = 1,
-            **conf) -> EtcdRendezvousHandler:
+def handler(
+    endpoints: str, run_id: str, min_nodes: int, max_nodes: int, *, lws: int = 1, **conf
+) -> EtcdRendezvousHandler:
     conf.setdefault("last_call_timeout", 0.5)
     conf.setdefault("join_timeout", 30)
-    return EtcdRendezvousHandler(RendezvousParameters(
-        "etcd", endpoints, run_id, min_nodes, max_nodes, local_world_size=lws, config=conf))
+    return EtcdRendezvousHandler(
+        RendezvousParameters(
+            "etcd", endpoints, run_id, min_nodes, max_nodes, local_world_size=lws, config=conf
+        )
+    )
 
 
-def rendezvous(handlers: Sequence[EtcdRendezvousHandler], timeout: float = 30
-               ) -> list[RendezvousInfo]:
+def rendezvous(
+    handlers: Sequence[EtcdRendezvousHandler], timeout: float = 30
+) -> list[RendezvousInfo]:
     """next_rendezvous() on every handler at once; re-raise the first error."""
     out: list = [None] * len(handlers)
 
@@ -63,19 +68,31 @@ def crash(h: EtcdRendezvousHandler) -> None:
 @contextlib.contextmanager
 def accepted_events() -> Iterator[list[dict]]:
     got: list[dict] = []
-    unsubscribe = events.subscribe(lambda e: got.append(e) if e["event"] == "round_accepted"
-                                   else None)
+    unsubscribe = events.subscribe(
+        lambda e: got.append(e) if e["event"] == "round_accepted" else None
+    )
     try:
         yield got
     finally:
         unsubscribe()
 
 
-def violations(endpoints: str, run_id: str, min_nodes: int, max_nodes: int,
-               accepted: Sequence[dict] = (), prefix: str = "/etcdrun") -> list[str]:
+def violations(
+    endpoints: str,
+    run_id: str,
+    min_nodes: int,
+    max_nodes: int,
+    accepted: Sequence[dict] = (),
+    prefix: str = "/etcdrun",
+) -> list[str]:
     with EtcdClient(endpoints) as c:
-        return checker.check_run(c, RunKeys(prefix, run_id), min_nodes, max_nodes,
-                                 [e for e in accepted if e["run_id"] == run_id])
+        return checker.check_run(
+            c,
+            RunKeys(prefix, run_id),
+            min_nodes,
+            max_nodes,
+            [e for e in accepted if e["run_id"] == run_id],
+        )
 
 
 def shutdown_all(handlers: Sequence[EtcdRendezvousHandler]) -> None:

@@ -38,11 +38,26 @@ sys.path.insert(0, str(SCRIPTS))  # e2e_callables: importable here and in spawne
 
 import e2e_callables  # noqa: E402
 
-ENV_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-            "GROUP_WORLD_SIZE", "ROLE_NAME", "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR",
-            "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
-            "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE",
-            "OMP_NUM_THREADS", "ETCDRUN_ROUND")
+ENV_VARS = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_NAME",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_USE_AGENT_STORE",
+    "TORCHELASTIC_ERROR_FILE",
+    "OMP_NUM_THREADS",
+    "ETCDRUN_ROUND",
+)
 
 
 @pytest.fixture
@@ -68,8 +83,15 @@ def run_keys(endpoints: str, run_id: str) -> list[bytes]:
 def test_three_agents_two_workers_every_env_var(etcd, job_factory):
     job = job_factory(nnodes="3", conf="lease_ttl=2,join_timeout=30")
     logs = job.root / "logs"
-    agents = [job.start(WORKER, str(job.out), "exit", extra=(
-        "--max-restarts", "3", "--role", "trainer", "--log-dir", str(logs))) for _ in range(3)]
+    agents = [
+        job.start(
+            WORKER,
+            str(job.out),
+            "exit",
+            extra=("--max-restarts", "3", "--role", "trainer", "--log-dir", str(logs)),
+        )
+        for _ in range(3)
+    ]
     codes = [a.wait(60) for a in agents]
     assert codes == [0, 0, 0], job.describe()
 
@@ -88,7 +110,10 @@ def test_three_agents_two_workers_every_env_var(etcd, job_factory):
         e = s.env
         assert (e["WORLD_SIZE"], e["LOCAL_WORLD_SIZE"], e["GROUP_WORLD_SIZE"]) == ("6", "2", "3")
         assert (e["ROLE_NAME"], e["ROLE_RANK"], e["ROLE_WORLD_SIZE"]) == (
-            "trainer", str(s.rank), "6")
+            "trainer",
+            str(s.rank),
+            "6",
+        )
         assert e["TORCHELASTIC_RESTART_COUNT"] == "0"
         assert e["TORCHELASTIC_MAX_RESTARTS"] == "3"
         assert e["TORCHELASTIC_RUN_ID"] == job.run_id
@@ -96,7 +121,8 @@ def test_three_agents_two_workers_every_env_var(etcd, job_factory):
         assert e["OMP_NUM_THREADS"] == "1"  # unset for the agent, nproc_per_node > 1
         assert e["ETCDRUN_ROUND"] == str(round_no)
         assert e["TORCHELASTIC_ERROR_FILE"] == str(
-            logs / job.run_id / f"attempt_{round_no}" / str(s.rank) / "error.json")
+            logs / job.run_id / f"attempt_{round_no}" / str(s.rank) / "error.json"
+        )
         by_agent.setdefault(s.ppid, []).append(s)
     assert sorted(by_agent) == sorted(a.pid for a in agents)  # the agents' own children
     node_ranks = []
@@ -106,7 +132,9 @@ def test_three_agents_two_workers_every_env_var(etcd, job_factory):
         # S2: node r holds global ranks [2r, 2r+2); LOCAL_RANK is the offset within the node
         assert sorted(s.rank for s in mine) == [2 * group_rank, 2 * group_rank + 1]
         assert sorted((s.rank - 2 * group_rank, int(s.env["LOCAL_RANK"])) for s in mine) == [
-            (0, 0), (1, 1)]
+            (0, 0),
+            (1, 1),
+        ]
     assert sorted(node_ranks) == [0, 1, 2]
     # The run is closed: nothing but its closed marker stays leased, no agent or join key.
     wait_leases_only(etcd.endpoints, {f"/etcdrun/{job.run_id}/round".encode()}, within=5)
@@ -154,15 +182,24 @@ def test_kill_9_survivors_rerun_within_ttl_plus_2s_and_no_orphans(etcd, job_fact
 
 
 # ---- 3. a worker fails ---------------------------------------------------------------------------
-def test_failing_worker_restarts_job_wide_then_every_node_reports_the_root_cause(
-        etcd, job_factory):
-    job = job_factory(nnodes="2", conf="lease_ttl=2,join_timeout=30",
-                      extra=("--max-restarts", "1", "--tee", "3", "--stop-grace", "5"))
+def test_failing_worker_restarts_job_wide_then_every_node_reports_the_root_cause(etcd, job_factory):
+    job = job_factory(
+        nnodes="2",
+        conf="lease_ttl=2,join_timeout=30",
+        extra=("--max-restarts", "1", "--tee", "3", "--stop-grace", "5"),
+    )
     failing_rank = 1  # local rank 1 of node rank 0
     agents = []
     for i in range(2):
-        agents.append(job.start(WORKER, str(job.out), "fail", str(failing_rank),
-                                extra=("--log-dir", str(job.root / f"logs{i}"))))
+        agents.append(
+            job.start(
+                WORKER,
+                str(job.out),
+                "fail",
+                str(failing_rank),
+                extra=("--log-dir", str(job.root / f"logs{i}")),
+            )
+        )
     codes = [a.wait(60) for a in agents]
     assert all(code not in (0, None) for code in codes), (codes, job.describe())
 
@@ -193,7 +230,9 @@ def test_failing_worker_restarts_job_wide_then_every_node_reports_the_root_cause
         base = job.root / f"logs{agent_index}" / job.run_id
         # Exactly the two rounds' attempts: no stale re-run of a round the job already left.
         assert sorted(p.name for p in base.glob("attempt_*")) == [
-            f"attempt_{r1}", f"attempt_{r2}"], (agent_index, job.describe())
+            f"attempt_{r1}",
+            f"attempt_{r2}",
+        ], (agent_index, job.describe())
         for attempt in (r1, r2):
             for rank in ranks:
                 d = base / f"attempt_{attempt}" / str(rank)
@@ -211,8 +250,9 @@ def test_failing_worker_restarts_job_wide_then_every_node_reports_the_root_cause
 # ---- 4. SIGTERM to an agent ---------------------------------------------------------------------
 def test_sigterm_exits_143_forwards_to_workers_and_peers_restart_at_once(etcd, job_factory):
     ttl = 10  # a peer that waited for the lease to expire would take 10 s
-    job = job_factory(nnodes="2:3", conf=f"lease_ttl={ttl},join_timeout=30",
-                      extra=("--stop-grace", "10"))
+    job = job_factory(
+        nnodes="2:3", conf=f"lease_ttl={ttl},join_timeout=30", extra=("--stop-grace", "10")
+    )
     agents = [job.start() for _ in range(3)]
     first = job.wait_round(6)
     leaving = next(a for a in agents if a.pid == next(s.ppid for s in first if s.rank == 2))
@@ -222,8 +262,10 @@ def test_sigterm_exits_143_forwards_to_workers_and_peers_restart_at_once(etcd, j
     leaving.proc.send_signal(signal.SIGTERM)
     second = job.wait_round(4, after=first[0].round, timeout=30)
     recovery = max(s.t for s in second) - t_term
-    print(f"SIGTERM to an agent -> peers' 4 workers running again after {recovery:.2f} s "
-          f"(lease TTL {ttl} s)")
+    print(
+        f"SIGTERM to an agent -> peers' 4 workers running again after {recovery:.2f} s "
+        f"(lease TTL {ttl} s)"
+    )
     assert leaving.wait(30) == 143
     got = {pid: rec["signal"] for pid, rec in job.signals().items() if pid in its_workers}
     assert got == dict.fromkeys(its_workers, signal.SIGTERM), job.signals()
@@ -242,21 +284,36 @@ def test_sigterm_exits_143_forwards_to_workers_and_peers_restart_at_once(etcd, j
 
 # ---- 5. callable entrypoints --------------------------------------------------------------------
 def test_elastic_launch_static_returns_values_by_global_rank(tmp_path):
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, run_id="static-values",
-                          monitor_interval=0.05, log_dir=str(tmp_path), start_method="fork")
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=2,
+        run_id="static-values",
+        monitor_interval=0.05,
+        log_dir=str(tmp_path),
+        start_method="fork",
+    )
     values = elastic_launch(config, e2e_callables.rank_times)(10)
     assert {r: v["value"] for r, v in values.items()} == {0: 0, 1: 10}
     assert {r: v["world_size"] for r, v in values.items()} == {0: "2", 1: "2"}
     assert len({v["pid"] for v in values.values()}) == 2 and os.getpid() not in {
-        v["pid"] for v in values.values()}
+        v["pid"] for v in values.values()
+    }
 
 
 def test_elastic_launch_etcd_one_node_returns_values(etcd, tmp_path):
     run_id = "values-" + uuid.uuid4().hex[:8]
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, run_id=run_id,
-                          rdzv_backend="etcd", rdzv_endpoint=etcd.endpoints,
-                          rdzv_configs={"lease_ttl": 2, "join_timeout": 30},
-                          monitor_interval=0.05, log_dir=str(tmp_path))
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=2,
+        run_id=run_id,
+        rdzv_backend="etcd",
+        rdzv_endpoint=etcd.endpoints,
+        rdzv_configs={"lease_ttl": 2, "join_timeout": 30},
+        monitor_interval=0.05,
+        log_dir=str(tmp_path),
+    )
     values = elastic_launch(config, e2e_callables.rank_times)(7)  # spawn: the default
     assert {r: v["value"] for r, v in values.items()} == {0: 0, 1: 7}
     assert {v["run_id"] for v in values.values()} == {run_id}
@@ -265,8 +322,14 @@ def test_elastic_launch_etcd_one_node_returns_values(etcd, tmp_path):
 
 # ---- 6. bad input -------------------------------------------------------------------------------
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 30):
-    return subprocess.run([etcdrun_bin(), *args], capture_output=True, text=True,
-                          env=env or clean_env(), timeout=timeout, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [etcdrun_bin(), *args],
+        capture_output=True,
+        text=True,
+        env=env or clean_env(),
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def assert_one_clear_line(proc, *needles: str) -> str:
@@ -285,8 +348,22 @@ def assert_one_clear_line(proc, *needles: str) -> str:
 
 
 def etcd_argv(endpoints: str, conf: str, *rest: str) -> list[str]:
-    return ["--nnodes", "1", "--rdzv-backend", "etcd", "--rdzv-endpoint", endpoints,
-            "--rdzv-id", "bad", "--rdzv-conf", conf, *rest, WORKER, "/nonexistent", "exit"]
+    return [
+        "--nnodes",
+        "1",
+        "--rdzv-backend",
+        "etcd",
+        "--rdzv-endpoint",
+        endpoints,
+        "--rdzv-id",
+        "bad",
+        "--rdzv-conf",
+        conf,
+        *rest,
+        WORKER,
+        "/nonexistent",
+        "exit",
+    ]
 
 
 def test_unreachable_etcd_is_one_line_after_a_bounded_wait():
@@ -327,8 +404,13 @@ def test_permission_denied_outside_the_users_prefix_is_one_line(etcd, how, tmp_p
     assert_one_clear_line(proc, "permission denied", "run bad")
     assert "alicepw" not in proc.stderr
     # It may work inside alice's prefix: the same user, prefix /jobs/42, a one-node job.
-    ok = run_cli(*etcd_argv(etcd.endpoints, conf + ",prefix=/jobs/42")[:-3],
-                 WORKER, str(tmp_path), "exit", env=env)
+    ok = run_cli(
+        *etcd_argv(etcd.endpoints, conf + ",prefix=/jobs/42")[:-3],
+        WORKER,
+        str(tmp_path),
+        "exit",
+        env=env,
+    )
     assert ok.returncode == 0, ok.stderr
     assert len(list(tmp_path.glob("start_*.json"))) == 1
 

@@ -26,9 +26,18 @@ def _run(scenario, col, trials, setting="default", unit="s", n=8):
     label = "etcdrun" if kind == "etcdrun" else f"torchrun {col}"
     if setting == "tuned":
         label += " (lease_ttl=2)" if kind == "etcdrun" else " (last_call_timeout=1)"
-    return {"scenario": scenario, "setting": setting, "launcher": col, "label": label,
-            "kind": kind, "backend": backend, "tuned": setting == "tuned", "unit": unit,
-            "trials": trials, "n": n}
+    return {
+        "scenario": scenario,
+        "setting": setting,
+        "launcher": col,
+        "label": label,
+        "kind": kind,
+        "backend": backend,
+        "tuned": setting == "tuned",
+        "unit": unit,
+        "trials": trials,
+        "n": n,
+    }
 
 
 def _t(ready, running, **extra):
@@ -40,10 +49,22 @@ def _never(note="timeout 75s: no worker"):
 
 
 def _results(runs):
-    meta = {"date": "2026-11-30T00:00:00", "cpus": 2, "python": "3.11", "torch": "2.13.0",
-            "etcdrun": "0.1.0", "n": 4, "n_first": 8, "trials": 3, "slow_trials": 2,
-            "load_before": 0.5, "load_after": 0.6, "duration_s": 60, "leftover_processes": 0,
-            "complete": True}
+    meta = {
+        "date": "2026-11-30T00:00:00",
+        "cpus": 2,
+        "python": "3.11",
+        "torch": "2.13.0",
+        "etcdrun": "0.1.0",
+        "n": 4,
+        "n_first": 8,
+        "trials": 3,
+        "slow_trials": 2,
+        "load_before": 0.5,
+        "load_after": 0.6,
+        "duration_s": 60,
+        "leftover_processes": 0,
+        "complete": True,
+    }
     return {"meta": meta, "runs": runs, "help": {}, "scale": {}}
 
 
@@ -51,12 +72,12 @@ def test_verdicts_are_on_workers_running_and_name_the_reason():
     runs = [
         _run("1", "etcdrun", [_t(4.9, 0.62, agent_cpu_s=0.12), _t(4.5, 0.64, agent_cpu_s=0.12)]),
         _run("1s", "etcdrun", [_t(4.4, 0.20), _t(4.2, 0.22)]),
-        _run("3", "etcdrun", [_t(5.8, 3.9), _t(5.6, 4.0)]),      # ready > 6 s, running < 6 s
+        _run("3", "etcdrun", [_t(5.8, 3.9), _t(5.6, 4.0)]),  # ready > 6 s, running < 6 s
         _run("3", "etcdrun", [_t(3.8, 2.2)], setting="tuned"),
         _run("3", "c10d", [_t(6.8, 4.9)], setting="tuned"),
         _run("3i", "etcdrun", [_t(3.5, 2.9)], setting="tuned"),  # < 3 s, but torchrun: 2.5
         _run("3i", "c10d", [_t(3.0, 2.5)], setting="tuned"),
-        _run("5", "etcdrun", [_t(2.6, 0.2), _t(2.7, None)]),     # a START line went missing
+        _run("5", "etcdrun", [_t(2.6, 0.2), _t(2.7, None)]),  # a START line went missing
     ]
     # scenario 3i compares with torchrun's best tuned figure of scenario 3 (4.9 s): 2.9 passes
     assert report.verdict("3i", "tuned", runs) == ("PASS", "")
@@ -74,9 +95,11 @@ def test_verdicts_are_on_workers_running_and_name_the_reason():
 
 
 def test_a_run_that_never_recovers_is_a_miss_and_an_infinite_ratio():
-    runs = [_run("3i", "etcdrun", [_never()], setting="tuned"),
-            _run("3", "etcdrun", [_t(3.0, 1.0)], setting="tuned"),
-            _run("3", "c10d", [_never()], setting="tuned")]
+    runs = [
+        _run("3i", "etcdrun", [_never()], setting="tuned"),
+        _run("3", "etcdrun", [_t(3.0, 1.0)], setting="tuned"),
+        _run("3", "c10d", [_never()], setting="tuned"),
+    ]
     v, why = report.verdict("3i", "tuned", runs)
     assert v == "MISS" and "1/1 trial(s)" in why
     table = report.rows(_results(runs))
@@ -86,17 +109,21 @@ def test_a_run_that_never_recovers_is_a_miss_and_an_infinite_ratio():
 
 
 def test_published_tables_running_with_targets_ready_without():
-    runs = [_run("1", "etcdrun", [_t(4.9, 0.4)]), _run("1", "c10d", [_t(9.0, 5.0)]),
-            _run("5", "etcdrun", [_t(2.6, 0.2)]), _run("5", "c10d", [_t(6.0, 3.5)])]
+    runs = [
+        _run("1", "etcdrun", [_t(4.9, 0.4)]),
+        _run("1", "c10d", [_t(9.0, 5.0)]),
+        _run("5", "etcdrun", [_t(2.6, 0.2)]),
+        _run("5", "c10d", [_t(6.0, 3.5)]),
+    ]
     res = _results(runs)
     md = publish.results_md(res)
     running, ready = md.split("## To workers ready", 1)
     assert "| 1. First round" in running and "workers running | default | 0.40 s" in running
-    assert "PASS" in running and "12.5x" in running       # 5.0 / 0.4
+    assert "PASS" in running and "12.5x" in running  # 5.0 / 0.4
     ready_table = ready.split("## How it is measured", 1)[0]
     assert "workers ready | default | 4.90 s" in ready_table and "1.8x" in ready_table
     assert "PASS" not in ready_table and "target" not in ready_table
-    assert "(2.4-4.5 s in this run)" in ready_table      # from the trials, not typed in
+    assert "(2.4-4.5 s in this run)" in ready_table  # from the trials, not typed in
 
 
 @pytest.mark.timeout(180)
@@ -108,8 +135,7 @@ def test_harness_measures_a_real_job_and_leaves_nothing(etcd_bin, torch_availabl
     from procs import sweep, tagged
 
     tag = uuid.uuid4().hex
-    ctx = sc.Ctx(bindir=Path(sys.executable).parent, out=tmp_path, tag=tag,
-                 recover_timeout=30.0)
+    ctx = sc.Ctx(bindir=Path(sys.executable).parent, out=tmp_path, tag=tag, recover_timeout=30.0)
     try:
         first = sc.first_round(ctx, LAUNCHERS["etcdrun"], 3, 3, "s1s", stagger=True)
         assert first.outcome == "ok", first.note

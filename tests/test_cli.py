@@ -31,8 +31,9 @@ def etcdrun_bin() -> str:
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("PET_")}
     full_env.update(env or {})
-    return subprocess.run([etcdrun_bin(), *args], capture_output=True, text=True,
-                          env=full_env, timeout=60)
+    return subprocess.run(
+        [etcdrun_bin(), *args], capture_output=True, text=True, env=full_env, timeout=60
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -51,27 +52,70 @@ def test_defaults_are_torchruns():
     assert (c.master_addr, c.master_port) == ("127.0.0.1", 29500)
     assert c.rdzv_configs == {"rank": 0}
     assert (c.role, c.max_restarts, c.monitor_interval, c.start_method) == (
-        "default", 0, 0.1, "spawn")
+        "default",
+        0,
+        0.1,
+        "spawn",
+    )
     assert (c.redirects, c.tee, c.log_dir, c.local_ranks_filter) == (None, None, None, None)
     assert c.stop_grace is None and c.entrypoint_kind == "executable"
     assert entrypoint == PY and args == ["-u", "train.py"]
 
 
 def test_all_flags():
-    c, entrypoint, args = parse_args([
-        "--nnodes", "2:4", "--nproc-per-node", "3", "--rdzv-backend", "etcd",
-        "--rdzv-endpoint", "e1,https://e2:2380", "--rdzv-id", "job7",
-        "--rdzv-conf", "lease_ttl=2, join_timeout = 60", "--max-restarts", "5",
-        "--monitor-interval", "0.5", "--start-method", "fork", "--role", "trainer",
-        "--log-dir", "/tmp/l", "-r", "3", "-t", "0:1,1:2", "--local-ranks-filter", "0,2",
-        "--node-rank", "1", "--local-addr", "10.0.0.5", "--stop-grace", "7.5",
-        "train.py", "a"])
+    c, entrypoint, args = parse_args(
+        [
+            "--nnodes",
+            "2:4",
+            "--nproc-per-node",
+            "3",
+            "--rdzv-backend",
+            "etcd",
+            "--rdzv-endpoint",
+            "e1,https://e2:2380",
+            "--rdzv-id",
+            "job7",
+            "--rdzv-conf",
+            "lease_ttl=2, join_timeout = 60",
+            "--max-restarts",
+            "5",
+            "--monitor-interval",
+            "0.5",
+            "--start-method",
+            "fork",
+            "--role",
+            "trainer",
+            "--log-dir",
+            "/tmp/l",
+            "-r",
+            "3",
+            "-t",
+            "0:1,1:2",
+            "--local-ranks-filter",
+            "0,2",
+            "--node-rank",
+            "1",
+            "--local-addr",
+            "10.0.0.5",
+            "--stop-grace",
+            "7.5",
+            "train.py",
+            "a",
+        ]
+    )
     assert (c.min_nodes, c.max_nodes, c.nproc_per_node) == (2, 4, 3)
-    assert (c.rdzv_backend, c.rdzv_endpoint, c.run_id) == ("etcd", "e1:2379,https://e2:2380",
-                                                           "job7")
+    assert (c.rdzv_backend, c.rdzv_endpoint, c.run_id) == (
+        "etcd",
+        "e1:2379,https://e2:2380",
+        "job7",
+    )
     assert c.rdzv_configs == {"lease_ttl": "2", "join_timeout": "60"}
-    assert (c.max_restarts, c.monitor_interval, c.start_method, c.role) == (5, 0.5, "fork",
-                                                                            "trainer")
+    assert (c.max_restarts, c.monitor_interval, c.start_method, c.role) == (
+        5,
+        0.5,
+        "fork",
+        "trainer",
+    )
     assert c.log_dir == "/tmp/l" and c.redirects == Std.ALL
     assert c.tee == {0: Std.OUT, 1: Std.ERR}
     assert c.local_ranks_filter == {0, 2} and c.node_rank == 1 and c.local_addr == "10.0.0.5"
@@ -82,17 +126,44 @@ def test_all_flags():
 
 @pytest.mark.parametrize(
     "flag",
-    ["--nproc_per_node", "--rdzv_backend", "--rdzv_endpoint", "--rdzv_id", "--rdzv_conf",
-     "--max_restarts", "--monitor_interval", "--start_method", "--no_python", "--run_path",
-     "--log_dir", "--local_ranks_filter", "--node_rank", "--master_addr", "--master_port",
-     "--local_addr", "--stop_grace"],
+    [
+        "--nproc_per_node",
+        "--rdzv_backend",
+        "--rdzv_endpoint",
+        "--rdzv_id",
+        "--rdzv_conf",
+        "--max_restarts",
+        "--monitor_interval",
+        "--start_method",
+        "--no_python",
+        "--run_path",
+        "--log_dir",
+        "--local_ranks_filter",
+        "--node_rank",
+        "--master_addr",
+        "--master_port",
+        "--local_addr",
+        "--stop_grace",
+    ],
 )
 def test_underscore_spellings_are_accepted(flag):
-    values = {"--nproc_per_node": "2", "--rdzv_backend": "static", "--rdzv_endpoint": "h:1",
-              "--rdzv_id": "x", "--rdzv_conf": "join_timeout=1", "--max_restarts": "1",
-              "--monitor_interval": "1", "--start_method": "fork", "--log_dir": "/tmp",
-              "--local_ranks_filter": "0", "--node_rank": "0", "--master_addr": "h",
-              "--master_port": "1", "--local_addr": "h", "--stop_grace": "1"}
+    values = {
+        "--nproc_per_node": "2",
+        "--rdzv_backend": "static",
+        "--rdzv_endpoint": "h:1",
+        "--rdzv_id": "x",
+        "--rdzv_conf": "join_timeout=1",
+        "--max_restarts": "1",
+        "--monitor_interval": "1",
+        "--start_method": "fork",
+        "--log_dir": "/tmp",
+        "--local_ranks_filter": "0",
+        "--node_rank": "0",
+        "--master_addr": "h",
+        "--master_port": "1",
+        "--local_addr": "h",
+        "--stop_grace": "1",
+    }
     argv = [flag, values[flag]] if flag in values else [flag]
     dashed = ["--" + argv[0][2:].replace("_", "-"), *argv[1:]]
     assert parse_args([*argv, "train.py"]) == parse_args([*dashed, "train.py"])
@@ -149,11 +220,27 @@ def test_node_rank_goes_to_static_config():
 
 
 def test_standalone():
-    c1 = parse_args(["--standalone", "--nproc-per-node", "2", "--rdzv-backend", "etcd",
-                     "--rdzv-endpoint", "x:1", "--rdzv-id", "ignored", "t.py"])[0]
+    c1 = parse_args(
+        [
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "--rdzv-backend",
+            "etcd",
+            "--rdzv-endpoint",
+            "x:1",
+            "--rdzv-id",
+            "ignored",
+            "t.py",
+        ]
+    )[0]
     c2 = parse_args(["--standalone", "t.py"])[0]
     assert (c1.rdzv_backend, c1.rdzv_endpoint, c1.master_addr, c1.master_port) == (
-        "static", "", None, None)  # the launcher reserves a free local port
+        "static",
+        "",
+        None,
+        None,
+    )  # the launcher reserves a free local port
     assert c1.run_id not in ("ignored", "none") and len(c1.run_id) == 36
     assert c1.run_id != c2.run_id
     assert (c1.min_nodes, c1.max_nodes, c1.nproc_per_node) == (1, 1, 2)
@@ -161,10 +248,19 @@ def test_standalone():
 
 # --- PET_ environment --------------------------------------------------------------------------
 def test_pet_env(monkeypatch):
-    for k, v in {"PET_NNODES": "2:3", "PET_NPROC_PER_NODE": "4", "PET_MAX_RESTARTS": "2",
-                 "PET_RDZV_BACKEND": "etcd", "PET_RDZV_ENDPOINT": "e:1", "PET_RDZV_ID": "j",
-                 "PET_MODULE": "1", "PET_MONITOR_INTERVAL": "0.25", "PET_ROLE": "r",
-                 "PET_START_METHOD": "forkserver", "PET_LOCAL_RANKS_FILTER": "1"}.items():
+    for k, v in {
+        "PET_NNODES": "2:3",
+        "PET_NPROC_PER_NODE": "4",
+        "PET_MAX_RESTARTS": "2",
+        "PET_RDZV_BACKEND": "etcd",
+        "PET_RDZV_ENDPOINT": "e:1",
+        "PET_RDZV_ID": "j",
+        "PET_MODULE": "1",
+        "PET_MONITOR_INTERVAL": "0.25",
+        "PET_ROLE": "r",
+        "PET_START_METHOD": "forkserver",
+        "PET_LOCAL_RANKS_FILTER": "1",
+    }.items():
         monkeypatch.setenv(k, v)
     c, e, a = parse_args(["mod"])
     assert (c.min_nodes, c.max_nodes, c.nproc_per_node, c.max_restarts) == (2, 3, 4, 2)
@@ -224,11 +320,14 @@ def test_parse_errors(argv, message):
     assert message in str(err.value)
 
 
-@pytest.mark.parametrize("env, message", [
-    ({"PET_MAX_RESTARTS": "x"}, "PET_MAX_RESTARTS='x': invalid int value"),
-    ({"PET_START_METHOD": "thread"}, "PET_START_METHOD='thread': must be one of"),
-    ({"PET_STANDALONE": "yes"}, "PET_STANDALONE='yes': expected 0 or 1"),
-])
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        ({"PET_MAX_RESTARTS": "x"}, "PET_MAX_RESTARTS='x': invalid int value"),
+        ({"PET_START_METHOD": "thread"}, "PET_START_METHOD='thread': must be one of"),
+        ({"PET_STANDALONE": "yes"}, "PET_STANDALONE='yes': expected 0 or 1"),
+    ],
+)
 def test_pet_env_errors_name_the_variable(monkeypatch, env, message):
     for k, v in env.items():
         monkeypatch.setenv(k, v)
@@ -264,23 +363,39 @@ def test_real_command_one_line_exit_2(argv):
 def test_real_command_pet_error():
     proc = run_cli("t.py", env={"PET_NPROC_PER_NODE": "lots"})
     assert proc.returncode == 2
-    assert proc.stderr == "etcdrun: error: --nproc-per-node 'lots': expected an integer, " \
-                          "cpu, gpu or auto\n"
+    assert (
+        proc.stderr == "etcdrun: error: --nproc-per-node 'lots': expected an integer, "
+        "cpu, gpu or auto\n"
+    )
 
 
 def test_help_and_version():
     proc = run_cli("--help")
     assert proc.returncode == 0 and proc.stderr == ""
-    for flag in ("--nnodes", "--nproc-per-node", "--rdzv-backend", "--standalone",
-                 "--local-ranks-filter", "PET_"):
+    for flag in (
+        "--nnodes",
+        "--nproc-per-node",
+        "--rdzv-backend",
+        "--standalone",
+        "--local-ranks-filter",
+        "PET_",
+    ):
         assert flag in proc.stdout
     assert "--nproc_per_node" not in proc.stdout  # accepted, but not cluttering the help
     proc = run_cli("--version")
     assert (proc.returncode, proc.stdout) == (0, f"etcdrun {version('etcdrun')}\n")
 
 
-HEAVY_PREFIXES = ("grpc", "google.protobuf", "tenacity", "torch", "etcdrun.rendezvous.client",
-                  "etcdrun.proto", "etcdrun.agent.launcher", "etcdrun.rendezvous.etcd")
+HEAVY_PREFIXES = (
+    "grpc",
+    "google.protobuf",
+    "tenacity",
+    "torch",
+    "etcdrun.rendezvous.client",
+    "etcdrun.proto",
+    "etcdrun.agent.launcher",
+    "etcdrun.rendezvous.etcd",
+)
 
 
 def _modules_after(code: str) -> set[str]:
@@ -298,7 +413,8 @@ def test_help_imports_nothing_heavy():
     mods = _modules_after(
         "with contextlib.redirect_stdout(io.StringIO()):\n"
         "    try:\n        cli.parse_args(['--help'])\n"
-        "    except SystemExit:\n        pass")
+        "    except SystemExit:\n        pass"
+    )
     assert "argparse" in mods and "etcdrun.agent.cli" in mods
     assert not {m for m in mods if m.startswith(HEAVY_PREFIXES)}
     # Not even our config/registry modules: --help needs argparse alone.

@@ -31,7 +31,10 @@ def client(etcd):
 def test_parse_endpoints():
     eps = parse_endpoints("a:1, https://b , http://[::1]:3")
     assert [(e.host, e.port, e.secure) for e in eps] == [
-        ("a", 1, None), ("b", 2379, True), ("::1", 3, False)]
+        ("a", 1, None),
+        ("b", 2379, True),
+        ("::1", 3, False),
+    ]
     for bad in ["", "a:b", "a:99999", "ftp://x", "a b"]:
         with pytest.raises(ValueError):
             parse_endpoints(bad)
@@ -111,7 +114,8 @@ def test_watch_from_revision_delivers_every_event_once(client):
         assert batch is not None, got
         got += [(e.type, e.kv.key) for e in batch.events]
     assert got == [(pb.Event.PUT, f"/w/{i}".encode()) for i in range(1, 6)] + [
-        (pb.Event.DELETE, b"/w/1")]
+        (pb.Event.DELETE, b"/w/1")
+    ]
     w.cancel()
     assert w.get(timeout=0.2) is None
 
@@ -125,6 +129,7 @@ def test_watch_callback_and_many_watches_share_one_stream(client):
             seen[i].extend(e.kv.value for e in batch.events)
             if all(seen.values()):
                 done.set()
+
         return f
 
     rev = client.put("/cb", b"-")

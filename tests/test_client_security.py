@@ -50,10 +50,12 @@ def test_tls_without_trusting_the_ca_is_refused(etcd_tls):
 
 def test_mtls_needs_a_client_certificate(etcd_mtls):
     tls = etcd_mtls.tls
-    good = EtcdClient(etcd_mtls.endpoints, ca_cert=tls.ca_file, cert=tls.client_cert_file,
-                      key=tls.client_key_file)
-    bad = EtcdClient(etcd_mtls.endpoints, ca_cert=tls.ca_file, request_timeout=0.5,
-                     retry_timeout=1.0)
+    good = EtcdClient(
+        etcd_mtls.endpoints, ca_cert=tls.ca_file, cert=tls.client_cert_file, key=tls.client_key_file
+    )
+    bad = EtcdClient(
+        etcd_mtls.endpoints, ca_cert=tls.ca_file, request_timeout=0.5, retry_timeout=1.0
+    )
     try:
         good.put("/mtls", b"1")
         assert good.get("/mtls").value == b"1"

@@ -96,6 +96,14 @@ def test_check_order_is_the_reference_order():
 
 
 def test_valid_boundaries_pass():
-    c = LaunchConfig(min_nodes=1, max_nodes=4, node_rank=3, monitor_interval=0, max_restarts=0,
-                     run_id="job-1", stop_grace=0.0, local_ranks_filter={0})
+    c = LaunchConfig(
+        min_nodes=1,
+        max_nodes=4,
+        node_rank=3,
+        monitor_interval=0,
+        max_restarts=0,
+        run_id="job-1",
+        stop_grace=0.0,
+        local_ranks_filter={0},
+    )
     assert c.node_rank == 3 and c.run_id == "job-1" and c.stop_grace == 0.0

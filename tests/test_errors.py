@@ -14,29 +14,49 @@ from etcdrun.agent.errors import ChildFailedError, ProcessFailure, read_error_fi
 
 def torch_file(path: Path, message: str, callstack: str, timestamp: int) -> str:
     """An error file byte for byte as torch's ErrorHandler.record_exception writes it."""
-    data = {"message": {"message": message,
-                        "extraInfo": {"py_callstack": callstack, "timestamp": str(timestamp)}}}
+    data = {
+        "message": {
+            "message": message,
+            "extraInfo": {"py_callstack": callstack, "timestamp": str(timestamp)},
+        }
+    }
     path.write_text(json.dumps(data))
     return str(path)
 
 
-def failure(tmp_path: Path, rank: int, exitcode: int = 1, *, error: tuple | None = None,
-            exit_time: float = 1000.0, stopped: str | None = None) -> ProcessFailure:
+def failure(
+    tmp_path: Path,
+    rank: int,
+    exitcode: int = 1,
+    *,
+    error: tuple | None = None,
+    exit_time: float = 1000.0,
+    stopped: str | None = None,
+) -> ProcessFailure:
     error_file = str(tmp_path / f"error_{rank}.json")
     if error is not None:
         torch_file(Path(error_file), *error)
-    f = ProcessFailure(local_rank=rank % 2, pid=100 + rank, exitcode=exitcode,
-                       error_file=error_file, global_rank=rank, host="hostA",
-                       exit_time=exit_time)
+    f = ProcessFailure(
+        local_rank=rank % 2,
+        pid=100 + rank,
+        exitcode=exitcode,
+        error_file=error_file,
+        global_rank=rank,
+        host="hostA",
+        exit_time=exit_time,
+    )
     if stopped:
         f.stopped_by_agent, f.stop_signal = True, stopped
     return f
 
 
 def test_torch_format_is_parsed(tmp_path):
-    path = torch_file(tmp_path / "e.json", "ValueError: bad lr",
-                      'Traceback (most recent call last):\n  File "t.py", line 3\nValueError\n',
-                      1700000000)
+    path = torch_file(
+        tmp_path / "e.json",
+        "ValueError: bad lr",
+        'Traceback (most recent call last):\n  File "t.py", line 3\nValueError\n',
+        1700000000,
+    )
     f = ProcessFailure(local_rank=0, pid=7, exitcode=1, error_file=path, global_rank=3)
     assert f.has_error_file and f.message == "ValueError: bad lr"
     assert f.traceback.startswith("Traceback") and f.timestamp == 1700000000.0
@@ -50,18 +70,22 @@ def test_torch_string_message_shape_is_parsed(tmp_path):
     assert content.message == "plain failure" and content.timestamp == 1700000001.0
 
 
-@pytest.mark.parametrize("text, problem", [
-    ("{not json", "not a valid error file"),
-    ("", "empty"),
-    ("[1, 2]", "not a valid error file"),
-    ('{"message": {"extraInfo": "x"}}', "not a valid error file"),
-    ('{"other": 1}', "not a valid error file"),
-])
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ("{not json", "not a valid error file"),
+        ("", "empty"),
+        ("[1, 2]", "not a valid error file"),
+        ('{"message": {"extraInfo": "x"}}', "not a valid error file"),
+        ('{"other": 1}', "not a valid error file"),
+    ],
+)
 def test_corrupt_error_file_does_not_crash(tmp_path, text, problem):
     path = tmp_path / "e.json"
     path.write_text(text)
-    f = ProcessFailure(local_rank=0, pid=7, exitcode=1, error_file=str(path), global_rank=0,
-                       exit_time=5.0)
+    f = ProcessFailure(
+        local_rank=0, pid=7, exitcode=1, error_file=str(path), global_rank=0, exit_time=5.0
+    )
     assert problem in f.error_file_problem and not f.has_error_file
     assert f.message == "exited with code 1" and f.timestamp == 5.0
     report = str(ChildFailedError("train", {0: f}))
@@ -69,8 +93,14 @@ def test_corrupt_error_file_does_not_crash(tmp_path, text, problem):
 
 
 def test_missing_error_file_and_signal_exit(tmp_path):
-    f = ProcessFailure(local_rank=1, pid=9, exitcode=-signal.SIGKILL,
-                       error_file=str(tmp_path / "none.json"), global_rank=5, exit_time=3.0)
+    f = ProcessFailure(
+        local_rank=1,
+        pid=9,
+        exitcode=-signal.SIGKILL,
+        error_file=str(tmp_path / "none.json"),
+        global_rank=5,
+        exit_time=3.0,
+    )
     assert f.error_file_data is None and f.error_file_problem is None
     assert f.signal == "SIGKILL" and "Signal 9 (SIGKILL)" in f.message
 
@@ -170,8 +200,10 @@ def test_stderr_tail_shown_without_error_file(tmp_path):
 
 
 def test_everyone_stopped_by_the_agent(tmp_path):
-    failures = {0: failure(tmp_path, 0, -15, exit_time=2.0, stopped="SIGTERM"),
-                1: failure(tmp_path, 1, -9, exit_time=1.0, stopped="SIGKILL")}
+    failures = {
+        0: failure(tmp_path, 0, -15, exit_time=2.0, stopped="SIGTERM"),
+        1: failure(tmp_path, 1, -9, exit_time=1.0, stopped="SIGKILL"),
+    }
     err = ChildFailedError("t", failures)
     assert err.get_first_failure()[0] == 1
     assert "No worker failed by itself" in str(err)

@@ -14,11 +14,26 @@ def test_defaults():
 
 
 def test_values_are_converted_and_checked():
-    c = C.from_conf({"join_timeout": "12.5", "lease_ttl": "2", "last_call_timeout": 0,
-                     "min_nodes": 1, "max_nodes": 2, "rank": 0}, environ={})
+    c = C.from_conf(
+        {
+            "join_timeout": "12.5",
+            "lease_ttl": "2",
+            "last_call_timeout": 0,
+            "min_nodes": 1,
+            "max_nodes": 2,
+            "rank": 0,
+        },
+        environ={},
+    )
     assert c.join_timeout == 12.5 and c.lease_ttl == 2 and c.last_call_timeout == 0
-    for bad in [{"join_timeout": "soon"}, {"join_timeout": 0}, {"lease_ttl": 1.5},
-                {"last_call_timeout": -1}, {"prefix": "etcdrun"}, {"cacert": "/nope.pem"}]:
+    for bad in [
+        {"join_timeout": "soon"},
+        {"join_timeout": 0},
+        {"lease_ttl": 1.5},
+        {"last_call_timeout": -1},
+        {"prefix": "etcdrun"},
+        {"cacert": "/nope.pem"},
+    ]:
         with pytest.raises(ValueError, match=next(iter(bad)).split("_")[0]):
             C.from_conf(bad, environ={})
 

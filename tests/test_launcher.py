@@ -57,9 +57,18 @@ def test_static_node_rank_and_sizes():
 
 
 def test_parameters_passed_to_the_backend(captured):
-    c = LaunchConfig(min_nodes=2, max_nodes=5, nproc_per_node=4, run_id="r1",
-                     rdzv_backend="capture", rdzv_endpoint="h:1", rdzv_timeout=30,
-                     rdzv_configs={"rank": 0}, local_addr="10.9.9.9", node_rank=0)
+    c = LaunchConfig(
+        min_nodes=2,
+        max_nodes=5,
+        nproc_per_node=4,
+        run_id="r1",
+        rdzv_backend="capture",
+        rdzv_endpoint="h:1",
+        rdzv_timeout=30,
+        rdzv_configs={"rank": 0},
+        local_addr="10.9.9.9",
+        node_rank=0,
+    )
     _make_rdzv_handler(c)
     (p,) = captured
     assert (p.backend, p.endpoint, p.run_id) == ("capture", "h:1", "r1")
@@ -70,8 +79,9 @@ def test_parameters_passed_to_the_backend(captured):
 
 
 def test_rdzv_timeout_does_not_override_join_timeout(captured):
-    c = LaunchConfig(rdzv_backend="capture", rdzv_timeout=30,
-                     rdzv_configs={"join_timeout": 5, "rank": 0})
+    c = LaunchConfig(
+        rdzv_backend="capture", rdzv_timeout=30, rdzv_configs={"join_timeout": 5, "rank": 0}
+    )
     _make_rdzv_handler(c)
     assert captured[0].config["join_timeout"] == 5
 

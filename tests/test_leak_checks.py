@@ -9,7 +9,7 @@ from pathlib import Path
 
 HERE = Path(__file__).parent
 
-INNER = '''
+INNER = """
 import subprocess, threading, time
 import pytest
 
@@ -35,7 +35,7 @@ def test_clean():
     t = threading.Thread(target=lambda: None)
     t.start()
     t.join()
-'''
+"""
 
 
 def test_leak_checks_catch_threads_and_processes_but_not_fixtures(pytester, monkeypatch, etcd_bin):

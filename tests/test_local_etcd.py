@@ -16,14 +16,16 @@ from etcdrun.proto.etcd_stubs import bind
 from etcdrun.rendezvous.client.local_etcd import LocalEtcd, TlsConfig, find_etcd, grpc_channel
 
 
-def put(endpoint: str, key: bytes, value: bytes, tls: TlsConfig | None = None,
-        client_cert: bool = True) -> None:
+def put(
+    endpoint: str, key: bytes, value: bytes, tls: TlsConfig | None = None, client_cert: bool = True
+) -> None:
     with grpc_channel(endpoint, tls, client_cert=client_cert) as ch:
         bind(ch, "Put")(pb.PutRequest(key=key, value=value), timeout=5)
 
 
-def get(endpoint: str, key: bytes, tls: TlsConfig | None = None, *,
-        serializable: bool = False) -> bytes | None:
+def get(
+    endpoint: str, key: bytes, tls: TlsConfig | None = None, *, serializable: bool = False
+) -> bytes | None:
     """``serializable``: answered from this member's own store, without asking the leader."""
     with grpc_channel(endpoint, tls) as ch:
         resp = bind(ch, "Range")(pb.RangeRequest(key=key, serializable=serializable), timeout=5)

@@ -93,8 +93,9 @@ def test_later_round_has_no_last_call():
 
 
 def test_restart_round_without_hint_has_no_last_call():
-    f = decide(View(joining(2, restarts=1), agents("a", "b"), joins("a", "b")),
-               Settings(2, 4, 30.0), 0.0)
+    f = decide(
+        View(joining(2, restarts=1), agents("a", "b"), joins("a", "b")), Settings(2, 4, 30.0), 0.0
+    )
     assert isinstance(f, Freeze)
 
 
@@ -132,22 +133,31 @@ def test_survivors_keep_their_places_against_quicker_spares():
 
 
 def test_dead_joiner_is_ignored():
-    f = decide(View(joining(2, hint=members("a")), agents("a", "b"), joins("a", "b", "c")),
-               Settings(1, 3), 0.0)
+    f = decide(
+        View(joining(2, hint=members("a")), agents("a", "b"), joins("a", "b", "c")),
+        Settings(1, 3),
+        0.0,
+    )
     assert isinstance(f, Freeze) and {m.node_id for m in f.members} == {"a", "b"}
 
 
 def test_rank_zero_stays_with_its_node_when_an_older_agent_joins_later():
     # c held rank 0; a (older by create revision) arrives: a must not take rank 0.
-    f = decide(View(joining(2, hint=members("c", "d")), agents("a", "c", "d"),
-                    joins("a", "c", "d")), Settings(1, 4), 0.0)
+    f = decide(
+        View(joining(2, hint=members("c", "d")), agents("a", "c", "d"), joins("a", "c", "d")),
+        Settings(1, 4),
+        0.0,
+    )
     assert [m.node_id for m in f.members] == ["c", "d", "a"]
     assert f.master_addr == "c.host" and f.master_port == 1000 + REV["c"]
 
 
 def test_global_ranks_contiguous_with_mixed_local_world_sizes():
-    js = {"a": Join("a", 3, "a", 1, 10), "b": Join("b", 1, "b", 2, 11),
-          "c": Join("c", 2, "c", 3, 12)}
+    js = {
+        "a": Join("a", 3, "a", 1, 10),
+        "b": Join("b", 1, "b", 2, 11),
+        "c": Join("c", 2, "c", 3, 12),
+    }
     f = decide(View(joining(), agents("a", "b", "c"), js), Settings(3, 3), 0.0)
     assert [(m.node_rank, m.first_global_rank) for m in f.members] == [(0, 0), (1, 3), (2, 4)]
 
@@ -204,17 +214,17 @@ def test_exhaustive_invariants(mn, mx):
                 live_joined = [n for n in joined if n in ag]
                 if isinstance(a, Freeze):
                     ids = [m.node_id for m in a.members]
-                    assert mn <= len(ids) <= mx                        # S2: size
+                    assert mn <= len(ids) <= mx  # S2: size
                     assert [m.node_rank for m in a.members] == list(range(len(ids)))
                     assert all(n in live_joined for n in ids)
                     first = 0
-                    for m in a.members:                                # S2: contiguous
+                    for m in a.members:  # S2: contiguous
                         assert m.first_global_rank == first
                         first += m.local_world_size
                     survivors = [n for n in hint_nodes if n in ids]
-                    assert ids[: len(survivors)] == survivors          # S6: order kept
+                    assert ids[: len(survivors)] == survivors  # S6: order kept
                     if hint_nodes and hint_nodes[0] in live_joined:
-                        assert ids[0] == hint_nodes[0]                 # S6: rank 0 stays
+                        assert ids[0] == hint_nodes[0]  # S6: rank 0 stays
                     assert len(ids) == min(len(live_joined), mx)
                 else:
                     assert isinstance(a, Wait)

@@ -98,8 +98,7 @@ def test_crash_after_freeze_is_seen_after_lease_expiry(etcd):
 
 def test_death_mid_round_does_not_block_the_round(etcd):
     run = new_run_id()
-    hs = [handler(etcd.endpoints, run, 2, 4, lease_ttl=2, last_call_timeout=1)
-          for _ in range(3)]
+    hs = [handler(etcd.endpoints, run, 2, 4, lease_ttl=2, last_call_timeout=1) for _ in range(3)]
     with accepted_events() as acc:
         try:
             results: list = []
@@ -339,6 +338,7 @@ def test_status_line_while_waiting_names_counts_and_last_call(etcd):
     run = new_run_id()
     hs = [handler(etcd.endpoints, run, 2, 4, last_call_timeout=30) for _ in range(2)]
     try:
+
         def wait(h):
             with pytest.raises(RendezvousClosedError, match="shut down"):
                 h.next_rendezvous()  # interrupted by shutdown() below: a clean error
@@ -383,8 +383,7 @@ def test_leave_and_loss_events_name_the_node(etcd):
         with EtcdClient(etcd.endpoints) as other:
             assert other._leases.revoke(staying._session.lease.id, timeout=5)
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not [
-                e for e in got if e["event"] == "session_lost"]:
+        while time.monotonic() < deadline and not [e for e in got if e["event"] == "session_lost"]:
             time.sleep(0.05)
         lost = [e for e in got if e["event"] == "session_lost"]
         assert [e["node"] for e in lost] == [staying_id] and lost[0]["reason"]

@@ -22,8 +22,11 @@ from etcdrun.rendezvous.keys import RunKeys
 
 def frozen_rounds(endpoints: str, run: str) -> list[int]:
     with EtcdClient(endpoints) as c:
-        return [v.state.number for v in checker.round_history(c, RunKeys("/etcdrun", run))
-                if v.state is not None and v.state.phase == 2]
+        return [
+            v.state.number
+            for v in checker.round_history(c, RunKeys("/etcdrun", run))
+            if v.state is not None and v.state.phase == 2
+        ]
 
 
 def test_etcd_leader_killed_mid_round_round_completes_without_extra_round(etcd_cluster):
@@ -53,8 +56,7 @@ def test_etcd_leader_killed_mid_round_round_completes_without_extra_round(etcd_c
 def test_etcd_restart_while_running_causes_no_new_round(etcd):
     local = require_local(etcd)
     run = new_run_id()
-    hs = [handler(local.endpoints, run, 1, 3, request_timeout=1, lease_ttl=5)
-          for _ in range(3)]
+    hs = [handler(local.endpoints, run, 1, 3, request_timeout=1, lease_ttl=5) for _ in range(3)]
     with accepted_events() as acc:
         try:
             first = rendezvous(hs)
@@ -78,8 +80,7 @@ def test_stalled_keepalive_fences_before_the_ttl_and_rejoins_as_new_node(etcd):
     local = require_local(etcd)
     run = new_run_id()
     ttl = 2
-    hs = [handler(local.endpoints, run, 1, 2, request_timeout=0.3, lease_ttl=ttl)
-          for _ in range(2)]
+    hs = [handler(local.endpoints, run, 1, 2, request_timeout=0.3, lease_ttl=ttl) for _ in range(2)]
     with accepted_events() as acc:
         try:
             first = rendezvous(hs)

@@ -88,8 +88,12 @@ def test_static_does_not_import_the_etcd_backend():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     mods = set(json.loads(out.stdout))
     assert "etcdrun.rendezvous.static" in mods
-    heavy = {m for m in mods if m.split(".")[0] in ("grpc", "tenacity")
-             or m.startswith(("google.protobuf", "etcdrun.rendezvous.etcd", "etcdrun.proto"))}
+    heavy = {
+        m
+        for m in mods
+        if m.split(".")[0] in ("grpc", "tenacity")
+        or m.startswith(("google.protobuf", "etcdrun.rendezvous.etcd", "etcdrun.proto"))
+    }
     assert not heavy
 
 
@@ -155,12 +159,15 @@ def test_ranks_and_info_values():
 
 
 def test_every_node_of_a_job_agrees():
-    infos = [create_handler(params(node_rank=r, max_nodes=4, local_world_size=2)).next_rendezvous()
-             for r in range(4)]
+    infos = [
+        create_handler(params(node_rank=r, max_nodes=4, local_world_size=2)).next_rendezvous()
+        for r in range(4)
+    ]
     ranks = [list(range(i.first_global_rank, i.first_global_rank + 2)) for i in infos]
     assert sum(ranks, []) == list(range(8))
     assert {(i.world_size, i.master_addr, i.master_port, i.round) for i in infos} == {
-        (8, "10.1.2.3", 29500, 0)}
+        (8, "10.1.2.3", 29500, 0)
+    }
 
 
 def test_config_rank_wins_over_node_rank():

@@ -26,13 +26,26 @@ import wr_callables  # noqa: E402
 
 
 def make_info(
-    *, first: int = 0, world: int = 2, node_rank: int = 0, nodes: int = 1, round: int = 0,
-    restarts: int = 0, run_id: str = "job",
+    *,
+    first: int = 0,
+    world: int = 2,
+    node_rank: int = 0,
+    nodes: int = 1,
+    round: int = 0,
+    restarts: int = 0,
+    run_id: str = "job",
 ) -> RendezvousInfo:
     return RendezvousInfo(
-        run_id=run_id, round=round, node_id=f"node{node_rank}", node_rank=node_rank,
-        node_count=nodes, first_global_rank=first, world_size=world, master_addr="10.1.2.3",
-        master_port=29511, restart_count=restarts,
+        run_id=run_id,
+        round=round,
+        node_id=f"node{node_rank}",
+        node_rank=node_rank,
+        node_count=nodes,
+        first_global_rank=first,
+        world_size=world,
+        master_addr="10.1.2.3",
+        master_port=29511,
+        restart_count=restarts,
     )
 
 
@@ -79,14 +92,20 @@ def run_to_end(group: WorkerGroup, spec: WorkerSpec, info: RendezvousInfo, attem
 
 # ---- environment ---------------------------------------------------------------------------------
 
+
 def test_every_env_var_for_two_workers(group, tmp_path, monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.delenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", raising=False)
     out = tmp_path / "env"
     out.mkdir()
     info = make_info(first=4, world=6, node_rank=2, nodes=3, round=7, restarts=2, run_id="envjob")
-    spec = WorkerSpec(role="trainer", local_world_size=2, entrypoint=script("dump_env.py"),
-                      args=(str(out), "--lr", 0.5), max_restarts=5)
+    spec = WorkerSpec(
+        role="trainer",
+        local_world_size=2,
+        entrypoint=script("dump_env.py"),
+        args=(str(out), "--lr", 0.5),
+        max_restarts=5,
+    )
     result = run_to_end(group, spec, info)
     assert result.state == WorkerState.SUCCEEDED
     assert result.return_values == {4: None, 5: None}
@@ -95,14 +114,25 @@ def test_every_env_var_for_two_workers(group, tmp_path, monkeypatch):
         data = json.loads((out / f"env_{rank}.json").read_text())
         env = data["env"]
         expected = {
-            "RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": "6",
-            "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "2", "GROUP_WORLD_SIZE": "3",
-            "ROLE_NAME": "trainer", "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": "6",
-            "MASTER_ADDR": "10.1.2.3", "MASTER_PORT": "29511",
-            "TORCHELASTIC_RESTART_COUNT": "2", "TORCHELASTIC_MAX_RESTARTS": "5",
-            "TORCHELASTIC_RUN_ID": "envjob", "TORCHELASTIC_USE_AGENT_STORE": "False",
+            "RANK": str(rank),
+            "LOCAL_RANK": str(local_rank),
+            "WORLD_SIZE": "6",
+            "LOCAL_WORLD_SIZE": "2",
+            "GROUP_RANK": "2",
+            "GROUP_WORLD_SIZE": "3",
+            "ROLE_NAME": "trainer",
+            "ROLE_RANK": str(rank),
+            "ROLE_WORLD_SIZE": "6",
+            "MASTER_ADDR": "10.1.2.3",
+            "MASTER_PORT": "29511",
+            "TORCHELASTIC_RESTART_COUNT": "2",
+            "TORCHELASTIC_MAX_RESTARTS": "5",
+            "TORCHELASTIC_RUN_ID": "envjob",
+            "TORCHELASTIC_USE_AGENT_STORE": "False",
             "TORCHELASTIC_ERROR_FILE": group.log_paths[rank].error_file,
-            "OMP_NUM_THREADS": "1", "ETCDRUN_ROUND": "7", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+            "OMP_NUM_THREADS": "1",
+            "ETCDRUN_ROUND": "7",
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
         }
         assert {k: env.get(k) for k in expected} == expected
         assert data["argv"] == [str(out), "--lr", "0.5"]
@@ -113,8 +143,11 @@ def test_user_omp_num_threads_is_kept(group, tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "4")
     out = tmp_path / "env"
     out.mkdir()
-    run_to_end(group, WorkerSpec(local_world_size=2, entrypoint=script("dump_env.py"),
-                                 args=(str(out),)), make_info())
+    run_to_end(
+        group,
+        WorkerSpec(local_world_size=2, entrypoint=script("dump_env.py"), args=(str(out),)),
+        make_info(),
+    )
     assert json.loads((out / "env_1.json").read_text())["env"]["OMP_NUM_THREADS"] == "4"
 
 
@@ -122,16 +155,21 @@ def test_single_worker_gets_no_omp_default(group, tmp_path, monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     out = tmp_path / "env"
     out.mkdir()
-    run_to_end(group, WorkerSpec(local_world_size=1, entrypoint=script("dump_env.py"),
-                                 args=(str(out),)), make_info(world=1))
+    run_to_end(
+        group,
+        WorkerSpec(local_world_size=1, entrypoint=script("dump_env.py"), args=(str(out),)),
+        make_info(world=1),
+    )
     assert "OMP_NUM_THREADS" not in json.loads((out / "env_0.json").read_text())["env"]
 
 
 def test_worker_is_its_own_session_and_process_group(group, tmp_path):
     out = tmp_path / "env"
     out.mkdir()
-    group.start(WorkerSpec(local_world_size=1, entrypoint=script("sleeper.py"),
-                           args=(str(out),)), make_info(world=1))
+    group.start(
+        WorkerSpec(local_world_size=1, entrypoint=script("sleeper.py"), args=(str(out),)),
+        make_info(world=1),
+    )
     assert wait_for(lambda: (out / "ready_0").exists())
     pid = group.pids()[0]
     assert int((out / "ready_0").read_text()) == pid  # the shim exec'd: same pid as the worker
@@ -141,18 +179,26 @@ def test_worker_is_its_own_session_and_process_group(group, tmp_path):
 
 # ---- entrypoints ---------------------------------------------------------------------------------
 
+
 def test_module_entrypoint(group, tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(WORKERS))
-    spec = WorkerSpec(local_world_size=2, entrypoint="mod_worker", args=(str(tmp_path), "a", 1),
-                      entrypoint_kind="module")
+    spec = WorkerSpec(
+        local_world_size=2,
+        entrypoint="mod_worker",
+        args=(str(tmp_path), "a", 1),
+        entrypoint_kind="module",
+    )
     assert run_to_end(group, spec, make_info()).state == WorkerState.SUCCEEDED
     assert (tmp_path / "mod_1").read_text() == "__main__ a 1"
 
 
 def test_executable_entrypoint(group, tmp_path):
-    spec = WorkerSpec(local_world_size=2, entrypoint="sh",
-                      args=("-c", 'echo "$RANK/$WORLD_SIZE" > "$0/exe_$RANK"', str(tmp_path)),
-                      entrypoint_kind=EntrypointKind.EXECUTABLE)
+    spec = WorkerSpec(
+        local_world_size=2,
+        entrypoint="sh",
+        args=("-c", 'echo "$RANK/$WORLD_SIZE" > "$0/exe_$RANK"', str(tmp_path)),
+        entrypoint_kind=EntrypointKind.EXECUTABLE,
+    )
     assert run_to_end(group, spec, make_info()).state == WorkerState.SUCCEEDED
     assert (tmp_path / "exe_0").read_text() == "0/2\n"
     assert (tmp_path / "exe_1").read_text() == "1/2\n"
@@ -167,23 +213,33 @@ def test_missing_executable_fails_127_with_message(group):
 
 
 def test_run_path_entrypoint(group, tmp_path):
-    spec = WorkerSpec(local_world_size=2, entrypoint=script("run_path_target.py"),
-                      args=(str(tmp_path), "x"), entrypoint_kind="run_path")
+    spec = WorkerSpec(
+        local_world_size=2,
+        entrypoint=script("run_path_target.py"),
+        args=(str(tmp_path), "x"),
+        entrypoint_kind="run_path",
+    )
     assert run_to_end(group, spec, make_info()).state == WorkerState.SUCCEEDED
     assert (tmp_path / "runpath_1").read_text() == f"{tmp_path} x"
 
 
 @pytest.mark.parametrize("method", ["spawn", "fork", "forkserver"])
 def test_callable_return_values(group, console, method):
-    spec = WorkerSpec(local_world_size=2, entrypoint=wr_callables.scaled_rank, args=(10,),
-                      start_method=method)
+    spec = WorkerSpec(
+        local_world_size=2, entrypoint=wr_callables.scaled_rank, args=(10,), start_method=method
+    )
     info = make_info(first=2, world=4, round=3)
     result = run_to_end(group, spec, info)
     assert result.state == WorkerState.SUCCEEDED
     assert {r: v["value"] for r, v in result.return_values.items()} == {2: 20, 3: 30}
     env = result.return_values[3]["env"]
-    assert env == {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "ETCDRUN_ROUND": "3",
-                   "TORCHELASTIC_ERROR_FILE": group.log_paths[3].error_file}
+    assert env == {
+        "RANK": "3",
+        "LOCAL_RANK": "1",
+        "WORLD_SIZE": "4",
+        "ETCDRUN_ROUND": "3",
+        "TORCHELASTIC_ERROR_FILE": group.log_paths[3].error_file,
+    }
     if method != "forkserver":
         assert result.return_values[2]["ppid"] == os.getpid()
     lines = console.out.getvalue().splitlines()
@@ -192,8 +248,9 @@ def test_callable_return_values(group, console, method):
 
 @pytest.mark.parametrize("method", ["spawn", "fork"])
 def test_callable_exception_is_recorded(group, method):
-    spec = WorkerSpec(local_world_size=2, entrypoint=wr_callables.raise_on_rank, args=(1,),
-                      start_method=method)
+    spec = WorkerSpec(
+        local_world_size=2, entrypoint=wr_callables.raise_on_rank, args=(1,), start_method=method
+    )
     group.start(spec, make_info())
     assert group.wait(60).is_failed()
     final = group.stop(grace=5)
@@ -214,8 +271,12 @@ def test_unpicklable_spawn_entrypoint_fails_start_cleanly(group):
 def test_forked_worker_does_not_inherit_the_agents_signal_handlers(group, tmp_path):
     previous = signal.signal(signal.SIGTERM, lambda *_: None)  # an agent forwarding SIGTERM
     try:
-        spec = WorkerSpec(local_world_size=1, entrypoint=wr_callables.sleep_forever,
-                          args=(str(tmp_path),), start_method="fork")
+        spec = WorkerSpec(
+            local_world_size=1,
+            entrypoint=wr_callables.sleep_forever,
+            args=(str(tmp_path),),
+            start_method="fork",
+        )
         group.start(spec, make_info(world=1))
         assert wait_for(lambda: (tmp_path / "ready_0").exists())
         final = group.stop(grace=10)
@@ -225,8 +286,12 @@ def test_forked_worker_does_not_inherit_the_agents_signal_handlers(group, tmp_pa
 
 
 def test_spawn_failure_inside_start_leaves_nothing_behind(group):
-    spec = WorkerSpec(local_world_size=2, entrypoint=wr_callables.scaled_rank,
-                      args=(lambda: 1,), start_method="forkserver")
+    spec = WorkerSpec(
+        local_world_size=2,
+        entrypoint=wr_callables.scaled_rank,
+        args=(lambda: 1,),
+        start_method="forkserver",
+    )
     with pytest.raises(Exception, match="pickle"):
         group.start(spec, make_info())
     assert not group.relay_thread.is_alive()
@@ -234,8 +299,9 @@ def test_spawn_failure_inside_start_leaves_nothing_behind(group):
 
 
 def test_unpicklable_return_value_is_a_failure(group):
-    spec = WorkerSpec(local_world_size=1, entrypoint=wr_callables.unpicklable_result,
-                      start_method="fork")
+    spec = WorkerSpec(
+        local_world_size=1, entrypoint=wr_callables.unpicklable_result, start_method="fork"
+    )
     result = run_to_end(group, spec, make_info(world=1))
     assert result.is_failed() and "cannot be pickled" in result.failures[0].message
 
@@ -249,6 +315,7 @@ def test_start_while_running_is_refused(group, tmp_path):
 
 
 # ---- failures ------------------------------------------------------------------------------------
+
 
 def test_record_root_cause_and_stopped_sibling(group):
     spec = WorkerSpec(local_world_size=2, entrypoint=script("fail_rank.py"), args=(1,))
@@ -291,45 +358,53 @@ def test_signal_death_is_named(group, tmp_path):
 
 # ---- logs ----------------------------------------------------------------------------------------
 
+
 def read(path: str) -> bytes:
     return Path(path).read_bytes() if os.path.exists(path) else b""
 
 
 def test_default_goes_to_console_prefixed_without_files(group, console):
-    run_to_end(group, WorkerSpec(local_world_size=2, entrypoint=script("output.py")),
-               make_info())
+    run_to_end(group, WorkerSpec(local_world_size=2, entrypoint=script("output.py")), make_info())
     assert sorted(console.out.getvalue().splitlines()) == [b"[0]:out 0", b"[1]:out 1"]
     assert sorted(console.err.getvalue().splitlines()) == [b"[0]:err 0", b"[1]:err 1"]
     assert not os.path.exists(group.log_paths[0].stdout)
 
 
 def test_tee_writes_files_and_console(group, console):
-    run_to_end(group, WorkerSpec(local_world_size=2, entrypoint=script("output.py"), tee=3),
-               make_info())
+    run_to_end(
+        group, WorkerSpec(local_world_size=2, entrypoint=script("output.py"), tee=3), make_info()
+    )
     assert b"[1]:out 1" in console.out.getvalue().splitlines()
     assert read(group.log_paths[1].stdout) == b"out 1\n"
     assert read(group.log_paths[1].stderr) == b"err 1\n"
 
 
 def test_redirect_writes_files_only(group, console):
-    run_to_end(group, WorkerSpec(local_world_size=2, entrypoint=script("output.py"),
-                                 redirects=Std.ALL), make_info())
+    run_to_end(
+        group,
+        WorkerSpec(local_world_size=2, entrypoint=script("output.py"), redirects=Std.ALL),
+        make_info(),
+    )
     assert console.out.getvalue() == b"" and console.err.getvalue() == b""
     assert read(group.log_paths[0].stdout) == b"out 0\n"
     assert read(group.log_paths[0].stderr) == b"err 0\n"
 
 
 def test_per_rank_redirect_map(group, console):
-    run_to_end(group, WorkerSpec(local_world_size=2, entrypoint=script("output.py"),
-                                 redirects="0:1"), make_info())
+    run_to_end(
+        group,
+        WorkerSpec(local_world_size=2, entrypoint=script("output.py"), redirects="0:1"),
+        make_info(),
+    )
     assert console.out.getvalue().splitlines() == [b"[1]:out 1"]
     assert sorted(console.err.getvalue().splitlines()) == [b"[0]:err 0", b"[1]:err 1"]
     assert read(group.log_paths[0].stdout) == b"out 0\n"
 
 
 def test_local_ranks_filter_keeps_filtered_output_in_files(group, console):
-    spec = WorkerSpec(local_world_size=2, entrypoint=script("output.py"), tee=Std.OUT,
-                      local_ranks_filter={1})
+    spec = WorkerSpec(
+        local_world_size=2, entrypoint=script("output.py"), tee=Std.OUT, local_ranks_filter={1}
+    )
     run_to_end(group, spec, make_info(first=4, world=6))
     assert console.out.getvalue().splitlines() == [b"[5]:out 5"]
     assert console.err.getvalue().splitlines() == [b"[5]:err 5"]
@@ -344,14 +419,13 @@ def test_global_ranks_filter(group, console):
 
 
 def test_binary_and_partial_lines_do_not_break_the_relay(group, console):
-    spec = WorkerSpec(local_world_size=1, entrypoint=script("output.py"), args=("binary",),
-                      tee=Std.OUT)
+    spec = WorkerSpec(
+        local_world_size=1, entrypoint=script("output.py"), args=("binary",), tee=Std.OUT
+    )
     assert run_to_end(group, spec, make_info(world=1)).state == WorkerState.SUCCEEDED
     raw = b"out 0\n\xff\xfe\x00bin\r\n" + b"x" * 10 + b" no newline"
     assert read(group.log_paths[0].stdout) == raw
-    assert console.out.getvalue() == b"".join(
-        b"[0]:" + line + b"\n" for line in raw.split(b"\n")
-    )
+    assert console.out.getvalue() == b"".join(b"[0]:" + line + b"\n" for line in raw.split(b"\n"))
 
 
 def test_logs_of_every_attempt_are_kept(group, tmp_path):
@@ -365,7 +439,9 @@ def test_logs_of_every_attempt_are_kept(group, tmp_path):
     assert read(first[0].stdout) == b"out 0\n" and read(first[1].stderr) == b"err 1\n"
     assert read(second[3].stdout) == b"out 3\n"
     assert sorted(p.name for p in (tmp_path / "logs" / "job").iterdir()) == [
-        "attempt_0", "attempt_1"]
+        "attempt_0",
+        "attempt_1",
+    ]
 
 
 def test_a_repeated_round_gets_a_new_attempt_folder(group):
@@ -390,9 +466,11 @@ def test_stale_error_file_of_a_previous_run_is_ignored(group):
 
 # ---- stop, signals, leaks ------------------------------------------------------------------------
 
+
 def test_stop_escalates_to_sigkill_for_a_worker_ignoring_sigterm(group, tmp_path):
-    spec = WorkerSpec(local_world_size=2, entrypoint=script("sleeper.py"),
-                      args=(str(tmp_path), "ignore-term"))
+    spec = WorkerSpec(
+        local_world_size=2, entrypoint=script("sleeper.py"), args=(str(tmp_path), "ignore-term")
+    )
     group.start(spec, make_info())
     assert wait_for(lambda: all((tmp_path / f"ready_{r}").exists() for r in (0, 1)))
     final = group.stop(grace=0.5)
@@ -405,8 +483,12 @@ def test_stop_escalates_to_sigkill_for_a_worker_ignoring_sigterm(group, tmp_path
 
 
 def test_stop_returns_as_soon_as_workers_exit(group, tmp_path):
-    spec = WorkerSpec(local_world_size=2, entrypoint=script("sleeper.py"),
-                      args=(str(tmp_path), "exit-on-term"), stop_grace=60)
+    spec = WorkerSpec(
+        local_world_size=2,
+        entrypoint=script("sleeper.py"),
+        args=(str(tmp_path), "exit-on-term"),
+        stop_grace=60,
+    )
     group.start(spec, make_info())
     assert wait_for(lambda: all((tmp_path / f"ready_{r}").exists() for r in (0, 1)))
     began = time.monotonic()
@@ -436,8 +518,9 @@ def test_on_exit_callback_and_wait(tmp_path):
         seen.append(worker.global_rank)
         woke.set()
 
-    g = WorkerGroup(str(tmp_path), on_exit=on_exit, console_out=io.BytesIO(),
-                    console_err=io.BytesIO())
+    g = WorkerGroup(
+        str(tmp_path), on_exit=on_exit, console_out=io.BytesIO(), console_err=io.BytesIO()
+    )
     g.start(WorkerSpec(local_world_size=2, entrypoint="sh", args=("-c", "exit 0")), make_info())
     assert woke.wait(30)
     assert g.wait(30).state == WorkerState.SUCCEEDED
@@ -452,8 +535,9 @@ def open_fds() -> set[str]:
 def test_stop_leaves_no_thread_pipe_or_process(tmp_path):
     before = open_fds()
     g = WorkerGroup(str(tmp_path), console_out=io.BytesIO(), console_err=io.BytesIO())
-    spec = WorkerSpec(local_world_size=3, entrypoint=script("sleeper.py"), args=(str(tmp_path),),
-                      tee="0:3,1:1")
+    spec = WorkerSpec(
+        local_world_size=3, entrypoint=script("sleeper.py"), args=(str(tmp_path),), tee="0:3,1:1"
+    )
     workers = g.start(spec, make_info(world=3))
     thread = g.relay_thread
     assert thread is not None and thread.is_alive() and len(open_fds()) > len(before)
@@ -537,6 +621,7 @@ def test_agent_killed_by_sigkill_leaves_no_orphan(tmp_path, kind):
 
 
 # ---- api ---------------------------------------------------------------------------------------
+
 
 def test_std_parsing():
     assert to_map("3", 2) == {0: Std.ALL, 1: Std.ALL}

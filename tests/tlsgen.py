@@ -31,12 +31,41 @@ def _openssl(*args: str, cwd: Path) -> None:
 def _leaf(folder: Path, name: str, subject: str, ext: str) -> None:
     """Key + CSR + cert signed by the CA in ``folder``, with the extensions in ``ext``."""
     (folder / f"{name}.ext").write_text(ext)
-    _openssl("req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-             "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", subject,
-             cwd=folder)
-    _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-             "-CAcreateserial", "-days", "2", "-sha256", "-extfile", f"{name}.ext",
-             "-out", f"{name}.crt", cwd=folder)
+    _openssl(
+        "req",
+        "-new",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-keyout",
+        f"{name}.key",
+        "-out",
+        f"{name}.csr",
+        "-subj",
+        subject,
+        cwd=folder,
+    )
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        f"{name}.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-sha256",
+        "-extfile",
+        f"{name}.ext",
+        "-out",
+        f"{name}.crt",
+        cwd=folder,
+    )
 
 
 def generate(folder: str | Path) -> TlsFiles:
@@ -49,15 +78,41 @@ def generate(folder: str | Path) -> TlsFiles:
         raise RuntimeError("the openssl command is needed to generate test certificates")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-             "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "2",
-             "-subj", "/CN=etcdrun-test-ca", "-addext", "basicConstraints=critical,CA:TRUE",
-             "-addext", "keyUsage=critical,keyCertSign,cRLSign", cwd=folder)
-    _leaf(folder, "server", "/CN=localhost",
-          "subjectAltName=IP:127.0.0.1,DNS:localhost\n"
-          "extendedKeyUsage=serverAuth,clientAuth\nkeyUsage=digitalSignature\n")
-    _leaf(folder, "client", "/CN=etcdrun-test-client",
-          "extendedKeyUsage=clientAuth\nkeyUsage=digitalSignature\n")
+    _openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=etcdrun-test-ca",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+        cwd=folder,
+    )
+    _leaf(
+        folder,
+        "server",
+        "/CN=localhost",
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\n"
+        "extendedKeyUsage=serverAuth,clientAuth\nkeyUsage=digitalSignature\n",
+    )
+    _leaf(
+        folder,
+        "client",
+        "/CN=etcdrun-test-client",
+        "extendedKeyUsage=clientAuth\nkeyUsage=digitalSignature\n",
+    )
     return TlsFiles(
         ca_file=str(folder / "ca.crt"),
         server_cert=str(folder / "server.crt"),

@@ -17,8 +17,22 @@ from etcdrun.rendezvous.client.lease import Lease
 from etcdrun.rendezvous.client.watch import Watch, WatchBatch
 
 __all__ = [
-    "ClientConfig", "Endpoint", "EtcdAuthError", "EtcdClient", "EtcdClosedError",
-    "EtcdCompactedError", "EtcdConnectionError", "EtcdError", "EtcdLeaseNotFoundError",
-    "EtcdPermissionError", "EtcdRequestError", "EtcdTokenExpiredError", "Lease", "RangeResult",
-    "TxnResult", "Watch", "WatchBatch", "parse_endpoints",
+    "ClientConfig",
+    "Endpoint",
+    "EtcdAuthError",
+    "EtcdClient",
+    "EtcdClosedError",
+    "EtcdCompactedError",
+    "EtcdConnectionError",
+    "EtcdError",
+    "EtcdLeaseNotFoundError",
+    "EtcdPermissionError",
+    "EtcdRequestError",
+    "EtcdTokenExpiredError",
+    "Lease",
+    "RangeResult",
+    "TxnResult",
+    "Watch",
+    "WatchBatch",
+    "parse_endpoints",
 ]

@@ -42,8 +42,11 @@ class EtcdClient:
     """A thread-safe client for one etcd cluster (any number of endpoints)."""
 
     def __init__(self, endpoints: str | Sequence[str] | ClientConfig, **kw) -> None:
-        config = endpoints if isinstance(endpoints, ClientConfig) else \
-            ClientConfig.create(endpoints, **kw)
+        config = (
+            endpoints
+            if isinstance(endpoints, ClientConfig)
+            else ClientConfig.create(endpoints, **kw)
+        )
         self.config = config
         self._t = Transport(config)
         self._leases = LeaseKeeper(self._t)
@@ -51,16 +54,33 @@ class EtcdClient:
         self._pid = os.getpid()
 
     # ---- KV ----------------------------------------------------------------------------------
-    def range(self, key: Key, range_end: Key | None = None, *, prefix: bool = False,
-              revision: int = 0, limit: int = 0, keys_only: bool = False,
-              count_only: bool = False, serializable: bool = False,
-              sort: tuple[str, str] | None = None, max_create_revision: int = 0,
-              timeout: float | None = None) -> RangeResult:
+    def range(
+        self,
+        key: Key,
+        range_end: Key | None = None,
+        *,
+        prefix: bool = False,
+        revision: int = 0,
+        limit: int = 0,
+        keys_only: bool = False,
+        count_only: bool = False,
+        serializable: bool = False,
+        sort: tuple[str, str] | None = None,
+        max_create_revision: int = 0,
+        timeout: float | None = None,
+    ) -> RangeResult:
         """Read a key or range. ``sort=("create", "descend")`` and friends order the result."""
         end = t.prefix_end(key) if prefix else (t.to_bytes(range_end) if range_end else b"")
-        req = pb.RangeRequest(key=t.to_bytes(key), range_end=end, revision=revision,
-                              limit=limit, keys_only=keys_only, count_only=count_only,
-                              serializable=serializable, max_create_revision=max_create_revision)
+        req = pb.RangeRequest(
+            key=t.to_bytes(key),
+            range_end=end,
+            revision=revision,
+            limit=limit,
+            keys_only=keys_only,
+            count_only=count_only,
+            serializable=serializable,
+            max_create_revision=max_create_revision,
+        )
         if sort:
             req.sort_target = pb.RangeRequest.SortTarget.Value(sort[0].upper())
             req.sort_order = pb.RangeRequest.SortOrder.Value(sort[1].upper())
@@ -75,20 +95,32 @@ class EtcdClient:
     def get_prefix(self, prefix: Key, **kw) -> RangeResult:
         return self.range(prefix, prefix=True, **kw)
 
-    def put(self, key: Key, value: bytes | str, lease: int | Lease = 0,
-            timeout: float | None = None) -> int:
+    def put(
+        self, key: Key, value: bytes | str, lease: int | Lease = 0, timeout: float | None = None
+    ) -> int:
         """Write; return the store revision of the write."""
         req = pb.PutRequest(key=t.to_bytes(key), value=t.to_bytes(value), lease=_lid(lease))
         return self._t.call("Put", req, timeout=timeout).header.revision
 
-    def delete(self, key: Key, *, prefix: bool = False, range_end: Key | None = None,
-               timeout: float | None = None) -> int:
+    def delete(
+        self,
+        key: Key,
+        *,
+        prefix: bool = False,
+        range_end: Key | None = None,
+        timeout: float | None = None,
+    ) -> int:
         """Delete a key or range; return how many keys were deleted."""
         op = t.delete(key, prefix, range_end).request_delete_range
         return self._t.call("DeleteRange", op, timeout=timeout).deleted
 
-    def txn(self, compare: Sequence[pb.Compare], success: Sequence[pb.RequestOp] = (),
-            failure: Sequence[pb.RequestOp] = (), timeout: float | None = None) -> TxnResult:
+    def txn(
+        self,
+        compare: Sequence[pb.Compare],
+        success: Sequence[pb.RequestOp] = (),
+        failure: Sequence[pb.RequestOp] = (),
+        timeout: float | None = None,
+    ) -> TxnResult:
         """One atomic if/then/else (build parts with etcdrun.rendezvous.client.txn)."""
         req = pb.TxnRequest(compare=list(compare), success=list(success), failure=list(failure))
         resp = self._t.call("Txn", req, timeout=timeout)
@@ -110,9 +142,16 @@ class EtcdClient:
         return [s.ID for s in self._t.call("LeaseLeases", pb.LeaseLeasesRequest()).leases]
 
     # ---- watches -----------------------------------------------------------------------------
-    def watch(self, key: Key, *, prefix: bool = False, range_end: Key | None = None,
-              start_revision: int = 0, prev_kv: bool = False,
-              callback: Callable[[WatchBatch], None] | None = None) -> Watch:
+    def watch(
+        self,
+        key: Key,
+        *,
+        prefix: bool = False,
+        range_end: Key | None = None,
+        start_revision: int = 0,
+        prev_kv: bool = False,
+        callback: Callable[[WatchBatch], None] | None = None,
+    ) -> Watch:
         """Watch a key or range from ``start_revision`` (inclusive; pass the revision you read
         plus one, so nothing between your read and the watch is missed)."""
         end = t.prefix_end(key) if prefix else (t.to_bytes(range_end) if range_end else b"")
@@ -136,8 +175,11 @@ class EtcdClient:
         self._t.call("RoleAdd", pb.AuthRoleAddRequest(name=name))
 
     def role_grant_prefix(self, role: str, prefix: Key, perm: str = "READWRITE") -> None:
-        p = pb.Permission(permType=pb.Permission.Type.Value(perm), key=t.to_bytes(prefix),
-                          range_end=t.prefix_end(prefix))
+        p = pb.Permission(
+            permType=pb.Permission.Type.Value(perm),
+            key=t.to_bytes(prefix),
+            range_end=t.prefix_end(prefix),
+        )
         self._t.call("RoleGrantPermission", pb.AuthRoleGrantPermissionRequest(name=role, perm=p))
 
     def user_grant_role(self, user: str, role: str) -> None:

@@ -40,7 +40,7 @@ def parse_endpoint(text: str) -> Endpoint:
     secure: bool | None = None
     for scheme, flag in (("https://", True), ("http://", False)):
         if raw.lower().startswith(scheme):
-            raw, secure = raw[len(scheme):], flag
+            raw, secure = raw[len(scheme) :], flag
             break
     raw = raw.rstrip("/")
     m = _HOST_PORT.match(raw)
@@ -71,9 +71,9 @@ class ClientConfig:
     key: str | None = None
     user: str | None = None
     password: str | None = field(default=None, repr=False)
-    request_timeout: float = 2.0   # one attempt on one endpoint
-    retry_timeout: float = 30.0    # all attempts of one call, across endpoints
-    connect_timeout: float = 2.0   # a stream's (re)connection attempt
+    request_timeout: float = 2.0  # one attempt on one endpoint
+    retry_timeout: float = 30.0  # all attempts of one call, across endpoints
+    connect_timeout: float = 2.0  # a stream's (re)connection attempt
 
     def __post_init__(self) -> None:
         if (self.cert is None) != (self.key is None):

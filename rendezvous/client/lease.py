@@ -117,7 +117,8 @@ class LeaseKeeper:
                 if self._thread is None or not self._thread.is_alive():
                     self._stopping = False
                     self._thread = threading.Thread(
-                        target=self._run, name="etcd-lease-keepalive", daemon=True)
+                        target=self._run, name="etcd-lease-keepalive", daemon=True
+                    )
                     self._thread.start()
                 self._cv.notify_all()
         return lease
@@ -164,14 +165,19 @@ class LeaseKeeper:
         sent = time.monotonic()
         # A tick never runs past the moment a lease must be presumed lost: the check below has
         # to happen on time, or fencing eats into the margin it exists for.
-        timeout = min(self._t.config.request_timeout,
-                      max(0.1, min(ls.ttl for ls in due) / 3.0),
-                      max(0.05, min(ls.presumed_lost_at for ls in due) - sent))
+        timeout = min(
+            self._t.config.request_timeout,
+            max(0.1, min(ls.ttl for ls in due) / 3.0),
+            max(0.05, min(ls.presumed_lost_at for ls in due) - sent),
+        )
         acked: dict[int, int] = {}
         try:
             call = self._t.stream(
-                "LeaseKeepAlive", iter([pb.LeaseKeepAliveRequest(ID=ls.id) for ls in due]),
-                idx, timeout=timeout)
+                "LeaseKeepAlive",
+                iter([pb.LeaseKeepAliveRequest(ID=ls.id) for ls in due]),
+                idx,
+                timeout=timeout,
+            )
             for resp in call:
                 acked[resp.ID] = resp.TTL
                 if len(acked) == len(due):

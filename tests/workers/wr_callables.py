@@ -8,8 +8,12 @@ KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "ETCDRUN_ROUND", "TORCHELASTIC_ERROR
 
 def scaled_rank(factor):
     print(f"callable rank {os.environ['RANK']}", flush=True)
-    return {"value": int(os.environ["RANK"]) * factor, "env": {k: os.environ[k] for k in KEYS},
-            "pid": os.getpid(), "ppid": os.getppid()}
+    return {
+        "value": int(os.environ["RANK"]) * factor,
+        "env": {k: os.environ[k] for k in KEYS},
+        "pid": os.getpid(),
+        "ppid": os.getppid(),
+    }
 
 
 def raise_on_rank(rank):
