@@ -428,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
             where = args.endpoints
             results = run(args.endpoints, args.n, args.warmup, args.budget)
         else:
-            from etcdrun.rendezvous.client.local_etcd import LocalEtcd
+            from etcdrun.rendezvous.localetcd import LocalEtcd
 
             with LocalEtcd() as etcd:
                 where = f"local etcd {etcd.endpoints} ({etcd.etcd_bin}, fast timings)"

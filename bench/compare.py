@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.report:
         results = json.loads(Path(args.report).read_text())
     else:
-        from etcdrun.rendezvous.client.local_etcd import find_etcd
+        from etcdrun.rendezvous.localetcd import find_etcd
 
         if find_etcd() is None:
             print("compare.py: etcd not found (apt-get install etcd-server)", file=sys.stderr)

@@ -202,8 +202,8 @@ def py_spy(pids: list[int], out_dir: str | None, seconds: float) -> list[subproc
 def run_one(n: int, procs: int, args: argparse.Namespace) -> dict:
     from etcdrun.rendezvous import checker
     from etcdrun.rendezvous.client import EtcdClient
-    from etcdrun.rendezvous.client.local_etcd import LocalEtcd
     from etcdrun.rendezvous.keys import RunKeys
+    from etcdrun.rendezvous.localetcd import LocalEtcd
 
     p = max(1, min(procs, n))
     counts = [n // p + (i < n % p) for i in range(p)]
@@ -483,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    from etcdrun.rendezvous.client.local_etcd import find_etcd
+    from etcdrun.rendezvous.localetcd import find_etcd
 
     if find_etcd() is None:
         print("etcd not found: set $ETCD_BIN or install etcd-server", file=sys.stderr)

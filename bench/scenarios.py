@@ -94,7 +94,7 @@ class Job:
 
     def __enter__(self) -> Job:
         if self.launcher.needs_etcd:
-            from etcdrun.rendezvous.client.local_etcd import LocalEtcd
+            from etcdrun.rendezvous.localetcd import LocalEtcd
 
             extra = ["--enable-v2"] if self.launcher.backend == "etcd-v2" else []
             self.etcd = LocalEtcd(extra_args=extra).start()

@@ -71,7 +71,7 @@ def _on_signal(signum: int, _frame: object) -> None:
 
 def find_working_etcd(install: bool) -> tuple[str, str]:
     """(path, version) of an etcd that runs here; exits with a how-to line when there is none."""
-    from etcdrun.rendezvous.client.local_etcd import find_etcd
+    from etcdrun.rendezvous.localetcd import find_etcd
 
     try:
         path = find_etcd()
@@ -362,7 +362,7 @@ def main() -> int:
     )
     args = parser.parse_args()
     try:
-        from etcdrun.rendezvous.client.local_etcd import LocalEtcd
+        from etcdrun.rendezvous.localetcd import LocalEtcd
     except ImportError:
         sys.exit(
             f"demo: etcdrun is not installed in {sys.executable}; from the repository "

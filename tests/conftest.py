@@ -20,7 +20,7 @@ import pytest
 from etcd_helpers import ExternalEtcd, owned_local_etcd, owned_pids, pid_alive
 from tlsgen import TlsFiles, generate
 
-from etcdrun.rendezvous.client.local_etcd import LocalEtcd, TlsConfig, find_etcd
+from etcdrun.rendezvous.localetcd import LocalEtcd, TlsConfig, find_etcd
 
 pytest_plugins = ["pytester"]  # tests/test_leak_checks.py runs the checks in a sub-session
 

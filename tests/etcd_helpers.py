@@ -18,7 +18,7 @@ import pytest
 
 from etcdrun.proto import etcd_api_pb2 as pb
 from etcdrun.proto.etcd_stubs import bind
-from etcdrun.rendezvous.client.local_etcd import EtcdMember, LocalEtcd, TlsConfig, grpc_channel
+from etcdrun.rendezvous.localetcd import EtcdMember, LocalEtcd, TlsConfig, grpc_channel
 
 # Every LocalEtcd started through owned_local_etcd(), whatever the fixture's scope: the leak
 # check does not count their processes as leaked by the test that happens to be running.

@@ -111,7 +111,7 @@ def test_demo_without_etcd_says_how_to_get_one(monkeypatch, capsys):
     spec = importlib.util.spec_from_file_location("etcdrun_demo", DEMO)
     demo = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(demo)
-    from etcdrun.rendezvous.client import local_etcd
+    import etcdrun.rendezvous.localetcd as local_etcd
 
     monkeypatch.setattr(local_etcd, "find_etcd", lambda: None)
     with pytest.raises(SystemExit) as exit_info:

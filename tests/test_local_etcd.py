@@ -10,10 +10,10 @@ import grpc
 import pytest
 from etcd_helpers import ExternalEtcd, assert_no_leases, pid_alive, require_local
 
-import etcdrun.rendezvous.client.local_etcd as local_etcd
+import etcdrun.rendezvous.localetcd.cluster as local_etcd
 from etcdrun.proto import etcd_api_pb2 as pb
 from etcdrun.proto.etcd_stubs import bind
-from etcdrun.rendezvous.client.local_etcd import LocalEtcd, TlsConfig, find_etcd, grpc_channel
+from etcdrun.rendezvous.localetcd import LocalEtcd, TlsConfig, find_etcd, grpc_channel
 
 
 def put(

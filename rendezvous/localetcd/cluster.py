@@ -23,7 +23,7 @@ import time
 import uuid
 from collections.abc import Sequence
 
-from etcdrun.rendezvous.client.etcd_member import (
+from etcdrun.rendezvous.localetcd.member import (
     _PORT_CLASH,
     EtcdMember,
     TlsConfig,

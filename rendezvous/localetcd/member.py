@@ -1,8 +1,8 @@
 """One real etcd process on 127.0.0.1 (start, kill, pause, restart, probe), and where etcd is.
 
-Why apart from local_etcd.py: a member is the unit that fault tests kill, pause and restart;
-local_etcd.py builds clusters of them (ports, data dir, flags, waiting for health). The rules
-both follow are in local_etcd.py's docstring.
+Why apart from cluster.py: a member is the unit that fault tests kill, pause and restart;
+cluster.py builds clusters of them (ports, data dir, flags, waiting for health). The rules
+both follow are in cluster.py's docstring.
 """
 
 from __future__ import annotations
