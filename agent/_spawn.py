@@ -84,7 +84,7 @@ def worker_env(
         "MASTER_ADDR": info.master_addr,
         "MASTER_PORT": str(info.master_port),
         "TORCHELASTIC_RESTART_COUNT": str(info.restart_count),
-        "TORCHELASTIC_MAX_RESTARTS": str(spec.max_restarts),
+        "TORCHELASTIC_MAX_RESTARTS": str(info.max_restarts),
         "TORCHELASTIC_RUN_ID": info.run_id,
         "TORCHELASTIC_USE_AGENT_STORE": str(False),
         "TORCHELASTIC_ERROR_FILE": error_file,

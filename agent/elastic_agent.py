@@ -92,6 +92,7 @@ class ElasticAgent:
             except RendezvousClosedError:
                 ours = self._closed_by_failure()  # raises for another node's failure
                 if ours is not None:
+                    log.error("the restart budget is spent: the job failed")
                     return ours
                 raise
             with self._deferring():
@@ -106,17 +107,13 @@ class ElasticAgent:
                 info.first_global_rank + spec.local_world_size - 1,
                 info.world_size,
                 info.restart_count,
-                spec.max_restarts,
+                info.max_restarts,
             )
             result = self._wait(info)
             if result is None:  # the round was superseded (or our lease was lost)
-                lost = bool(getattr(h, "session_lost", lambda: False)())
+                lost = h.session_lost()
                 self._stop_workers(grace=0.0 if lost else None)
-                reason = (
-                    "lease lost"
-                    if lost
-                    else (getattr(h, "round_reason", lambda: "")() or "membership changed")
-                )
+                reason = "lease lost" if lost else (h.round_reason() or "membership changed")
                 log.info("round %d superseded (%s): restarting workers", info.round, reason)
                 self._raise_if_failed_elsewhere()
                 continue
@@ -128,55 +125,20 @@ class ElasticAgent:
                     log.warning("not every node finished in time; leaving anyway")
                 return final
             final = self._stop_workers()
-            rank, root = _root_cause(final)
-            failure = FailureInfo(
-                node_id=info.node_id,
-                host=root.host,
-                global_rank=rank,
-                exit_code=root.exitcode,
-                signal_name=root.signal or "",
-                message=root.message,
-                traceback=root.traceback,
-                timestamp=root.timestamp,
-                local_rank=root.local_rank,
-                pid=root.pid,
-            )
-            what = f"worker rank {rank} on {root.host} failed ({root.exit_description()})"
-            if h.shared_restarts:
-                # The rendezvous charges the job-wide budget when it freezes the next round — or
-                # closes the run with this failure when the budget is spent — unless a peer's
-                # death caused it (then the restart is a free membership change).
-                log.warning(
-                    "round %d: %s; restarting (restarts so far %d/%d, job-wide)",
-                    info.round,
-                    what,
-                    info.restart_count,
-                    spec.max_restarts,
-                )
-                self._failed = (info.node_id, final)
-                with self._deferring():
-                    h.request_restart(what, failure)
-                continue
-            if info.restart_count < spec.max_restarts:
-                log.warning(
-                    "round %d: %s; restart %d/%d",
-                    info.round,
-                    what,
-                    info.restart_count + 1,
-                    spec.max_restarts,
-                )
-                with self._deferring():
-                    h.request_restart(what, failure)
-                continue
-            log.error(
-                "round %d: %s and the restart budget (%d) is spent",
+            failure, what = _failure_of(info, final)
+            # One path for every backend: the rendezvous owns the budget. It grants the restart
+            # or closes the run with this failure (the next rendezvous then raises), and with
+            # etcd a failure caused by a peer's death costs nothing.
+            log.warning(
+                "round %d: %s; asking for a restart (%d of %d spent)",
                 info.round,
                 what,
-                spec.max_restarts,
+                info.restart_count,
+                info.max_restarts,
             )
+            self._failed = (info.node_id, final)
             with self._deferring():
-                h.close_with_failure(failure)
-            return final
+                h.request_restart(what, failure)
 
     def _rendezvous(self) -> RendezvousInfo:
         """next_rendezvous() with one status line every few seconds while it waits."""
@@ -317,6 +279,24 @@ class _Deferring:
 def _root_cause(result: RunResult) -> tuple[int, ProcessFailure]:
     pool = result.real_failures() or result.failures
     return min(pool.items(), key=lambda item: (item[1].timestamp, item[0]))
+
+
+def _failure_of(info: RendezvousInfo, final: RunResult) -> tuple[FailureInfo, str]:
+    """The root cause of a failed attempt, as every node will report it, and one line on it."""
+    rank, root = _root_cause(final)
+    failure = FailureInfo(
+        node_id=info.node_id,
+        host=root.host,
+        global_rank=rank,
+        exit_code=root.exitcode,
+        signal_name=root.signal or "",
+        message=root.message,
+        traceback=root.traceback,
+        timestamp=root.timestamp,
+        local_rank=root.local_rank,
+        pid=root.pid,
+    )
+    return failure, f"worker rank {rank} on {root.host} failed ({root.exit_description()})"
 
 
 # torch's (and the reference launcher's) name for the same agent.

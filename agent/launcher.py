@@ -66,8 +66,14 @@ def _make_rdzv_handler(config: LaunchConfig) -> RendezvousHandler:
         rdzv_configs.setdefault("join_timeout", config.rdzv_timeout)
     if config.rdzv_backend == "static":
         rdzv_configs.setdefault("rank", config.node_rank)
-    elif config.rdzv_backend in ("etcd", "etcd-v3"):  # it keeps the job-wide restart budget
-        rdzv_configs.setdefault("max_restarts", config.max_restarts)
+    # The rendezvous owns the restart budget (every backend): one value feeds its decisions,
+    # TORCHELASTIC_MAX_RESTARTS and the log lines. Given twice, the two must agree.
+    given = rdzv_configs.setdefault("max_restarts", config.max_restarts)
+    if config.max_restarts and str(given).strip() != str(config.max_restarts):
+        raise ValueError(
+            f"max_restarts is given twice with different values: --max-restarts "
+            f"{config.max_restarts} and --rdzv-conf max_restarts={given}"
+        )
     params = RendezvousParameters(
         backend=config.rdzv_backend,
         endpoint=endpoint,

@@ -28,7 +28,10 @@ class RendezvousInfo:
     """What one node learns from a completed round.
 
     ``first_global_rank`` is this node's first worker rank: its workers get
-    ``first_global_rank + local_rank``. ``restart_count`` is job-wide (the same on every node).
+    ``first_global_rank + local_rank``. ``restart_count`` is job-wide with etcd (the same on
+    every node). ``max_restarts`` is the budget the rendezvous decides with: the workers'
+    ``TORCHELASTIC_MAX_RESTARTS`` and the agent's log lines read it from here, so the three can
+    never disagree.
     """
 
     run_id: str
@@ -42,6 +45,7 @@ class RendezvousInfo:
     master_port: int
     restart_count: int
     participants: tuple[Participant, ...] = ()
+    max_restarts: int = 0
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,18 @@ class FailureInfo:
     timestamp: float = 0.0
     local_rank: int = -1
     pid: int = 0
+
+
+def check_node_range(min_nodes: int, max_nodes: int) -> None:
+    """The one rule for a job's size, with the reference launcher's messages, in its order.
+
+    Why one function: LaunchConfig, RendezvousParameters and the protocol's Settings each
+    checked it, with three different messages for the same mistake.
+    """
+    if max_nodes < min_nodes:
+        raise ValueError(f"max_nodes ({max_nodes}) must be >= min_nodes ({min_nodes})")
+    if min_nodes <= 0:
+        raise ValueError(f"min_nodes ({min_nodes}) must be positive")
 
 
 @dataclass
@@ -77,12 +93,7 @@ class RendezvousParameters:
     def __post_init__(self) -> None:
         if not self.backend:
             raise ValueError("The rendezvous backend name must be a non-empty string.")
-        if self.min_nodes < 1:
-            raise ValueError(f"min_nodes ({self.min_nodes}) must be a positive integer.")
-        if self.max_nodes < self.min_nodes:
-            raise ValueError(
-                f"max_nodes ({self.max_nodes}) must be >= min_nodes ({self.min_nodes})."
-            )
+        check_node_range(self.min_nodes, self.max_nodes)
         if self.local_world_size < 1:
             raise ValueError(
                 f"local_world_size ({self.local_world_size}) must be a positive integer."
@@ -130,17 +141,27 @@ class RendezvousHandler(abc.ABC):
     def get_run_id(self) -> str:
         return ""
 
-    # ---- what the elastic agent needs beyond torch's interface (defaults fit static) ----------
-    @property
-    def shared_restarts(self) -> bool:
-        """True when the backend keeps the job-wide restart budget (etcd): the agent then asks
-        for a restart on every worker failure and the rendezvous decides, at the next freeze,
-        whether it costs a restart or closes the run. False (static): the agent counts."""
+    # ---- what the elastic agent needs beyond torch's interface (defaults fit a backend without
+    # ---- a shared round: static) ----------------------------------------------------------------
+    def session_lost(self) -> bool:
+        """True when this node's place in the job is gone (its etcd lease lost or presumed
+        lost): its workers must stop at once, without a grace period (fencing, S4)."""
         return False
 
+    def round_reason(self) -> str:
+        """Why the current round was opened ("node(s) left: ...", "worker rank 3 failed")."""
+        return ""
+
     def request_restart(self, reason: str, failure: FailureInfo | None = None) -> bool:
-        """Start a new round after a worker failure. False when the backend has no shared
-        round to restart (static) or someone else already did."""
+        """Ask for a new round after a worker failure: the one path for every backend.
+
+        The backend owns the restart budget: it either grants the restart (the next
+        ``next_rendezvous()`` returns a round with ``restart_count`` + 1) or, once the budget is
+        spent, closes the run with ``failure`` (the next ``next_rendezvous()`` raises
+        RendezvousClosedError and ``closed_failure()`` names the root cause). etcd decides when
+        the next round freezes, and a failure caused by a peer's death costs nothing. Returns
+        True when this call opened the new round (False: someone else did, or the run closed).
+        """
         return False
 
     def exit_barrier(self, timeout: float | None = None) -> bool:

@@ -209,6 +209,7 @@ class EtcdRendezvousHandler(RunLifecycle, RendezvousHandler):
             master_port=r.master_port,
             restart_count=r.restart_count,
             participants=r.members,
+            max_restarts=self.settings.max_restarts,
         )
         with self._cond:
             if self._round is not r:

@@ -68,10 +68,6 @@ class RunLifecycle:
             return None
         return codec.failure_from(msg.failure)
 
-    @property
-    def shared_restarts(self) -> bool:
-        return True
-
     def request_restart(self, reason: str, failure: FailureInfo | None = None) -> bool:
         """Open the next round after a worker failure. The leader charges the job-wide budget
         when it freezes that round — or closes the run as failed when the budget is spent —

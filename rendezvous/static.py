@@ -7,9 +7,11 @@ What it assumes, like torchrun's static backend: every node runs the same number
 (``local_world_size``), so this node's global ranks follow from its node rank alone; the node count
 is ``max_nodes`` (``min_nodes`` has no meaning without a live membership).
 
-Restarts: there is one round only. Each ``next_rendezvous()`` after the first re-runs that round
-with ``restart_count + 1``. The count is local to this node (as in torchrun) — unlike the etcd
-backend, nothing keeps it equal across nodes.
+Restarts: there is one round only. ``request_restart()`` after a worker failure re-runs it with
+``restart_count + 1`` while the budget (``max_restarts``, passed by the launcher) lasts, and
+closes the run with the failure once it is spent: the same contract as the etcd backend, so the
+agent has one path. The count is local to this node (as in torchrun) — unlike the etcd backend,
+nothing keeps it equal across nodes.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import threading
 from typing import Any
 
 from etcdrun.rendezvous.api import (
+    FailureInfo,
     Participant,
     RendezvousHandler,
     RendezvousInfo,
@@ -28,10 +31,10 @@ from etcdrun.rendezvous.errors import RendezvousClosedError, RendezvousTooManyNo
 
 DEFAULT_MASTER_ADDR = "127.0.0.1"
 
-# "rank" is set by the launcher; "join_timeout" may come from LaunchConfig.rdzv_timeout and has
-# nothing to wait for here. Any other key is a mistake (most likely an etcd key with the wrong
-# --rdzv-backend), so it is refused rather than ignored.
-_KNOWN_KEYS = frozenset({"rank", "join_timeout"})
+# "rank" and "max_restarts" are set by the launcher; "join_timeout" may come from
+# LaunchConfig.rdzv_timeout and has nothing to wait for here. Any other key is a mistake (most
+# likely an etcd key with the wrong --rdzv-backend), so it is refused rather than ignored.
+_KNOWN_KEYS = frozenset({"rank", "join_timeout", "max_restarts"})
 
 
 def parse_static_endpoint(endpoint: str) -> tuple[str, int | None]:
@@ -91,6 +94,17 @@ def _node_rank(params: RendezvousParameters) -> int:
         raise ValueError(f"static rendezvous: rank {value!r} is not an integer") from None
 
 
+def _max_restarts(params: RendezvousParameters) -> int:
+    value: Any = params.config.get("max_restarts", 0)
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        n = -1
+    if n < 0:
+        raise ValueError(f"static rendezvous: max_restarts {value!r} is not a count >= 0")
+    return n
+
+
 class StaticRendezvousHandler(RendezvousHandler):
     """One fixed round; membership never changes, so ``membership_changed`` is never set."""
 
@@ -118,8 +132,10 @@ class StaticRendezvousHandler(RendezvousHandler):
         self._master_addr = host
         self._master_port = port if port is not None else reserve_free_port()
         self._local_addr = params.local_addr or socket.gethostname()
+        self._max_restarts = _max_restarts(params)
         self._lock = threading.Lock()
-        self._restart_count = -1
+        self._restart_count = 0
+        self._failure: FailureInfo | None = None
         self._closed = False
         self._shut_down = False
         self._changed = threading.Event()
@@ -166,7 +182,6 @@ class StaticRendezvousHandler(RendezvousHandler):
                     round=0,
                     node=self._node_id,
                 )
-            self._restart_count += 1
             restart_count = self._restart_count
         return RendezvousInfo(
             run_id=self._run_id,
@@ -180,6 +195,7 @@ class StaticRendezvousHandler(RendezvousHandler):
             master_port=self._master_port,
             restart_count=restart_count,
             participants=self._participants(),
+            max_restarts=self._max_restarts,
         )
 
     def is_closed(self) -> bool:
@@ -192,6 +208,27 @@ class StaticRendezvousHandler(RendezvousHandler):
 
     def num_nodes_waiting(self) -> int:
         return 0
+
+    def request_restart(self, reason: str, failure: FailureInfo | None = None) -> bool:
+        """Re-run the round while the budget lasts; then close the run with the failure."""
+        with self._lock:
+            if self._closed:
+                return False
+            if self._restart_count < self._max_restarts:
+                self._restart_count += 1
+                return True
+            self._closed, self._failure = True, failure
+            return False
+
+    def close_with_failure(self, failure: FailureInfo) -> None:
+        with self._lock:
+            self._closed = True
+            if self._failure is None:
+                self._failure = failure
+
+    def closed_failure(self) -> FailureInfo | None:
+        with self._lock:
+            return self._failure
 
     @property
     def membership_changed(self) -> threading.Event:

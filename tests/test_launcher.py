@@ -74,7 +74,8 @@ def test_parameters_passed_to_the_backend(captured):
     assert (p.backend, p.endpoint, p.run_id) == ("capture", "h:1", "r1")
     assert (p.min_nodes, p.max_nodes, p.local_world_size) == (2, 5, 4)
     assert p.local_addr == "10.9.9.9"
-    assert p.config == {"rank": 0, "join_timeout": 30}  # min/max are fields, not config keys
+    # min/max are fields, not config keys; the rendezvous owns the restart budget
+    assert p.config == {"rank": 0, "join_timeout": 30, "max_restarts": 0}
     assert c.rdzv_configs == {"rank": 0}  # the caller's dict is not modified
 
 
@@ -117,3 +118,16 @@ def test_setup_logs_writes_agent_log(tmp_path):
         handler.close()
     assert "hello from the agent" in (tmp_path / "logs" / "agent.log").read_text()
     assert _setup_logs(LaunchConfig()) is None
+
+
+def test_max_restarts_given_twice_must_agree(captured):
+    """One value feeds the decisions, TORCHELASTIC_MAX_RESTARTS and the logs."""
+    agree = LaunchConfig(rdzv_backend="capture", max_restarts=3, rdzv_configs={"max_restarts": "3"})
+    _make_rdzv_handler(agree)
+    assert captured[-1].config["max_restarts"] == "3"
+    only_conf = LaunchConfig(rdzv_backend="capture", rdzv_configs={"max_restarts": 5})
+    _make_rdzv_handler(only_conf)
+    assert captured[-1].config["max_restarts"] == 5
+    clash = LaunchConfig(rdzv_backend="capture", max_restarts=3, rdzv_configs={"max_restarts": 5})
+    with pytest.raises(ValueError, match=r"--max-restarts 3 and --rdzv-conf max_restarts=5"):
+        _make_rdzv_handler(clash)

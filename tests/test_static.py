@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from etcdrun.rendezvous import registry
-from etcdrun.rendezvous.api import RendezvousHandler, RendezvousParameters
+from etcdrun.rendezvous.api import FailureInfo, RendezvousHandler, RendezvousParameters
 from etcdrun.rendezvous.errors import (
     RendezvousClosedError,
     RendezvousError,
@@ -231,11 +231,28 @@ def test_format_endpoint_roundtrip():
         assert parse_static_endpoint(format_endpoint(host, 42)) == (host, 42)
 
 
-def test_restart_reruns_the_round_with_restart_count_plus_one():
-    h = create_handler(params())
-    counts = [h.next_rendezvous() for _ in range(3)]
-    assert [i.restart_count for i in counts] == [0, 1, 2]
-    assert {i.round for i in counts} == {0}
+FAILURE = FailureInfo(node_id="node0", host="h", global_rank=0, exit_code=1)
+
+
+def test_restart_reruns_the_round_while_the_budget_lasts_then_closes_with_the_failure():
+    """The same contract as etcd: the backend owns the budget, the agent has one path."""
+    h = create_handler(params(config={"max_restarts": 2}))
+    infos = [h.next_rendezvous()]
+    for _ in range(2):
+        assert h.request_restart("worker failed", FAILURE) is True
+        infos.append(h.next_rendezvous())
+    assert [i.restart_count for i in infos] == [0, 1, 2]
+    assert {i.round for i in infos} == {0} and {i.max_restarts for i in infos} == {2}
+    assert h.closed_failure() is None
+    assert h.request_restart("worker failed again", FAILURE) is False  # spent
+    assert h.is_closed() and h.closed_failure() == FAILURE
+    with pytest.raises(RendezvousClosedError):
+        h.next_rendezvous()
+
+
+def test_static_max_restarts_must_be_a_count():
+    with pytest.raises(ValueError, match="max_restarts 'x'"):
+        create_handler(params(config={"max_restarts": "x"}))
 
 
 def test_membership_changed_is_an_event_never_set():

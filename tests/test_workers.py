@@ -33,6 +33,7 @@ def make_info(
     nodes: int = 1,
     round: int = 0,
     restarts: int = 0,
+    max_restarts: int = 0,
     run_id: str = "job",
 ) -> RendezvousInfo:
     return RendezvousInfo(
@@ -46,6 +47,7 @@ def make_info(
         master_addr="10.1.2.3",
         master_port=29511,
         restart_count=restarts,
+        max_restarts=max_restarts,
     )
 
 
@@ -98,13 +100,15 @@ def test_every_env_var_for_two_workers(group, tmp_path, monkeypatch):
     monkeypatch.delenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", raising=False)
     out = tmp_path / "env"
     out.mkdir()
-    info = make_info(first=4, world=6, node_rank=2, nodes=3, round=7, restarts=2, run_id="envjob")
+    info = make_info(
+        first=4, world=6, node_rank=2, nodes=3, round=7, restarts=2, max_restarts=5, run_id="envjob"
+    )
     spec = WorkerSpec(
         role="trainer",
         local_world_size=2,
         entrypoint=script("dump_env.py"),
         args=(str(out), "--lr", 0.5),
-        max_restarts=5,
+        max_restarts=1,  # the rendezvous' budget (info) is what workers see, not the spec's
     )
     result = run_to_end(group, spec, info)
     assert result.state == WorkerState.SUCCEEDED
