@@ -19,8 +19,9 @@ from typing import Any
 from etcdrun.agent.config import LaunchConfig
 from etcdrun.agent.errors import record
 from etcdrun.rendezvous.api import RendezvousHandler, RendezvousParameters
+from etcdrun.rendezvous.ports import reserve_free_port
 from etcdrun.rendezvous.registry import create_handler
-from etcdrun.rendezvous.static import DEFAULT_MASTER_ADDR, format_endpoint, reserve_free_port
+from etcdrun.rendezvous.static import DEFAULT_MASTER_ADDR, format_endpoint
 
 __all__ = ["LaunchConfig", "elastic_launch", "launch_agent"]
 

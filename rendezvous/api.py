@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import abc
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,6 +104,10 @@ class RendezvousParameters:
         return self.config.get(key, default)
 
 
+def _no_op() -> None:
+    return None
+
+
 class RendezvousHandler(abc.ABC):
     """A backend's view of the job's membership, as the agent uses it.
 
@@ -147,6 +152,15 @@ class RendezvousHandler(abc.ABC):
         """True when this node's place in the job is gone (its etcd lease lost or presumed
         lost): its workers must stop at once, without a grace period (fencing, S4)."""
         return False
+
+    def on_membership_change(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback`` whenever ``membership_changed`` is set; return an unsubscribe.
+
+        Why: the agent waits on one event for its workers' exits and for membership changes
+        alike, instead of polling one of them. The callback runs on a backend thread: it must
+        return at once (set an event, notify a condition). Default: membership never changes.
+        """
+        return _no_op
 
     def round_reason(self) -> str:
         """Why the current round was opened ("node(s) left: ...", "worker rank 3 failed")."""

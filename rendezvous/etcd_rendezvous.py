@@ -17,6 +17,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 
 from etcdrun.proto import etcd_api_pb2 as pb
 from etcdrun.proto import etcdrun_state_pb2 as st
@@ -47,9 +48,9 @@ from etcdrun.rendezvous.errors import (
 from etcdrun.rendezvous.etcd_config import EtcdRendezvousConfig
 from etcdrun.rendezvous.keys import RunKeys
 from etcdrun.rendezvous.lifecycle import RunLifecycle
+from etcdrun.rendezvous.ports import reserve_free_port
 from etcdrun.rendezvous.protocol import Phase, Round, Settings
 from etcdrun.rendezvous.session import Session
-from etcdrun.rendezvous.static import reserve_free_port
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +95,7 @@ class EtcdRendezvousHandler(RunLifecycle, RendezvousHandler):
         self._round_msg: st.RoundState | None = None
         self._running: Round | None = None
         self._changed = threading.Event()
+        self._listeners: list[Callable[[], None]] = []
         self._session: Session | None = None
         self._incarnation = 0
         self._tag = os.urandom(3).hex()  # several handlers may share one process
@@ -113,6 +115,25 @@ class EtcdRendezvousHandler(RunLifecycle, RendezvousHandler):
     @property
     def membership_changed(self) -> threading.Event:
         return self._changed
+
+    def on_membership_change(self, callback: Callable[[], None]) -> Callable[[], None]:
+        with self._cond:
+            self._listeners.append(callback)
+
+        def unsubscribe() -> None:
+            with self._cond:
+                if callback in self._listeners:
+                    self._listeners.remove(callback)
+
+        return unsubscribe
+
+    def _set_changed_locked(self) -> None:
+        self._changed.set()
+        for fn in list(self._listeners):
+            try:
+                fn()
+            except Exception:
+                log.exception("membership listener failed")
 
     def session_lost(self) -> bool:
         """True when this node's lease is gone: its workers must stop at once (fencing, S4)."""
@@ -365,7 +386,7 @@ class EtcdRendezvousHandler(RunLifecycle, RendezvousHandler):
             return  # our own leave (node_left says so), not a loss
         events.emit("session_lost", run_id=self.run_id, node=self.node_id, reason=lease.lost_reason)
         with self._cond:
-            self._changed.set()
+            self._set_changed_locked()
             self._cond.notify_all()
         d = self._driver
         if d is not None:
@@ -429,5 +450,5 @@ class EtcdRendezvousHandler(RunLifecycle, RendezvousHandler):
     def _on_round_locked(self, r: Round | None) -> None:
         run = self._running
         if run is not None and (r is None or r.number != run.number or r.phase is not run.phase):
-            self._changed.set()
+            self._set_changed_locked()
         self._cond.notify_all()

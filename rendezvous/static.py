@@ -28,6 +28,7 @@ from etcdrun.rendezvous.api import (
     RendezvousParameters,
 )
 from etcdrun.rendezvous.errors import RendezvousClosedError, RendezvousTooManyNodesError
+from etcdrun.rendezvous.ports import reserve_free_port
 
 DEFAULT_MASTER_ADDR = "127.0.0.1"
 
@@ -73,17 +74,6 @@ def format_endpoint(host: str, port: int) -> str:
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"
     return f"{host}:{port}"
-
-
-def reserve_free_port() -> int:
-    """A TCP port free on every local interface right now (the OS picks it).
-
-    The socket is closed before returning: rank 0's workers must be able to bind it. The window
-    in which another process could take it is the same one torchrun and the reference accept.
-    """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        return int(sock.getsockname()[1])
 
 
 def _node_rank(params: RendezvousParameters) -> int:
@@ -250,5 +240,4 @@ __all__ = [
     "create_rdzv_handler",
     "format_endpoint",
     "parse_static_endpoint",
-    "reserve_free_port",
 ]

@@ -390,3 +390,27 @@ def test_leave_and_loss_events_name_the_node(etcd):
     finally:
         unsubscribe()
         shutdown_all(hs)
+
+
+def test_membership_listener_fires_when_the_running_round_is_superseded(etcd):
+    """The agent waits on one event for worker exits and round changes: the handler calls its
+    listeners whenever membership_changed is set (here: a newcomer supersedes the round)."""
+    run = new_run_id()
+    first = handler(etcd.endpoints, run, 1, 2)
+    fired = threading.Event()
+    unsubscribe = first.on_membership_change(fired.set)
+    second = None
+    try:
+        rendezvous([first])
+        assert not fired.is_set()
+        second = handler(etcd.endpoints, run, 1, 2)
+        box = []
+        th = threading.Thread(target=lambda: box.append(second.next_rendezvous()))
+        th.start()
+        assert fired.wait(10) and first.membership_changed.is_set()
+        unsubscribe()
+        rendezvous([first])
+        th.join(10)
+        assert box and box[0].node_count == 2
+    finally:
+        shutdown_all([h for h in (first, second) if h is not None])
