@@ -42,7 +42,7 @@ def start_round(
     new = Round(number, Phase.JOINING, (), restart_count, failure=failure)
     ops = [
         t.put(keys.round, codec.round_to(new, reason=reason, decided_by=by)),
-        t.delete(keys.rounds, range_end=keys.round_dir(number)),
+        t.delete(keys.rounds, end=keys.round_dir(number)),
         t.put(keys.hint(number), codec.hint_to(number, hint)),
     ]
     return new, ([fence(keys, current)], ops)

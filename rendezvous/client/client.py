@@ -70,7 +70,7 @@ class EtcdClient:
         timeout: float | None = None,
     ) -> RangeResult:
         """Read a key or range. ``sort=("create", "descend")`` and friends order the result."""
-        end = t.prefix_end(key) if prefix else (t.to_bytes(range_end) if range_end else b"")
+        end = t.range_end(key, prefix, range_end)
         req = pb.RangeRequest(
             key=t.to_bytes(key),
             range_end=end,
@@ -154,7 +154,7 @@ class EtcdClient:
     ) -> Watch:
         """Watch a key or range from ``start_revision`` (inclusive; pass the revision you read
         plus one, so nothing between your read and the watch is missed)."""
-        end = t.prefix_end(key) if prefix else (t.to_bytes(range_end) if range_end else b"")
+        end = t.range_end(key, prefix, range_end)
         return self._watches.watch(t.to_bytes(key), end, start_revision, prev_kv, callback)
 
     # ---- cluster -----------------------------------------------------------------------------

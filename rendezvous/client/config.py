@@ -11,6 +11,8 @@ import os
 import re
 from dataclasses import dataclass, field
 
+from etcdrun.rendezvous.client.policy import RetryPolicy
+
 DEFAULT_PORT = 2379
 _HOST_PORT = re.compile(
     r"^(?:\[(?P<ip6>[0-9a-fA-F:.]+)\]|(?P<host>[A-Za-z0-9_.\-]+))(?::(?P<port>\d+))?$"
@@ -73,7 +75,6 @@ class ClientConfig:
     password: str | None = field(default=None, repr=False)
     request_timeout: float = 2.0  # one attempt on one endpoint
     retry_timeout: float = 30.0  # all attempts of one call, across endpoints
-    connect_timeout: float = 2.0  # a stream's (re)connection attempt
 
     def __post_init__(self) -> None:
         if (self.cert is None) != (self.key is None):
@@ -84,8 +85,12 @@ class ClientConfig:
             path = getattr(self, name)
             if path is not None and not os.path.isfile(path):
                 raise ValueError(f"etcd TLS {name} file not found: {path}")
-        if self.request_timeout <= 0 or self.retry_timeout <= 0:
-            raise ValueError("etcd timeouts must be positive")
+        self.policy  # noqa: B018 - validates the timeouts
+
+    @property
+    def policy(self) -> RetryPolicy:
+        """The retry and timeout policy every loop of the client and the rendezvous asks."""
+        return RetryPolicy(self.request_timeout, self.retry_timeout)
 
     @property
     def tls(self) -> bool:

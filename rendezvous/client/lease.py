@@ -40,7 +40,9 @@ class Lease:
     them short). A lost lease never comes back: the owner grants a new one.
     """
 
-    def __init__(self, keeper: LeaseKeeper | None, lease_id: int, ttl: int, sent_at: float):
+    def __init__(
+        self, keeper: LeaseKeeper | None, lease_id: int, ttl: int, sent_at: float, interval: float
+    ):
         self.id = lease_id
         self.ttl = ttl
         self.lost = threading.Event()
@@ -48,8 +50,11 @@ class Lease:
         self._keeper = keeper
         self._callbacks: list[Callable[[Lease], None]] = []
         self._acked_sent_at = sent_at
-        self._next_at = sent_at + ttl / 3.0
+        self._interval = interval
+        self._next_at = sent_at + interval
+        self._failures = 0  # keep-alive ticks failed in a row
         self._revoked = False
+        self._orphaned = False
         self.keepalives = 0
 
     @property
@@ -80,10 +85,20 @@ class Lease:
             except Exception:  # a callback must not kill the keeper thread
                 log.exception("lease-lost callback failed")
 
-    def revoke(self, timeout: float = 2.0) -> bool:
+    def orphan(self) -> None:
+        """Stop keeping it alive, and forget it, without revoking: on the server it expires
+        after its TTL, exactly as if this process had died (etcd's Session.Orphan). Nothing is
+        reported locally (``lost`` stays as it was), and ``revoke()`` afterwards does nothing.
+        For tests that play a crash, and for handing a lease over to another process."""
+        self._orphaned = True
+        if self._keeper is not None:
+            self._keeper.forget(self)
+
+    def revoke(self, timeout: float | None = None) -> bool:
         """Revoke on the server (its keys vanish at once) and stop keeping it alive. Idempotent;
-        True when etcd confirmed (or the lease was already gone)."""
-        if self._keeper is None:
+        True when etcd confirmed (or the lease was already gone). ``timeout`` defaults to the
+        policy's parting timeout: a leave must not hang on a dead etcd."""
+        if self._keeper is None or self._orphaned:
             return True
         self._keeper.forget(self)
         was_lost = self.lost.is_set()
@@ -110,7 +125,8 @@ class LeaseKeeper:
     def grant(self, ttl: int, keepalive: bool = True) -> Lease:
         sent = time.monotonic()
         resp = self._t.call("LeaseGrant", pb.LeaseGrantRequest(TTL=int(ttl)))
-        lease = Lease(self, resp.ID, int(resp.TTL), sent)
+        granted = int(resp.TTL)
+        lease = Lease(self, resp.ID, granted, sent, self._t.policy.keepalive_interval(granted))
         if keepalive:
             with self._cv:
                 self._leases[lease.id] = lease
@@ -128,9 +144,11 @@ class LeaseKeeper:
             self._leases.pop(lease.id, None)
             self._cv.notify_all()
 
-    def revoke(self, lease_id: int, timeout: float) -> bool:
+    def revoke(self, lease_id: int, timeout: float | None) -> bool:
         from etcdrun.rendezvous.client.errors import EtcdError, EtcdLeaseNotFoundError
 
+        if timeout is None:
+            timeout = self._t.policy.parting_timeout
         try:
             self._t.call("LeaseRevoke", pb.LeaseRevokeRequest(ID=lease_id), timeout=timeout)
             return True
@@ -163,13 +181,8 @@ class LeaseKeeper:
     def _tick(self, due: list[Lease]) -> None:
         idx = self._t.preferred()
         sent = time.monotonic()
-        # A tick never runs past the moment a lease must be presumed lost: the check below has
-        # to happen on time, or fencing eats into the margin it exists for.
-        timeout = min(
-            self._t.config.request_timeout,
-            max(0.1, min(ls.ttl for ls in due) / 3.0),
-            max(0.05, min(ls.presumed_lost_at for ls in due) - sent),
-        )
+        until_lost = min(ls.presumed_lost_at for ls in due) - sent
+        timeout = self._t.policy.keepalive_timeout(min(ls.ttl for ls in due), until_lost)
         acked: dict[int, int] = {}
         try:
             call = self._t.stream(
@@ -189,6 +202,10 @@ class LeaseKeeper:
                 log.debug("lease keep-alive on %s failed: %s", self._t.endpoint(idx), e.code())
         except Exception as e:  # closed channel, fork, ...
             log.debug("lease keep-alive failed: %r", e)
+        self._settle(due, acked, sent)
+
+    def _settle(self, due: list[Lease], acked: dict[int, int], sent: float) -> None:
+        """Book one tick's answers: refreshed, expired on the server, presumed lost, or retry."""
         now = time.monotonic()
         for ls in due:
             ttl = acked.get(ls.id)
@@ -198,13 +215,16 @@ class LeaseKeeper:
             elif ttl is not None:
                 ls._acked_sent_at = sent
                 ls.keepalives += 1
-                ls._next_at = sent + ls.ttl / 3.0
+                ls._failures = 0
+                ls._next_at = sent + ls._interval
             elif now >= ls.presumed_lost_at:
                 self.forget(ls)
                 ls._mark_lost(f"no keep-alive acknowledged for {now - (ls._acked_sent_at):.1f}s")
             else:
-                # Retry soon on the next endpoint, but never past the point of presumed loss.
-                ls._next_at = min(now + 0.1, ls.presumed_lost_at)
+                ls._failures += 1
+                ls._next_at = now + self._t.policy.keepalive_retry_in(
+                    ls._failures, ls.presumed_lost_at - now
+                )
 
     def close(self, revoke: bool = True) -> None:
         """Stop the thread; revoke what is still kept alive (bounded), so close leaves no lease."""
@@ -214,6 +234,6 @@ class LeaseKeeper:
             self._cv.notify_all()
         if revoke:
             for ls in leases:
-                ls.revoke(timeout=1.0)
+                ls.revoke()
         if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=5)
+            self._thread.join(timeout=self._t.policy.thread_stop_timeout)

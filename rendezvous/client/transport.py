@@ -5,7 +5,7 @@ a live channel to some endpoint, the current auth token, and a rule for what to 
 
 - Failover: calls go to the preferred endpoint; a transient failure (UNAVAILABLE, our short
   DEADLINE_EXCEEDED) moves the preference to the next endpoint and retries (tenacity), within
-  ``retry_timeout``.
+  ``retry_timeout`` — all of it as the one RetryPolicy (policy.py) says.
 - Auth: when the token expires (``etcdserver: invalid auth token``), log in again once and retry.
 - Fork: a grpc channel created before ``fork()`` is broken in the child (measured). Channels are
   created lazily and dropped — never reused — when the process id changes.
@@ -64,6 +64,7 @@ class Transport:
 
     def __init__(self, config: ClientConfig) -> None:
         self.config = config
+        self.policy = config.policy
         self._lock = threading.Lock()
         self._channels: dict[int, grpc.Channel] = {}
         self._pid = os.getpid()
@@ -142,7 +143,7 @@ class Transport:
         req = pb.AuthenticateRequest(name=self.config.user, password=self.config.password)
         resp = self._retrying(
             lambda idx: bind(self.channel(idx), "Authenticate")(
-                req, timeout=self.config.request_timeout
+                req, timeout=self.policy.request_timeout
             )
         )
         with self._lock:
@@ -163,22 +164,14 @@ class Transport:
             if not is_transient(e):
                 raise from_rpc_error(e, str(self.endpoint(idx))) from None
             self.fail_over(idx)
-        except ValueError as e:
-            if self._closed:
-                raise EtcdClosedError("etcd client is closed") from None
-            raise EtcdError(f"etcd: {e}") from None
-        # Only now: tenacity is ~15 ms of CPU at import, and most agents never retry.
-        import tenacity
+        except ValueError as e:  # grpc raises it for calls on a closed channel
+            raise self._closed_or(e) from None
+        return self._retry(attempt, timeout)
 
-        from etcdrun.rendezvous.client import policies
-
+    def _retry(self, attempt, timeout: float | None) -> Any:
+        """The retries after a failed first try, as the policy says (failover, backoff)."""
         n = len(self.config.endpoints)
-        retryer = tenacity.Retrying(
-            retry=policies.retry_if_transient,
-            wait=policies.failover_wait(n),
-            stop=policies.stop_after(timeout or self.config.retry_timeout, lambda: self._closed),
-            reraise=True,
-        )
+        retryer = self.policy.retrying(n, lambda: self._closed, timeout)
         last_index = [self._preferred]
 
         def one() -> Any:
@@ -194,24 +187,27 @@ class Transport:
         try:
             return retryer(one)
         except grpc.RpcError as e:
-            err = from_rpc_error(e, str(self.endpoint(last_index[0])))
             if is_transient(e):
                 raise EtcdConnectionError(
                     f"etcd unreachable at {self.endpoints_text()} "
                     f"(last error: {e.details() or e.code().name})",
                     code=e.code().name,
                 ) from None
-            raise err from None
-        except ValueError as e:  # grpc raises it for calls on a closed channel
-            if self._closed:
-                raise EtcdClosedError("etcd client is closed") from None
-            raise EtcdError(f"etcd: {e}") from None
+            raise from_rpc_error(e, str(self.endpoint(last_index[0]))) from None
+        except ValueError as e:
+            raise self._closed_or(e) from None
+
+    def _closed_or(self, e: ValueError) -> EtcdError:
+        if self._closed:
+            return EtcdClosedError("etcd client is closed")
+        return EtcdError(f"etcd: {e}")
 
     def call(self, name: str, request: Any, *, timeout: float | None = None) -> Any:
-        """One unary RPC by name, with failover, retry and re-login."""
+        """One unary RPC by name, with failover, retry and re-login. ``timeout`` bounds the
+        whole call (default: the policy's retry_timeout); each attempt gets request_timeout."""
         if self._closed:
             raise EtcdClosedError("etcd client is closed")
-        per_request = self.config.request_timeout
+        per_request = min(self.policy.request_timeout, self.policy.call_timeout(timeout))
 
         def attempt(idx: int) -> Any:
             return bind(self.channel(idx), name)(
@@ -231,7 +227,7 @@ class Transport:
         try:
             return bind(self.channel(index), name)(
                 request,
-                timeout=timeout or self.config.request_timeout,
+                timeout=timeout or self.policy.request_timeout,
                 metadata=self.metadata() or None,
             )
         except grpc.RpcError as e:

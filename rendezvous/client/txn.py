@@ -32,6 +32,14 @@ def prefix_end(prefix: Key) -> bytes:
     return b"\0"  # the prefix was all 0xff: every key from there on
 
 
+def range_end(key: Key, prefix: bool = False, end: Key | None = None) -> bytes:
+    """The one rule for a request's range_end: every key under ``key`` with ``prefix``, up to
+    ``end`` (exclusive) when given, else the single key (empty)."""
+    if prefix:
+        return prefix_end(key)
+    return to_bytes(end) if end else b""
+
+
 def _compare(key: Key, op: str, target: int, prefix: bool = False, **field) -> pb.Compare:
     """With ``prefix``, the comparison must hold for every key under ``key``."""
     if op not in _OPS:
@@ -40,7 +48,7 @@ def _compare(key: Key, op: str, target: int, prefix: bool = False, **field) -> p
         key=to_bytes(key),
         result=_OPS[op],
         target=target,
-        range_end=prefix_end(key) if prefix else b"",
+        range_end=range_end(key, prefix),
         **field,
     )
 
@@ -56,16 +64,10 @@ def create_revision(key: Key, op: str, rev: int, prefix: bool = False) -> pb.Com
     return _compare(key, op, pb.Compare.CREATE, prefix, create_revision=rev)
 
 
-def version(key: Key, op: str, ver: int) -> pb.Compare:
-    return _compare(key, op, pb.Compare.VERSION, version=ver)
 
 
-def value(key: Key, op: str, val: bytes) -> pb.Compare:
-    return _compare(key, op, pb.Compare.VALUE, value=val)
 
 
-def lease(key: Key, op: str, lease_id: int) -> pb.Compare:
-    return _compare(key, op, pb.Compare.LEASE, lease=lease_id)
 
 
 def put(key: Key, val: bytes, lease: int = 0) -> pb.RequestOp:
@@ -73,12 +75,12 @@ def put(key: Key, val: bytes, lease: int = 0) -> pb.RequestOp:
 
 
 def get(key: Key, prefix: bool = False, **kw) -> pb.RequestOp:
-    end = prefix_end(key) if prefix else b""
+    end = range_end(key, prefix)
     return pb.RequestOp(request_range=pb.RangeRequest(key=to_bytes(key), range_end=end, **kw))
 
 
-def delete(key: Key, prefix: bool = False, range_end: Key | None = None) -> pb.RequestOp:
-    end = prefix_end(key) if prefix else (to_bytes(range_end) if range_end else b"")
+def delete(key: Key, prefix: bool = False, end: Key | None = None) -> pb.RequestOp:
+    end = range_end(key, prefix, end)
     return pb.RequestOp(
         request_delete_range=pb.DeleteRangeRequest(key=to_bytes(key), range_end=end)
     )

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import queue
-import random
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -130,6 +129,7 @@ class WatchManager:
         self._call = None
         self._closing = False
         self._pending: deque[int] = deque()  # creates sent on this stream, not yet answered
+        self._closed_event = threading.Event()  # cuts a reconnect backoff short at close
         self.reconnects = 0
 
     def watch(
@@ -183,7 +183,7 @@ class WatchManager:
             yield item
 
     def _run(self) -> None:
-        backoff = 0.05
+        failures = 0  # streams broken in a row: the policy's backoff index
         while True:
             with self._lock:
                 if self._closing or not self._watches:
@@ -196,50 +196,56 @@ class WatchManager:
                     self._pending.append(w.id)
                     q.put(w.create_request())
                 self._requests = q
-            try:
-                call = self._t.stream("Watch", self._requests_iter(q), idx)
-                with self._lock:
-                    self._call = call
-                    if not self._watches or self._closing:
-                        call.cancel()
-                for resp in call:
-                    backoff = 0.05
-                    self._handle(resp)
-                err: BaseException = EtcdConnectionError("watch stream ended by the server")
-            except grpc.RpcError as e:
-                err = e
-            except Exception as e:  # closed channel (ValueError), fork
-                err = e
-            finally:
-                q.put(_STOP)  # ends grpc's request-consumer thread
-                with self._lock:
-                    self._requests = None
-                    self._call = None
+            err, delivered = self._stream(q, idx)
+            failures = 1 if delivered else failures + 1
             with self._lock:
                 if self._closing or not self._watches:
                     continue
-            if isinstance(err, grpc.RpcError):
-                typed = self._t.on_stream_error(err, idx)
-            else:
-                typed = err if isinstance(err, EtcdError) else EtcdError(f"etcd: {err!r}")
-            if isinstance(typed, EtcdTokenExpiredError) and not isinstance(err, grpc.RpcError):
-                try:
-                    self._t.login(stale=self._t.token)
-                except EtcdError as e:
-                    typed = e
-            if isinstance(typed, (EtcdAuthError, EtcdPermissionError)) and not isinstance(
-                typed, EtcdTokenExpiredError
-            ):
-                for w in list(self._watches.values()):
-                    self._end(w, typed)  # a wrong password does not heal by reconnecting
+            if not self._recoverable(err, idx):
                 continue
             self.reconnects += 1
-            log.debug("watch stream on %s broke (%s); resuming", self._t.endpoint(idx), typed)
+            self._closed_event.wait(self._t.policy.backoff(failures))
+
+    def _stream(self, q: queue.Queue, idx: int) -> tuple[BaseException, bool]:
+        """Run one stream until it breaks; (why it broke, whether it delivered anything)."""
+        delivered = False
+        try:
+            call = self._t.stream("Watch", self._requests_iter(q), idx)
             with self._lock:
-                closing = self._closing
-            if not closing:
-                threading.Event().wait(random.uniform(0, backoff))
-                backoff = min(backoff * 2, 1.0)
+                self._call = call
+                if not self._watches or self._closing:
+                    call.cancel()
+            for resp in call:
+                delivered = True
+                self._handle(resp)
+            return EtcdConnectionError("watch stream ended by the server"), delivered
+        except Exception as e:  # grpc.RpcError; a closed channel (ValueError); a fork
+            return e, delivered
+        finally:
+            q.put(_STOP)  # ends grpc's request-consumer thread
+            with self._lock:
+                self._requests = None
+                self._call = None
+
+    def _recoverable(self, err: BaseException, idx: int) -> bool:
+        """Book-keeping after a broken stream; False when every watch was ended for good (a
+        wrong password or a missing permission does not heal by reconnecting)."""
+        if isinstance(err, grpc.RpcError):
+            typed = self._t.on_stream_error(err, idx)
+        else:
+            typed = err if isinstance(err, EtcdError) else EtcdError(f"etcd: {err!r}")
+        if isinstance(typed, EtcdTokenExpiredError) and not isinstance(err, grpc.RpcError):
+            try:
+                self._t.login(stale=self._t.token)
+            except EtcdError as e:
+                typed = e
+        fatal = isinstance(typed, (EtcdAuthError, EtcdPermissionError))
+        if fatal and not isinstance(typed, EtcdTokenExpiredError):
+            for w in list(self._watches.values()):
+                self._end(w, typed)
+            return False
+        log.debug("watch stream on %s broke (%s); resuming", self._t.endpoint(idx), typed)
+        return True
 
     def _handle(self, resp: pb.WatchResponse) -> None:
         wid = resp.watch_id
@@ -298,6 +304,7 @@ class WatchManager:
             w.next_revision = resp.header.revision + 1  # progress notification
 
     def close(self) -> None:
+        self._closed_event.set()
         with self._lock:
             self._closing = True
             watches = list(self._watches.values())
@@ -308,4 +315,4 @@ class WatchManager:
                 self._call.cancel()
             thread = self._thread
         if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=5)
+            thread.join(timeout=self._t.policy.thread_stop_timeout)

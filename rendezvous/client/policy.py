@@ -1,0 +1,112 @@
+"""RetryPolicy: the one answer to "how long does X wait, retry, and how fast?".
+
+Why one object: the answer used to live in nine places (the transport's first try and its
+tenacity loop, the keep-alive tick, the watch's reconnect backoff, the leader's and the driver's
+retry delays, the handler's waits, the clean-up's deadline), so changing ``request_timeout`` or
+``retry_timeout`` changed some loops and not others. Every loop now asks this object, built once
+from the configuration (``ClientConfig.policy``); tests/test_policy.py changes the two settings
+and checks that every loop follows.
+
+The rules it encodes:
+- one request on one endpoint gets ``request_timeout`` (a request in flight to a follower when the
+  leader dies is never answered: measured, it waits for the deadline every time, so the deadline
+  must be short and the call retried elsewhere);
+- a call gets ``retry_timeout`` in all, across endpoints: the first retry goes straight to the next
+  endpoint (a dead member should cost one deadline, not a backoff); between sweeps over all
+  endpoints we back off exponentially with full jitter, from ``backoff_base`` up to
+  ``backoff_cap``, so that many agents hitting a recovering cluster spread out;
+- loops that retry by themselves (keep-alive, watch reconnect, leader, driver) use the same
+  jittered backoff, indexed by how many times in a row they failed.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    request_timeout: float = 2.0  # one attempt on one endpoint
+    retry_timeout: float = 30.0  # one call across endpoints, then a clear error
+    backoff_base: float = 0.05  # first backoff between sweeps / failed loop iterations
+    backoff_cap: float = 1.0  # never back off longer than this
+
+    def __post_init__(self) -> None:
+        if self.request_timeout <= 0 or self.retry_timeout <= 0:
+            raise ValueError("etcd timeouts must be positive")
+        if not 0 < self.backoff_base <= self.backoff_cap:
+            raise ValueError("need 0 < backoff_base <= backoff_cap")
+
+    # ---- backoff -----------------------------------------------------------------------------
+    def backoff_limit(self, failures: int) -> float:
+        """The longest wait after ``failures`` failures in a row (1 → base, doubling, capped)."""
+        if failures <= 0:
+            return 0.0
+        return min(self.backoff_cap, self.backoff_base * 2 ** min(failures - 1, 30))
+
+    def backoff(self, failures: int) -> float:
+        """A jittered wait after ``failures`` failures in a row: uniform in [0, limit]."""
+        return random.uniform(0.0, self.backoff_limit(failures))
+
+    # ---- unary calls -------------------------------------------------------------------------
+    def call_timeout(self, timeout: float | None = None) -> float:
+        """The budget of one call across endpoints (a caller may ask for less)."""
+        return self.retry_timeout if timeout is None else min(timeout, self.retry_timeout)
+
+    def retrying(self, n_endpoints: int, closed: Callable[[], bool], timeout: float | None) -> Any:
+        """A tenacity loop for one call; built only after the bare first try failed (tenacity
+        costs ~15 ms of CPU to import, and almost every call succeeds the first time)."""
+        import tenacity
+
+        from etcdrun.rendezvous.client.errors import is_transient
+
+        by_time = tenacity.stop_after_delay(self.call_timeout(timeout))
+
+        def wait(state: tenacity.RetryCallState) -> float:
+            attempt = state.attempt_number  # attempts already made
+            if attempt % n_endpoints:
+                return 0.0  # untried endpoints remain in this sweep
+            return self.backoff(attempt // n_endpoints)
+
+        def stop(state: tenacity.RetryCallState) -> bool:
+            return closed() or by_time(state)
+
+        return tenacity.Retrying(
+            retry=tenacity.retry_if_exception(is_transient), wait=wait, stop=stop, reraise=True
+        )
+
+    # ---- the lease keep-alive ----------------------------------------------------------------
+    def keepalive_interval(self, ttl: float) -> float:
+        """A lease is refreshed every TTL/3: two ticks may fail before it is in danger."""
+        return ttl / 3.0
+
+    def keepalive_timeout(self, ttl: float, until_presumed_lost: float) -> float:
+        """One keep-alive tick never outlasts the moment its lease must be presumed lost: the
+        check after it has to happen on time, or fencing eats into the margin it exists for."""
+        return min(
+            self.request_timeout,
+            max(0.1, self.keepalive_interval(ttl)),
+            max(0.05, until_presumed_lost),
+        )
+
+    def keepalive_retry_in(self, failures: int, until_presumed_lost: float) -> float:
+        """After a failed tick: retry soon (next endpoint), never past the presumed loss."""
+        return max(0.0, min(self.backoff_limit(failures), until_presumed_lost))
+
+    # ---- bounded best-effort work at exit ------------------------------------------------------
+    @property
+    def parting_timeout(self) -> float:
+        """A last request on the way out (revoke, clean-up): one attempt's worth, not a retry
+        budget — leaving must not hang on a dead etcd."""
+        return self.request_timeout
+
+    @property
+    def thread_stop_timeout(self) -> float:
+        """How long stopping a thread that may be inside one call can take."""
+        return self.retry_timeout + self.request_timeout
+
+
+__all__ = ["RetryPolicy"]
