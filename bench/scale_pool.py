@@ -55,7 +55,6 @@ def worker(conn: mpc.Connection, cfg: dict) -> None:
             gc_time["n"] += info["generation"] == 2
 
     gc.callbacks.append(on_gc)
-    from etcdrun.rendezvous import events
     from etcdrun.rendezvous.api import RendezvousParameters
     from etcdrun.rendezvous.client import EtcdClient
     from etcdrun.rendezvous.etcd_rendezvous import EtcdRendezvousHandler
@@ -67,13 +66,11 @@ def worker(conn: mpc.Connection, cfg: dict) -> None:
             conn.send(msg)
 
     seen: list[dict] = []
-    events.subscribe(
-        lambda e: (
+
+    def keep(e: dict) -> None:
+        if e.get("event") in EVENTS:
             seen.append(e)
-            if e.get("event") in EVENTS and e.get("run_id") == cfg["run_id"]
-            else None
-        )
-    )
+
     client = EtcdClient(cfg["endpoints"])
     client.status()  # open the channel before any clock starts, as a running agent has
     params = RendezvousParameters(
@@ -86,6 +83,8 @@ def worker(conn: mpc.Connection, cfg: dict) -> None:
         config=cfg["conf"],
     )
     hs = [EtcdRendezvousHandler(params, client=client) for _ in range(cfg["count"])]
+    for h in hs:
+        h.events.subscribe(keep)
     cancel = threading.Event()
 
     def run_round(tag: str, todo: list, wait_change: bool) -> None:

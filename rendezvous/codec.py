@@ -41,19 +41,27 @@ def encode(msg: Message) -> bytes:
     return msg.SerializeToString()
 
 
-_round_cache: dict[tuple[str, int], tuple[Round, st.RoundState]] = {}
+_ROUND_CACHE_SIZE = 8
+_round_cache: dict[tuple[str, int, bytes], tuple[Round, st.RoundState]] = {}
 _round_cache_lock = threading.Lock()
 
 
 def round_and_message(
     key: bytes | str, value: bytes, mod_revision: int, run_id: str | None
 ) -> tuple[Round, st.RoundState]:
-    """Decode a round value once per process: (key, mod_revision) names one version, and with
-    many handlers sharing a client (benchmarks, a torchrun plugin) each watcher would otherwise
-    rebuild the same N participants — N^2 work per round."""
+    """Decode a round value once per process: with many handlers sharing a client (the scale
+    bench, a torchrun plugin) each watcher would otherwise rebuild the same N participants — N^2
+    work per round.
+
+    The cache is keyed by the value's bytes (with the key and mod_revision the Round carries),
+    not by (key, mod_revision) alone: two etcd clusters in one process, or an etcd rebuilt with
+    the same prefix and run id, reuse revisions, and must never get each other's rounds. Equal
+    bytes decode to equal rounds whatever cluster they came from; the lookup costs one hash of
+    bytes etcd just sent (hashed once per bytes object) and one comparison."""
     k = key.decode(errors="replace") if isinstance(key, bytes) else key
+    cache_key = (k, mod_revision, bytes(value))
     with _round_cache_lock:
-        hit = _round_cache.get((k, mod_revision))
+        hit = _round_cache.get(cache_key)
     if hit is not None:
         return hit
     msg = decode(st.RoundState, k, value, run_id)
@@ -73,9 +81,9 @@ def round_and_message(
         failure,
     )
     with _round_cache_lock:
-        if len(_round_cache) >= 64:
-            _round_cache.clear()
-        _round_cache[(k, mod_revision)] = (r, msg)
+        if len(_round_cache) >= _ROUND_CACHE_SIZE:
+            _round_cache.pop(next(iter(_round_cache)))  # the oldest entry
+        _round_cache[cache_key] = (r, msg)
     return r, msg
 
 

@@ -1,9 +1,14 @@
-"""One structured event per state transition.
+"""One structured event per state transition, from one node's log of them.
 
 Why one function: status tools, metrics and tests all want the same facts (round opened, frozen,
 node joined, lease lost, ...). Each event is a flat dict, logged as one JSON line on the
-``etcdrun.events`` logger and handed to subscribers (in-process hooks such as tests or a metrics
-exporter). A failing subscriber never disturbs the rendezvous.
+``etcdrun.events`` logger and handed to the log's subscribers (in-process hooks such as tests or
+a metrics exporter). A failing subscriber never disturbs the rendezvous.
+
+Why an object per handler and not a module-level list: several handlers can share a process (the
+scale bench runs hundreds; two jobs on two etcd clusters may share a run id), and a subscriber
+must hear exactly one node's story. The log carries the run id and, once a session is open, the
+node id, so no emitter passes them again.
 """
 
 from __future__ import annotations
@@ -16,32 +21,44 @@ from collections.abc import Callable
 from typing import Any
 
 log = logging.getLogger("etcdrun.events")
-_lock = threading.Lock()
-_subscribers: list[Callable[[dict[str, Any]], None]] = []
+Subscriber = Callable[[dict[str, Any]], None]
 
 
-def emit(event: str, **fields: Any) -> dict[str, Any]:
-    record = {"event": event, "time": round(time.time(), 6), **fields}
-    if log.isEnabledFor(logging.INFO):
-        log.info(json.dumps(record, default=str, sort_keys=True))
-    with _lock:
-        subs = list(_subscribers)
-    for sub in subs:
-        try:
-            sub(record)
-        except Exception:
-            log.exception("event subscriber failed")
-    return record
+class EventLog:
+    """The events of one node of one run. Thread-safe; ``emit`` never raises."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        self.node: str | None = None  # set when a session opens (each incarnation a new id)
+        self._lock = threading.Lock()
+        self._subscribers: list[Subscriber] = []
+
+    def emit(self, event: str, **fields: Any) -> dict[str, Any]:
+        record = {"event": event, "time": round(time.time(), 6), "run_id": self.run_id}
+        record["node"] = self.node
+        record.update(fields)
+        if log.isEnabledFor(logging.INFO):
+            log.info(json.dumps(record, default=str, sort_keys=True))
+        with self._lock:
+            subs = list(self._subscribers)
+        for sub in subs:
+            try:
+                sub(record)
+            except Exception:
+                log.exception("event subscriber failed")
+        return record
+
+    def subscribe(self, fn: Subscriber) -> Callable[[], None]:
+        """Add a subscriber; return a function that removes it."""
+        with self._lock:
+            self._subscribers.append(fn)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                if fn in self._subscribers:
+                    self._subscribers.remove(fn)
+
+        return unsubscribe
 
 
-def subscribe(fn: Callable[[dict[str, Any]], None]) -> Callable[[], None]:
-    """Add a subscriber; return a function that removes it."""
-    with _lock:
-        _subscribers.append(fn)
-
-    def unsubscribe() -> None:
-        with _lock:
-            if fn in _subscribers:
-                _subscribers.remove(fn)
-
-    return unsubscribe
+__all__ = ["EventLog"]

@@ -1,142 +1,166 @@
-"""The end of a round or of the run: restarts after a worker failure, the exit barrier, closing
+"""The end of a round or of the run: a restart after a worker failure, the exit barrier, closing
 the run (as succeeded or failed), and the last agent's clean-up.
 
-Why apart from the handler: these are the writes an agent makes about the *job* rather than about
-its own membership; each is one fenced transaction from transitions.py. A mixin of
-EtcdRendezvousHandler (it uses the handler's client, keys, caches and session).
+Why functions over (client, keys, session, view): these are the writes an agent makes about the
+*job* rather than about its own membership; each is one fenced transaction from transitions.py.
+They borrow what they need and keep nothing, so the handler and the leader share one
+``close_run`` instead of each closing the run its own way.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
+from dataclasses import replace
 
+from etcdrun.proto import etcd_api_pb2 as pb
 from etcdrun.proto import etcdrun_state_pb2 as st
-from etcdrun.rendezvous import codec, events, transitions
+from etcdrun.rendezvous import codec, transitions
 from etcdrun.rendezvous.api import FailureInfo
-from etcdrun.rendezvous.client import EtcdError
+from etcdrun.rendezvous.client import EtcdClient, EtcdError, RetryPolicy
 from etcdrun.rendezvous.errors import RendezvousError
-from etcdrun.rendezvous.protocol import Phase
+from etcdrun.rendezvous.events import EventLog
+from etcdrun.rendezvous.keys import RunKeys
+from etcdrun.rendezvous.protocol import Phase, Round
+from etcdrun.rendezvous.round_view import RoundView
+from etcdrun.rendezvous.session import Session
 
 log = logging.getLogger(__name__)
 
 
-class RunLifecycle:
-    def set_closed(self, outcome: int = st.SUCCEEDED, failure: st.Failure | None = None) -> None:
-        """Close the run (fenced on the round key); a run already closed stays as it is.
-        The closed marker lives for join_timeout, so late joiners fail at once meanwhile."""
-        try:
-            marker = None
-            while True:
-                kv = self.client.get(self.keys.round)
-                cur = (
-                    codec.round_from(kv.key, kv.value, kv.mod_revision, self.run_id) if kv else None
-                )
-                if cur is not None and cur.phase is Phase.CLOSED:
-                    if marker is not None:
-                        marker.revoke()
-                    return
-                if marker is None:
-                    marker = self.client.lease(int(self.cfg.join_timeout), keepalive=False)
-                closed, (guard, ops) = transitions.close(
-                    self.keys, cur, outcome, failure, marker.id, self.node_id or ""
-                )
-                if self.client.txn(guard, ops).succeeded:
-                    events.emit(
-                        "run_closed",
-                        run_id=self.run_id,
-                        round=closed.number,
-                        node=self.node_id,
-                        outcome=st.Outcome.Name(outcome),
-                    )
-                    return
-        except EtcdError as e:
-            raise self._wrap(e) from None
+def read_round(client: EtcdClient, keys: RunKeys, timeout: float | None = None) -> Round | None:
+    kv = client.get(keys.round, timeout=timeout)
+    return codec.round_from(kv.key, kv.value, kv.mod_revision, keys.run_id) if kv else None
 
-    def closed_state(self) -> st.RoundState | None:
-        """The CLOSED round record (outcome, failure) once the run is closed, else None."""
-        with self._cond:
-            msg = self._round_msg
-        return msg if msg is not None and msg.phase == st.CLOSED else None
 
-    def close_with_failure(self, failure: FailureInfo) -> None:
-        self.set_closed(st.FAILED, codec.failure_to(failure))
+def close_run(
+    client: EtcdClient,
+    keys: RunKeys,
+    current: Round | None,
+    outcome: int,
+    failure: st.Failure | None,
+    *,
+    ttl: float,
+    by: str,
+    fence: Sequence[pb.Compare] = (),
+) -> Round | None:
+    """One attempt to close the run, fenced on the round key as read (and on ``fence``).
 
-    def closed_failure(self) -> FailureInfo | None:
-        msg = self.closed_state()
-        if msg is None or msg.outcome != st.FAILED:
-            return None
-        return codec.failure_from(msg.failure)
+    The CLOSED marker lives under a lease of its own (``ttl`` seconds: late joiners fail at once
+    meanwhile, then it expires by itself). When the compare fails, that lease is revoked at once
+    — it would otherwise live ``ttl`` (600 s by default) for nothing. Returns the closed round, or
+    None when the round key had moved (re-read and decide again)."""
+    marker = client.lease(int(ttl), keepalive=False)
+    closed, (guard, ops) = transitions.close(keys, current, outcome, failure, marker.id, by)
+    # An exception leaves the marker alone: the write may have been applied with its answer
+    # lost, and revoking would delete the CLOSED key with it.
+    res = client.txn([*guard, *fence], ops)
+    if not res.succeeded:
+        marker.revoke()
+        return None
+    return replace(closed, mod_revision=res.revision)
 
-    def request_restart(self, reason: str, failure: FailureInfo | None = None) -> bool:
-        """Open the next round after a worker failure. The leader charges the job-wide budget
-        when it freezes that round — or closes the run as failed when the budget is spent —
-        unless a member turns out to be gone (its death made the workers fail: free). False when
-        the round had already moved on (someone else restarted it)."""
-        r = self._running
-        if r is None:
-            return False
-        new, (guard, ops) = transitions.start_round(
-            self.keys,
-            r,
-            r.number + 1,
-            r.members,
-            r.restart_count,
-            reason,
-            self.node_id or "",
-            failure=failure,
-        )
-        try:
-            res = self.client.txn(guard, ops)
-        except EtcdError as e:
-            raise self._wrap(e) from None
-        if res.succeeded:
-            events.emit(
-                "round_started",
-                run_id=self.run_id,
-                round=new.number,
-                node=self.node_id,
-                reason=reason,
-                restart_count=new.restart_count,
-            )
-        return res.succeeded
 
-    def exit_barrier(self, timeout: float | None = None) -> bool:
-        """Wait until every node of the running round finished (or the run closed); the last
-        one to arrive closes the run as SUCCEEDED. True when everyone made it in time."""
-        r, sess = self._running, self._session
-        if r is None or sess is None:
-            return False
-        prefix = self.keys.barrier(r.number, "exit")
-        try:
-            self.client.put(prefix + sess.node_id, b"", lease=sess.lease.id)
-            count = self.client.get_prefix(prefix, count_only=True).count
-            if count >= len(r.members):
-                self.set_closed(st.SUCCEEDED)
-                return True
-        except EtcdError as e:
-            raise self._wrap(e) from None
-        end = time.monotonic() + (self.cfg.close_timeout if timeout is None else timeout)
-        with self._cond:
-            while time.monotonic() < end:
-                cur = self._round
-                if (
-                    cur is not r
-                    and cur is not None
-                    and (cur.phase is Phase.CLOSED or cur.number > r.number)
-                ):
-                    return cur.phase is Phase.CLOSED
-                self._cond.wait(min(1.0, max(0.0, end - time.monotonic())))
+def set_closed(
+    client: EtcdClient,
+    keys: RunKeys,
+    events: EventLog,
+    outcome: int,
+    failure: st.Failure | None = None,
+    *,
+    ttl: float,
+    by: str,
+) -> None:
+    """Close the run, whatever round it is in; a run already closed stays as it is."""
+    while True:
+        cur = read_round(client, keys)
+        if cur is not None and cur.phase is Phase.CLOSED:
+            return
+        closed = close_run(client, keys, cur, outcome, failure, ttl=ttl, by=by)
+        if closed is not None:
+            events.emit("run_closed", round=closed.number, outcome=st.Outcome.Name(outcome))
+            return
+
+
+def request_restart(
+    client: EtcdClient,
+    keys: RunKeys,
+    events: EventLog,
+    running: Round,
+    reason: str,
+    failure: FailureInfo | None,
+    *,
+    by: str,
+) -> bool:
+    """Open the round after ``running`` because a worker failed. The leader charges the
+    job-wide budget when it freezes that round — or closes the run as failed when the budget is
+    spent — unless a member turns out to be gone (its death made the workers fail: free). False
+    when the round had already moved on (someone else restarted it)."""
+    new, (guard, ops) = transitions.start_round(
+        keys,
+        running,
+        running.number + 1,
+        running.members,
+        running.restart_count,
+        reason,
+        by,
+        failure=failure,
+    )
+    if not client.txn(guard, ops).succeeded:
         return False
+    events.emit("round_started", round=new.number, reason=reason, restart_count=new.restart_count)
+    return True
 
-    def _clean_up_if_none_left(self) -> None:
-        """The last agent out removes the run's keys (a closed run keeps its marker, which
-        expires by itself), so nothing of a finished job stays in etcd. Best effort, bounded."""
-        try:
-            kv = self.client.get(self.keys.round, timeout=2.0)
-            cur = codec.round_from(kv.key, kv.value, kv.mod_revision, self.run_id) if kv else None
-            guard, ops = transitions.clean_up_if_none_left(self.keys, cur)
-            if self.client.txn(guard, ops, timeout=2.0).succeeded:
-                events.emit("run_cleaned", run_id=self.run_id, node=self.node_id)
-        except (EtcdError, RendezvousError) as e:
-            log.warning("could not remove the run's keys: %s", e)
+
+def exit_barrier(
+    client: EtcdClient,
+    keys: RunKeys,
+    events: EventLog,
+    session: Session,
+    view: RoundView,
+    running: Round,
+    *,
+    timeout: float,
+    closed_ttl: float,
+) -> bool:
+    """Wait until every node of ``running`` finished (or the run closed); the last one to
+    arrive closes the run as SUCCEEDED. True when everyone made it in time."""
+    prefix = keys.barrier(running.number, "exit")
+    client.put(prefix + session.node_id, b"", lease=session.lease_id)
+    if client.get_prefix(prefix, count_only=True).count >= len(running.members):
+        set_closed(client, keys, events, st.SUCCEEDED, ttl=closed_ttl, by=session.node_id)
+        return True
+    deadline = time.monotonic() + timeout
+    while True:
+        cur = view.current()
+        if cur is not None and cur is not running:
+            if cur.phase is Phase.CLOSED or cur.number > running.number:
+                return cur.phase is Phase.CLOSED
+        if not view.wait(cur, deadline, stop=lambda: False):
+            return False
+
+
+def clean_up_if_none_left(
+    client: EtcdClient, keys: RunKeys, events: EventLog, policy: RetryPolicy
+) -> None:
+    """The last agent out removes the run's keys (a closed run keeps its marker, which
+    expires by itself), so nothing of a finished job stays in etcd. Best effort, bounded by the
+    policy's parting timeout: leaving must not hang on a dead etcd."""
+    try:
+        cur = read_round(client, keys, timeout=policy.parting_timeout)
+        guard, ops = transitions.clean_up_if_none_left(keys, cur)
+        if client.txn(guard, ops, timeout=policy.parting_timeout).succeeded:
+            events.emit("run_cleaned")
+    except (EtcdError, RendezvousError) as e:
+        log.warning("could not remove the run's keys: %s", e)
+
+
+__all__ = [
+    "clean_up_if_none_left",
+    "close_run",
+    "exit_barrier",
+    "read_round",
+    "request_restart",
+    "set_closed",
+]

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
-from etcdrun.rendezvous.api import FailureInfo, Participant
+from etcdrun.rendezvous.api import FailureInfo, Participant, check_node_range
 
 
 class Phase(Enum):
@@ -74,10 +74,7 @@ class Settings:
     max_restarts: int = 0  # the job-wide budget of worker-failure restarts
 
     def __post_init__(self) -> None:
-        if not 1 <= self.min_nodes <= self.max_nodes:
-            raise ValueError(
-                f"need 1 <= min_nodes ({self.min_nodes}) <= max_nodes ({self.max_nodes})"
-            )
+        check_node_range(self.min_nodes, self.max_nodes)
         if self.last_call_timeout < 0:
             raise ValueError("last_call_timeout must be >= 0")
 

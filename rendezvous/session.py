@@ -4,17 +4,26 @@ A session is a lease kept alive by the client plus the agent key registered unde
 else the agent writes that must die with it (join records, barrier entries) is put under the same
 lease, so a crash or partition removes all of it in one revision, and peers see one event.
 
-Lifecycle: ``open()`` → use ``lease``/``create_revision`` → ``close()`` (revokes: peers see the
-departure at once). Connection loss: when keep-alives stay unanswered until shortly before the
-lease could expire, ``lost`` is set (fencing, S4); a lost session never revives — the owner opens
-a new one, as a new participant with a new node id.
+Recipes (the election, the leader, the run's lifecycle) *borrow* a session: they write under its
+``lease_id`` and fence their transactions with ``is_owner()`` — the Compare that holds only while
+this session's agent key still exists as this session created it — so a node whose lease is gone
+can never write again (S4). Nothing else holds the lease.
+
+Lifecycle: ``Session.open()`` (grants the lease and registers the key, or raises: a session is
+never half made) → use → ``close()`` (revokes: peers see the departure at once). Connection loss:
+when keep-alives stay unanswered until shortly before the lease could expire, ``lost`` is set
+(fencing, S4); a lost session never revives — the owner opens a new one, as a new participant
+with a new node id. ``orphan()`` stops the keep-alives without revoking: the lease then expires on
+the server after its TTL, as if this process had been killed.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
+from etcdrun.proto import etcd_api_pb2 as pb
 from etcdrun.proto import etcdrun_state_pb2 as st
 from etcdrun.rendezvous import codec
 from etcdrun.rendezvous.client import EtcdClient, EtcdError, Lease
@@ -26,59 +35,105 @@ log = logging.getLogger(__name__)
 
 
 class Session:
-    def __init__(self, client: EtcdClient, keys: RunKeys, info: st.AgentInfo, ttl: int) -> None:
+    """Made by ``Session.open``: holds a live lease and the create revision of its agent key."""
+
+    def __init__(
+        self, client: EtcdClient, keys: RunKeys, info: st.AgentInfo, lease: Lease, created: int
+    ) -> None:
+        if created <= 0:
+            raise ValueError("a session needs the create revision of its agent key")
         self.client = client
         self.keys = keys
         self.info = info
-        self.ttl = ttl
-        self.lease: Lease | None = None
-        self.create_revision = 0
+        self._lease = lease
+        self.create_revision = created
         self._closed = False
+        self._orphaned = False
 
+    @classmethod
+    def open(cls, client: EtcdClient, keys: RunKeys, info: st.AgentInfo, ttl: int) -> Session:
+        """Grant the lease and register the agent key; the key's create revision orders agents
+        (the election's order). Raises when the key exists already (two agents, one node id)."""
+        lease = client.lease(ttl)
+        key = keys.agent(info.node_id)
+        try:
+            res = client.txn(
+                [t.create_revision(key, "==", 0)],
+                [t.put(key, codec.encode(info), lease.id)],
+                [t.get(key)],
+            )
+        except BaseException:
+            lease.revoke()
+            raise
+        if res.succeeded:
+            return cls(client, keys, info, lease, res.revision)
+        kvs = res.responses[0].response_range.kvs
+        if kvs and kvs[0].lease == lease.id:
+            # Our own write, applied although its answer was lost and the call retried.
+            return cls(client, keys, info, lease, kvs[0].create_revision)
+        lease.revoke()
+        raise RendezvousStateError(
+            f"agent key {key} already exists: two agents with one node id",
+            run_id=keys.run_id,
+            node=info.node_id,
+        )
+
+    # ---- what recipes borrow ---------------------------------------------------------------------
     @property
     def node_id(self) -> str:
         return self.info.node_id
 
     @property
-    def lost(self) -> threading.Event:
-        assert self.lease is not None, "session not open"
-        return self.lease.lost
+    def key(self) -> str:
+        return self.keys.agent(self.node_id)
 
-    def open(self) -> Session:
-        """Grant the lease and register the agent key; the key's create revision orders agents."""
-        self.lease = self.client.lease(self.ttl)
-        key = self.keys.agent(self.node_id)
-        try:
-            res = self.client.txn(
-                [t.create_revision(key, "==", 0)],
-                [t.put(key, codec.encode(self.info), self.lease.id)],
-                [t.get(key)],
-            )
-        except BaseException:
-            self.lease.revoke()
-            raise
-        if res.succeeded:
-            self.create_revision = res.revision
-            return self
-        kvs = res.responses[0].response_range.kvs
-        if kvs and kvs[0].lease == self.lease.id:
-            # Our own write, applied although its answer was lost and the call retried.
-            self.create_revision = kvs[0].create_revision
-            return self
-        self.lease.revoke()
-        raise RendezvousStateError(
-            f"agent key {key} already exists: two agents with one node id",
-            run_id=self.keys.run_id,
-            node=self.node_id,
-        )
+    @property
+    def lease_id(self) -> int:
+        return self._lease.id
+
+    @property
+    def ttl(self) -> int:
+        return self._lease.ttl
+
+    @property
+    def lost(self) -> threading.Event:
+        """Set once the lease expired, was revoked, or must be presumed gone."""
+        return self._lease.lost
+
+    @property
+    def lost_reason(self) -> str:
+        return self._lease.lost_reason
+
+    def is_owner(self) -> pb.Compare:
+        """The fence: true while our agent key exists as this session created it."""
+        return t.create_revision(self.key, "==", self.create_revision)
+
+    def on_lost(self, callback: Callable[[Session], None]) -> None:
+        """Run ``callback(session)`` once when the lease is lost (on the keep-alive thread)."""
+        self._lease.on_lost(lambda _lease: callback(self))
+
+    # ---- the end -------------------------------------------------------------------------------
+    @property
+    def orphaned(self) -> bool:
+        return self._orphaned
+
+    def orphan(self) -> None:
+        """Stop keeping the lease alive, without revoking it: it expires after its TTL, as if
+        this process had died. ``close()`` afterwards revokes nothing."""
+        self._orphaned = True
+        self._lease.orphan()
 
     def close(self) -> bool:
-        """Leave: revoke the lease, so that every key under it vanishes now. Idempotent."""
-        if self._closed or self.lease is None:
+        """Leave: revoke the lease, so that every key under it vanishes now. Idempotent; True
+        when etcd confirmed (or the lease was already gone, or the session was orphaned)."""
+        if self._closed or self._orphaned:
             return True
         self._closed = True
         try:
-            return self.lease.revoke()
+            return self._lease.revoke()
         except EtcdError as e:
             log.warning("session %s: could not revoke its lease: %s", self.node_id, e)
             return False
+
+
+__all__ = ["Session"]

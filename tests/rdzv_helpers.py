@@ -7,7 +7,7 @@ import threading
 import uuid
 from collections.abc import Iterator, Sequence
 
-from etcdrun.rendezvous import checker, events
+from etcdrun.rendezvous import checker
 from etcdrun.rendezvous.api import RendezvousInfo, RendezvousParameters
 from etcdrun.rendezvous.client import EtcdClient
 from etcdrun.rendezvous.etcd_rendezvous import EtcdRendezvousHandler
@@ -57,24 +57,24 @@ def rendezvous(
 
 def crash(h: EtcdRendezvousHandler) -> None:
     """What kill -9 does to an agent: no revoke, no goodbye; its lease expires after the TTL."""
-    h._shutdown = True
-    if h._round_watch is not None:
-        h._round_watch.cancel()
-    if h._driver is not None:
-        h._driver.stop()
-    h.client.close(revoke_leases=False)
+    if h.session is not None:
+        h.session.orphan()
+    h.shutdown()
 
 
 @contextlib.contextmanager
-def accepted_events() -> Iterator[list[dict]]:
+def accepted_events(handlers: Sequence[EtcdRendezvousHandler]) -> Iterator[list[dict]]:
+    """The ``round_accepted`` events of these handlers, for the invariant checker."""
     got: list[dict] = []
-    unsubscribe = events.subscribe(
-        lambda e: got.append(e) if e["event"] == "round_accepted" else None
-    )
+    unsubscribes = [
+        h.events.subscribe(lambda e: got.append(e) if e["event"] == "round_accepted" else None)
+        for h in handlers
+    ]
     try:
         yield got
     finally:
-        unsubscribe()
+        for unsubscribe in unsubscribes:
+            unsubscribe()
 
 
 def violations(

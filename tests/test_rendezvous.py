@@ -35,7 +35,7 @@ def ranks(infos):
 def test_n_participants_agree_on_one_round(etcd, n):
     run = new_run_id()
     hs = [handler(etcd.endpoints, run, 1, n, lws=2) for _ in range(n)]
-    with accepted_events() as acc:
+    with accepted_events(hs) as acc:
         try:
             infos = rendezvous(hs)
             assert {i.round for i in infos} == {1}
@@ -55,7 +55,7 @@ def test_n_participants_agree_on_one_round(etcd, n):
 def test_graceful_leave_after_freeze_starts_new_round_with_stable_ranks(etcd):
     run = new_run_id()
     hs = [handler(etcd.endpoints, run, 2, 4) for _ in range(4)]
-    with accepted_events() as acc:
+    with accepted_events(hs) as acc:
         try:
             infos = rendezvous(hs)
             by_rank = {i.node_rank: h for i, h in zip(infos, hs, strict=True)}
@@ -76,7 +76,7 @@ def test_graceful_leave_after_freeze_starts_new_round_with_stable_ranks(etcd):
 def test_crash_after_freeze_is_seen_after_lease_expiry(etcd):
     run = new_run_id()
     hs = [handler(etcd.endpoints, run, 1, 3, lease_ttl=2) for _ in range(3)]
-    with accepted_events() as acc:
+    with accepted_events(hs) as acc:
         try:
             infos = rendezvous(hs)
             # the master host
@@ -99,7 +99,7 @@ def test_crash_after_freeze_is_seen_after_lease_expiry(etcd):
 def test_death_mid_round_does_not_block_the_round(etcd):
     run = new_run_id()
     hs = [handler(etcd.endpoints, run, 2, 4, lease_ttl=2, last_call_timeout=1) for _ in range(3)]
-    with accepted_events() as acc:
+    with accepted_events(hs) as acc:
         try:
             results: list = []
             th = threading.Thread(target=lambda: results.append(rendezvous(hs[:2])))
@@ -117,10 +117,10 @@ def test_death_mid_round_does_not_block_the_round(etcd):
 def test_newcomer_below_max_triggers_a_new_round(etcd):
     run = new_run_id()
     hs = [handler(etcd.endpoints, run, 1, 3) for _ in range(2)]
-    with accepted_events() as acc:
+    new = handler(etcd.endpoints, run, 1, 3)  # made now (no I/O yet) so its events count too
+    with accepted_events([*hs, new]) as acc:
         try:
             first = rendezvous(hs)
-            new = handler(etcd.endpoints, run, 1, 3)
             hs.append(new)
             results: list = []
             th = threading.Thread(target=lambda: results.append(rendezvous([new])))
@@ -140,7 +140,7 @@ def test_hot_spares_wait_without_restarting_anyone_and_fill_a_freed_place(etcd):
     run = new_run_id()
     hs = [handler(etcd.endpoints, run, 1, 2) for _ in range(2)]
     spares = [handler(etcd.endpoints, run, 1, 2) for _ in range(2)]
-    with accepted_events() as acc:
+    with accepted_events(hs + spares) as acc:
         try:
             infos = rendezvous(hs)
             got: list = []
@@ -181,7 +181,7 @@ def test_hot_spares_wait_without_restarting_anyone_and_fill_a_freed_place(etcd):
 def test_min_equals_max_waits_for_a_replacement(etcd):
     run = new_run_id()
     hs = [handler(etcd.endpoints, run, 2, 2) for _ in range(2)]
-    with accepted_events() as acc:
+    with accepted_events(hs) as acc:
         try:
             rendezvous(hs)
             hs[1].shutdown()
@@ -258,7 +258,7 @@ FAIL = FailureInfo("n", "host-a", 3, 1, "", "ValueError: boom", "Traceback ...",
 def test_worker_failure_restart_is_job_wide(etcd):
     run = new_run_id()
     hs = [handler(etcd.endpoints, run, 1, 3, max_restarts=3) for _ in range(3)]
-    with accepted_events() as acc:
+    with accepted_events(hs) as acc:
         try:
             infos = rendezvous(hs)
             assert hs[2].request_restart("worker failed", FAIL)
@@ -364,12 +364,10 @@ def test_status_line_while_waiting_names_counts_and_last_call(etcd):
 def test_leave_and_loss_events_name_the_node(etcd):
     """A deliberate leave is `node_left` with the node id (not a `session_lost`); a lease taken
     away by another client is `session_lost`, with the reason."""
-    from etcdrun.rendezvous import events
-
     run = new_run_id()
     hs = [handler(etcd.endpoints, run, 1, 2) for _ in range(2)]
     got: list[dict] = []
-    unsubscribe = events.subscribe(lambda e: got.append(e) if e.get("run_id") == run else None)
+    unsubscribes = [h.events.subscribe(got.append) for h in hs]
     try:
         rendezvous(hs)
         leaving, staying = hs
@@ -381,14 +379,15 @@ def test_leave_and_loss_events_name_the_node(etcd):
 
         # Another client (an operator, say) revokes the staying agent's lease.
         with EtcdClient(etcd.endpoints) as other:
-            assert other._leases.revoke(staying._session.lease.id, timeout=5)
+            assert other._leases.revoke(staying.session.lease_id, timeout=5)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and not [e for e in got if e["event"] == "session_lost"]:
             time.sleep(0.05)
         lost = [e for e in got if e["event"] == "session_lost"]
         assert [e["node"] for e in lost] == [staying_id] and lost[0]["reason"]
     finally:
-        unsubscribe()
+        for unsubscribe in unsubscribes:
+            unsubscribe()
         shutdown_all(hs)
 
 

@@ -33,7 +33,7 @@ def test_etcd_leader_killed_mid_round_round_completes_without_extra_round(etcd_c
     run = new_run_id()
     eps = etcd_cluster.endpoints
     hs = [handler(eps, run, 4, 4, request_timeout=1, lease_ttl=5) for _ in range(4)]
-    with accepted_events() as acc:
+    with accepted_events(hs) as acc:
         try:
             results: list = []
             th = threading.Thread(target=lambda: results.append(rendezvous(hs[:3])))
@@ -57,7 +57,7 @@ def test_etcd_restart_while_running_causes_no_new_round(etcd):
     local = require_local(etcd)
     run = new_run_id()
     hs = [handler(local.endpoints, run, 1, 3, request_timeout=1, lease_ttl=5) for _ in range(3)]
-    with accepted_events() as acc:
+    with accepted_events(hs) as acc:
         try:
             first = rendezvous(hs)
             local.members[0].kill()
@@ -81,7 +81,7 @@ def test_stalled_keepalive_fences_before_the_ttl_and_rejoins_as_new_node(etcd):
     run = new_run_id()
     ttl = 2
     hs = [handler(local.endpoints, run, 1, 2, request_timeout=0.3, lease_ttl=ttl) for _ in range(2)]
-    with accepted_events() as acc:
+    with accepted_events(hs) as acc:
         try:
             first = rendezvous(hs)
             before = {i.node_id for i in first}

@@ -14,6 +14,7 @@ from etcdrun.rendezvous.client.errors import (
     EtcdTokenExpiredError,
 )
 from etcdrun.rendezvous.client.lease import Lease
+from etcdrun.rendezvous.client.policy import RetryPolicy
 from etcdrun.rendezvous.client.watch import Watch, WatchBatch
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "EtcdTokenExpiredError",
     "Lease",
     "RangeResult",
+    "RetryPolicy",
     "TxnResult",
     "Watch",
     "WatchBatch",

@@ -19,6 +19,7 @@ from etcdrun.proto import etcd_api_pb2 as pb
 from etcdrun.rendezvous.client import txn as t
 from etcdrun.rendezvous.client.config import ClientConfig
 from etcdrun.rendezvous.client.lease import Lease, LeaseKeeper
+from etcdrun.rendezvous.client.policy import RetryPolicy
 from etcdrun.rendezvous.client.transport import Transport
 from etcdrun.rendezvous.client.watch import Watch, WatchBatch, WatchManager
 
@@ -189,6 +190,11 @@ class EtcdClient:
         self._t.call("AuthEnable", pb.AuthEnableRequest())
 
     # ---- lifecycle ---------------------------------------------------------------------------
+    @property
+    def policy(self) -> RetryPolicy:
+        """The retry and timeout policy of this client (and of the rendezvous built on it)."""
+        return self._t.policy
+
     @property
     def endpoints(self) -> str:
         return self._t.endpoints_text()

@@ -64,12 +64,6 @@ def create_revision(key: Key, op: str, rev: int, prefix: bool = False) -> pb.Com
     return _compare(key, op, pb.Compare.CREATE, prefix, create_revision=rev)
 
 
-
-
-
-
-
-
 def put(key: Key, val: bytes, lease: int = 0) -> pb.RequestOp:
     return pb.RequestOp(request_put=pb.PutRequest(key=to_bytes(key), value=val, lease=lease))
 
