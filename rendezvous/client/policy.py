@@ -16,7 +16,11 @@ The rules it encodes:
   endpoints we back off exponentially with full jitter, from ``backoff_base`` up to
   ``backoff_cap``, so that many agents hitting a recovering cluster spread out;
 - loops that retry by themselves (keep-alive, watch reconnect, leader, driver) use the same
-  jittered backoff, indexed by how many times in a row they failed.
+  backoff, indexed by how many times in a row they failed.
+
+Both backoff bounds follow ``request_timeout`` (base 1/40 of it, cap 1/2: 0.05 s and 1 s by
+default, the figures the loops used before): backing off longer than half a request deadline
+only delays recovery, and a cluster tuned for short deadlines gets short backoffs too.
 """
 
 from __future__ import annotations
@@ -31,14 +35,20 @@ from typing import Any
 class RetryPolicy:
     request_timeout: float = 2.0  # one attempt on one endpoint
     retry_timeout: float = 30.0  # one call across endpoints, then a clear error
-    backoff_base: float = 0.05  # first backoff between sweeps / failed loop iterations
-    backoff_cap: float = 1.0  # never back off longer than this
 
     def __post_init__(self) -> None:
         if self.request_timeout <= 0 or self.retry_timeout <= 0:
             raise ValueError("etcd timeouts must be positive")
-        if not 0 < self.backoff_base <= self.backoff_cap:
-            raise ValueError("need 0 < backoff_base <= backoff_cap")
+
+    @property
+    def backoff_base(self) -> float:
+        """The first backoff between sweeps / failed loop iterations."""
+        return self.request_timeout / 40.0
+
+    @property
+    def backoff_cap(self) -> float:
+        """Never back off longer than this."""
+        return self.request_timeout / 2.0
 
     # ---- backoff -----------------------------------------------------------------------------
     def backoff_limit(self, failures: int) -> float:
