@@ -29,7 +29,7 @@ FAILED: Outcome
 ABORTED: Outcome
 
 class AgentInfo(_message.Message):
-    __slots__ = ("schema_version", "node_id", "host", "addr", "pid", "local_world_size", "version", "started_unix_ms")
+    __slots__ = ("schema_version", "node_id", "host", "addr", "pid", "local_world_size", "version", "started_unix_ms", "lease_id")
     SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
@@ -38,6 +38,7 @@ class AgentInfo(_message.Message):
     LOCAL_WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     STARTED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     schema_version: int
     node_id: str
     host: str
@@ -46,7 +47,8 @@ class AgentInfo(_message.Message):
     local_world_size: int
     version: str
     started_unix_ms: int
-    def __init__(self, schema_version: _Optional[int] = ..., node_id: _Optional[str] = ..., host: _Optional[str] = ..., addr: _Optional[str] = ..., pid: _Optional[int] = ..., local_world_size: _Optional[int] = ..., version: _Optional[str] = ..., started_unix_ms: _Optional[int] = ...) -> None: ...
+    lease_id: int
+    def __init__(self, schema_version: _Optional[int] = ..., node_id: _Optional[str] = ..., host: _Optional[str] = ..., addr: _Optional[str] = ..., pid: _Optional[int] = ..., local_world_size: _Optional[int] = ..., version: _Optional[str] = ..., started_unix_ms: _Optional[int] = ..., lease_id: _Optional[int] = ...) -> None: ...
 
 class JoinRecord(_message.Message):
     __slots__ = ("schema_version", "node_id", "addr", "local_world_size", "master_port", "agent_create_revision")

@@ -15,13 +15,15 @@ from etcdrun.proto import etcd_api_pb2 as pb
 from etcdrun.proto import etcdrun_state_pb2 as st
 from etcdrun.rendezvous import codec
 from etcdrun.rendezvous.client import EtcdClient
+from etcdrun.rendezvous.errors import RendezvousStateError
 from etcdrun.rendezvous.keys import RunKeys
 
 
 @dataclass(frozen=True)
 class Version:
     revision: int
-    state: st.RoundState | None  # None: deleted
+    state: st.RoundState | None  # None: deleted, or unreadable (then ``problem`` says why)
+    problem: str | None = None
 
 
 def round_history(client: EtcdClient, keys: RunKeys, timeout: float = 10.0) -> list[Version]:
@@ -37,15 +39,29 @@ def round_history(client: EtcdClient, keys: RunKeys, timeout: float = 10.0) -> l
             if batch is None:
                 break
             for ev in batch.events:
-                state = (
-                    None
-                    if ev.type == pb.Event.DELETE
-                    else codec.round_message(ev.kv.value, keys.round)
-                )
-                out.append(Version(ev.kv.mod_revision, state))
+                out.append(_version(ev, keys))
     finally:
         w.cancel()
     return out
+
+
+def _version(ev: pb.Event, keys: RunKeys) -> Version:
+    if ev.type == pb.Event.DELETE:
+        return Version(ev.kv.mod_revision, None)
+    try:
+        return Version(ev.kv.mod_revision, codec.round_message(ev.kv.value, keys.round))
+    except RendezvousStateError as e:  # garbage someone wrote; the leader restores the state
+        return Version(ev.kv.mod_revision, None, e.message)
+
+
+def _same_state(a: st.RoundState, b: st.RoundState) -> bool:
+    return (a.number, a.phase, a.restart_count, a.master_addr, a.master_port) == (
+        b.number,
+        b.phase,
+        b.restart_count,
+        b.master_addr,
+        b.master_port,
+    ) and list(a.participants) == list(b.participants)
 
 
 def check(
@@ -56,11 +72,19 @@ def check(
     frozen: dict[int, st.RoundState] = {}
     prev: st.RoundState | None = None
     prev_frozen: st.RoundState | None = None
+    repairing = False  # the last version was unreadable: the next may restore the state before
     for v in history:
         s = v.state
-        if s is None:
-            prev = None
+        if v.problem is not None:
+            repairing = True
             continue
+        if s is None:
+            prev, repairing = None, False
+            continue
+        if repairing and prev is not None and _same_state(prev, s):
+            repairing = False
+            continue  # the leader's repair: the same state again, not a new one
+        repairing = False
         where = f"round {s.number} @rev {v.revision}"
         # S5: rounds move forward only; within a round JOINING → FROZEN → CLOSED.
         if prev is not None and (

@@ -176,8 +176,21 @@ def round_message(value: bytes, key: str, run_id: str | None = None) -> st.Round
     return decode(st.RoundState, key, value, run_id)
 
 
-def agent_from(key: bytes | str, value: bytes, create_revision: int, run_id: str | None) -> Agent:
+def agent_from(
+    key: bytes | str, value: bytes, create_revision: int, run_id: str | None, lease: int
+) -> Agent:
+    """An agent, from its key under agents/ — only when the key's ``lease`` is the one its value
+    names (an agent of an older version, which names none, must at least hold a lease). Anything
+    else was not written by its agent (an ``etcdctl put`` strips the lease) and must not count:
+    such a key would outlive every agent and hold the run forever."""
     msg = decode(st.AgentInfo, key, value, run_id)
+    if lease == 0 or (msg.lease_id and msg.lease_id != lease):
+        k = key.decode(errors="replace") if isinstance(key, bytes) else key
+        raise RendezvousStateError(
+            f"{k} is not an agent: the key is held by lease {lease:x}, its value names "
+            f"lease {msg.lease_id:x} (written by something other than its etcdrun agent?)",
+            run_id=run_id,
+        )
     return Agent(msg.node_id, create_revision, msg.local_world_size, msg.addr)
 
 

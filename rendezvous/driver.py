@@ -152,10 +152,13 @@ class Driver:
                 # election over: a new leader term re-reads a consistent snapshot.
                 self._failures += 1
                 log.warning("rendezvous driver: etcd: %s; retrying", e)
-                self._end_term()
-                self._election.close()
+                self._restart_term()
                 wake_at = None
-                self._mailbox.put(Elect())
+            except Exception:  # a bug: say it loudly, then start the term over — never go quiet
+                self._failures += 1
+                log.exception("rendezvous driver %s: unexpected error", self._session.node_id)
+                self._restart_term()
+                wake_at = time.monotonic() + self._policy.backoff_limit(self._failures)
 
     def _drain(self, wake_at: float | None) -> list[Message]:
         """Every message now waiting, after blocking for the first until ``wake_at``."""
@@ -214,6 +217,11 @@ class Driver:
         self._election.close()
         self._round_watch.cancel()
         self._stopped = True
+
+    def _restart_term(self) -> None:
+        self._end_term()
+        self._election.close()
+        self._mailbox.put(Elect())
 
     def _end_term(self) -> None:
         if self._leader is not None:

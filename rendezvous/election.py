@@ -12,11 +12,17 @@ owner calls ``check()`` again and reads the line afresh.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from etcdrun.proto import etcd_api_pb2 as pb
+from etcdrun.rendezvous import codec
 from etcdrun.rendezvous.client import Watch, WatchBatch
+from etcdrun.rendezvous.errors import RendezvousError
 from etcdrun.rendezvous.session import Session
+
+log = logging.getLogger(__name__)
+PAGE = 8  # predecessors read at a time (values included, to check each one is an agent)
 
 
 class Election:
@@ -32,30 +38,47 @@ class Election:
         self.is_leader = False
 
     def check(self) -> bool:
-        """Find the predecessor; watch it, or become leader. Returns ``is_leader``."""
+        """Find the predecessor; watch it, or become leader. Returns ``is_leader``.
+
+        A key under agents/ that is no agent (not held by the lease its value names) is passed
+        over: an agent waiting on it would wait forever, since such a key never expires."""
         if self.is_leader:
             return True
-        res = self._session.client.range(
-            self._prefix,
-            prefix=True,
-            max_create_revision=self._session.create_revision - 1,
-            sort=("create", "descend"),
-            limit=1,
-            keys_only=True,
-        )
         self._cancel()
-        if not res.kvs:
-            self.is_leader = True
-            return True
+        below, client = self._session.create_revision - 1, self._session.client
+        while True:
+            res = client.range(
+                self._prefix,
+                prefix=True,
+                max_create_revision=below,
+                sort=("create", "descend"),
+                limit=PAGE,
+            )
+            kv = next((kv for kv in res.kvs if self._is_agent(kv)), None)
+            if kv is not None:
+                self._watch = client.watch(
+                    kv.key, start_revision=res.revision + 1, callback=self._changed
+                )
+                return False
+            if not res.more:
+                self.is_leader = True
+                return True
+            below = res.kvs[-1].create_revision - 1
 
-        def deleted(batch: WatchBatch) -> None:
-            if batch.error is not None or any(e.type == pb.Event.DELETE for e in batch.events):
-                self._on_change()
+    def _is_agent(self, kv: pb.KeyValue) -> bool:
+        try:
+            codec.agent_from(kv.key, kv.value, kv.create_revision, self._session.keys.run_id,
+                             kv.lease)  # fmt: skip
+        except RendezvousError as e:
+            log.warning("election: passing over %s", e)
+            return False
+        return True
 
-        self._watch = self._session.client.watch(
-            res.kvs[0].key, start_revision=res.revision + 1, callback=deleted
-        )
-        return False
+    def _changed(self, batch: WatchBatch) -> None:
+        # Any event on the predecessor counts: a delete (it is gone), or a put (it may no
+        # longer be an agent); either way the line is read again.
+        if batch.error is not None or batch.events:
+            self._on_change()
 
     def _cancel(self) -> None:
         if self._watch is not None:

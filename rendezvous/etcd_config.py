@@ -12,7 +12,10 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the client pulls in gRPC: checking a config must stay cheap
+    from etcdrun.rendezvous.client.config import ClientConfig
 
 # Keys the launcher itself passes through the rendezvous config (the seed's behaviour).
 _PASSTHROUGH = {"min_nodes", "max_nodes", "rank"}
@@ -103,6 +106,21 @@ class EtcdRendezvousConfig:
     user: str | None = None
     password: str | None = field(default=None, repr=False)
     max_restarts: int = 0  # job-wide worker-failure budget (the launcher passes it)
+
+    def client_config(self, endpoints: str) -> ClientConfig:
+        """How this backend reaches etcd: the endpoints plus the TLS, auth and timeout keys."""
+        from etcdrun.rendezvous.client.config import ClientConfig
+
+        return ClientConfig.create(
+            endpoints,
+            ca_cert=self.cacert,
+            cert=self.cert,
+            key=self.key,
+            user=self.user,
+            password=self.password,
+            request_timeout=self.request_timeout,
+            retry_timeout=self.retry_timeout,
+        )
 
     @classmethod
     def from_conf(

@@ -33,7 +33,6 @@ from etcdrun.rendezvous.api import (
     RendezvousParameters,
 )
 from etcdrun.rendezvous.client import (
-    ClientConfig,
     EtcdAuthError,
     EtcdClient,
     EtcdError,
@@ -46,11 +45,13 @@ from etcdrun.rendezvous.errors import (
     RendezvousClosedError,
     RendezvousConnectionError,
     RendezvousError,
+    RendezvousStateError,
     RendezvousTimeoutError,
 )
 from etcdrun.rendezvous.etcd_config import EtcdRendezvousConfig
 from etcdrun.rendezvous.events import EventLog
 from etcdrun.rendezvous.keys import RunKeys
+from etcdrun.rendezvous.leader import status_line
 from etcdrun.rendezvous.ports import reserve_free_port
 from etcdrun.rendezvous.protocol import Phase, Round, Settings
 from etcdrun.rendezvous.round_view import RoundView
@@ -59,19 +60,8 @@ from etcdrun.rendezvous.session import Session
 log = logging.getLogger(__name__)
 
 
-def client_for(params: RendezvousParameters, cfg: EtcdRendezvousConfig) -> EtcdClient:
-    return EtcdClient(
-        ClientConfig.create(
-            params.endpoint,
-            ca_cert=cfg.cacert,
-            cert=cfg.cert,
-            key=cfg.key,
-            user=cfg.user,
-            password=cfg.password,
-            request_timeout=cfg.request_timeout,
-            retry_timeout=cfg.retry_timeout,
-        )
-    )
+class _Reopen(Exception):
+    """This session is done with: start over with a new one (or "shut down")."""
 
 
 class EtcdRendezvousHandler(RendezvousHandler):
@@ -91,7 +81,7 @@ class EtcdRendezvousHandler(RendezvousHandler):
         self.keys = RunKeys(self.cfg.prefix, params.run_id)
         self.run_id = params.run_id
         self._own_client = client is None
-        self.client = client or client_for(params, self.cfg)
+        self.client = client or EtcdClient(self.cfg.client_config(params.endpoint))
         self.events = EventLog(self.run_id)
         self.view = RoundView()
         self.host = socket.gethostname()
@@ -215,23 +205,9 @@ class EtcdRendezvousHandler(RendezvousHandler):
 
     def status(self) -> str:
         """One line for the waiting message; reads only immutable snapshots (never raises)."""
-        r = self.view.current()
-        if r is None:
-            return "waiting for the first round"
-        s = f"round {r.number} {r.phase.name.lower()}"
         driver = self._driver
         leader = driver.status if driver is not None else None
-        if leader is not None and leader.round == r.number and r.phase is Phase.JOINING:
-            s += (
-                f": {leader.joined}/{leader.live} live nodes joined "
-                f"(min {self.settings.min_nodes}, max {self.settings.max_nodes})"
-            )
-            left = leader.last_call_left(time.monotonic())
-            if left is not None:
-                s += f", last call in {left:.0f} s"
-        elif r.phase is Phase.FROZEN:
-            s += f" with {len(r.members)} nodes"
-        return s
+        return status_line(self.view.current(), leader, self.settings, time.monotonic())
 
     # ---- ours ----------------------------------------------------------------------------------
     @property
@@ -250,13 +226,23 @@ class EtcdRendezvousHandler(RendezvousHandler):
 
     # ---- joining rounds --------------------------------------------------------------------------
     def _next(self, deadline: float) -> RendezvousInfo:
+        while True:
+            try:
+                return self._next_once(deadline)
+            except _Reopen:
+                continue  # with a new session
+
+    def _next_once(self, deadline: float) -> RendezvousInfo:
         sess = self._ensure_session()
         self.view.begin()
         while True:
             r = self.view.current()
             if sess.lost.is_set() or self._shutdown:
                 self._drop_session()
-                return self._next(deadline)  # a new session, or "shut down"
+                raise _Reopen()  # a new session, or "shut down"
+            bad = self.view.corruption()
+            if bad is not None and r is None:  # nobody knows the last good state: stop
+                raise RendezvousStateError(bad[1], run_id=self.run_id, node=sess.node_id)
             if r is not None and r.phase is Phase.CLOSED:
                 raise RendezvousClosedError(
                     "the run is closed", run_id=self.run_id, round=r.number, node=sess.node_id
@@ -277,8 +263,10 @@ class EtcdRendezvousHandler(RendezvousHandler):
                 )
 
     def _join(self, sess: Session, r: Round) -> bool:
-        """Write this node's join record for ``r``, fenced on the round key as read: a failed
-        fence means the round moved on, and the watch brings the newer one."""
+        """Write this node's join record for ``r``, fenced on the round key as read and on our
+        own agent key. A failed round fence means the round moved on (the watch brings the
+        newer one); a failed own fence means our key was overwritten or removed by someone
+        else — the session is then of no use (the leader does not count us) and is replaced."""
         rec = st.JoinRecord(
             node_id=sess.node_id,
             addr=self.addr,
@@ -288,13 +276,21 @@ class EtcdRendezvousHandler(RendezvousHandler):
         )
         key = self.keys.join(r.number, sess.node_id)
         res = self.client.txn(
-            [t.mod_revision(self.keys.round, "==", r.mod_revision)],
+            [t.mod_revision(self.keys.round, "==", r.mod_revision), sess.is_owner()],
             [t.put(key, codec.encode(rec), sess.lease_id)],
+            [t.get(sess.key)],
         )
         if res.succeeded:
             self._joined = r.number
             self.events.emit("node_joined", round=r.number)
-        return res.succeeded
+            return True
+        kvs = res.responses[0].response_range.kvs
+        if not sess.owns(kvs[0] if kvs else None):
+            log.error("%s was overwritten or removed by someone else; registering anew", sess.key)
+            self.events.emit("session_replaced", reason="agent key not ours any more")
+            self._drop_session()
+            raise _Reopen()
+        return False
 
     def _accept(self, sess: Session, r: Round) -> RendezvousInfo:
         me = r.member(sess.node_id)
@@ -394,4 +390,4 @@ class EtcdRendezvousHandler(RendezvousHandler):
         )
 
 
-__all__ = ["EtcdRendezvousHandler", "client_for"]
+__all__ = ["EtcdRendezvousHandler"]

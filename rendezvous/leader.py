@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 
 from etcdrun.proto import etcd_api_pb2 as pb
 from etcdrun.proto import etcdrun_state_pb2 as st
-from etcdrun.rendezvous import codec, lifecycle, transitions
+from etcdrun.rendezvous import codec, lifecycle, repair, transitions
 from etcdrun.rendezvous.client import EtcdError, Watch, WatchBatch
 from etcdrun.rendezvous.client import txn as t
 from etcdrun.rendezvous.errors import RendezvousError
@@ -66,6 +66,27 @@ class LeaderStatus:
         return max(0.0, self.last_call_deadline - now)
 
 
+def status_line(
+    r: Round | None, leader: LeaderStatus | None, settings: Settings, now: float
+) -> str:
+    """Where the rendezvous stands, in one line: the round, and while it gathers nodes, what the
+    leader counts (only the leader knows; the others say the round and its phase)."""
+    if r is None:
+        return "waiting for the first round"
+    s = f"round {r.number} {r.phase.name.lower()}"
+    if leader is not None and leader.round == r.number and r.phase is Phase.JOINING:
+        s += (
+            f": {leader.joined}/{leader.live} live nodes joined "
+            f"(min {settings.min_nodes}, max {settings.max_nodes})"
+        )
+        left = leader.last_call_left(now)
+        if left is not None:
+            s += f", last call in {left:.0f} s"
+    elif r.phase is Phase.FROZEN:
+        s += f" with {len(r.members)} nodes"
+    return s
+
+
 class Leader:
     """One leader term. ``deliver`` gets the leader's watch batches (on the watch thread: it
     must only queue them); the owner passes them back through ``on_batch``, then ``act``."""
@@ -95,6 +116,7 @@ class Leader:
         self._watches: list[Watch] = []
         self._last_call: tuple[int, float] | None = None  # (round number, deadline)
         self._failures = 0  # etcd errors in a row: the policy's backoff index
+        self._invalid: dict[bytes, int] = {}  # key under agents/ that is no agent -> mod_revision
         self.status = LeaderStatus()
 
     # ---- caches -----------------------------------------------------------------------------
@@ -132,10 +154,15 @@ class Leader:
         kind, n, node = self._keys.parse(kv.key)
         rid = self._keys.run_id
         if kind == "agent" and node:
-            if deleted:
-                self.agents.pop(node, None)
-            else:
-                self.agents[node] = codec.agent_from(kv.key, kv.value, kv.create_revision, rid)
+            self.agents.pop(node, None)  # whatever it was, it counts only if valid now
+            self._invalid.pop(kv.key, None)
+            if not deleted:
+                try:
+                    agent = codec.agent_from(kv.key, kv.value, kv.create_revision, rid, kv.lease)
+                except RendezvousError:
+                    self._invalid[kv.key] = kv.mod_revision  # removed at the next decision
+                    raise
+                self.agents[node] = agent
         elif kind == "hint" and n is not None:
             if deleted:
                 self.hints.pop(n, None)
@@ -151,6 +178,12 @@ class Leader:
     def act(self, now: float) -> float | None:
         """Decide and apply until the decision is to wait; return when to decide again (a
         leader-local monotonic time) or None (at the next event)."""
+        try:
+            self._sweep()
+        except EtcdError as e:
+            self._failures += 1
+            log.warning("leader %s: cleaning up failed: %s; retrying", self._session.node_id, e)
+            return now + self._client.policy.backoff_limit(self._failures)
         for _ in range(MAX_STEPS):
             r = self._view.current()
             view = self._decision_view(r)
@@ -174,6 +207,22 @@ class Leader:
                 self._publish(r, f"{type(action).__name__} lost its fence; re-reading")
                 return None
         return None
+
+    def _sweep(self) -> None:
+        """Remove what must not block a round: keys under agents/ that are no agent (each
+        delete fenced on the revision seen, so a key rewritten since is judged again), and a
+        round key holding a value nobody can read (repair.py)."""
+        for key, rev in list(self._invalid.items()):
+            res = self._client.txn(
+                [t.mod_revision(key, "==", rev), self._session.is_owner()], [t.delete(key)]
+            )
+            if res.succeeded:
+                self._invalid.pop(key, None)
+                self._events.emit("agent_key_removed", key=key.decode(errors="replace"))
+                log.error("leader %s: removed %s, which is no agent", self._session.node_id, key)
+        bad = self._view.corruption()
+        if bad is not None:
+            repair.repair_round(self._session, self._keys, self._view, self._events, bad)
 
     def _decision_view(self, r: Round | None) -> View | None:
         """The input of ``decide`` from the caches (None until a JOINING round's hint is in)."""
@@ -280,4 +329,4 @@ class Leader:
         self._watches.clear()
 
 
-__all__ = ["Leader", "LeaderStatus"]
+__all__ = ["Leader", "LeaderStatus", "status_line"]

@@ -36,6 +36,7 @@ class RoundView:
         self._msg: st.RoundState | None = None  # the raw value of ``_round`` when read from etcd
         self._running: Round | None = None  # the round this node's workers run in
         self._accepted_rev = 0  # the last round accepted: a stale cached copy is never rerun
+        self._corrupt: tuple[int, str] | None = None  # (mod_revision, why) of an unreadable value
         self._listeners: list[Callable[[], None]] = []
         self.membership_changed = threading.Event()
 
@@ -62,6 +63,11 @@ class RoundView:
         msg = self.message()
         return msg if msg is not None and msg.phase == st.CLOSED else None
 
+    def corruption(self) -> tuple[int, str] | None:
+        """(mod_revision, problem) while the round key holds a value nobody can read."""
+        with self._cond:
+            return self._corrupt
+
     def is_fresh(self, r: Round) -> bool:
         """True unless ``r`` is (a copy of) a round this node already accepted."""
         with self._cond:
@@ -80,12 +86,23 @@ class RoundView:
             if msg is not None or cur is None or r.mod_revision > cur.mod_revision:
                 self._msg = msg
             self._round = r
+            if self._corrupt is not None and r.mod_revision > self._corrupt[0]:
+                self._corrupt = None
             self._changed_locked()
+
+    def corrupt(self, mod_revision: int, problem: str) -> None:
+        """The round key now holds a value that does not decode: keep the last good copy (the
+        leader restores it) and remember the bad revision (the fence of that repair)."""
+        with self._cond:
+            if self._round is not None and mod_revision <= self._round.mod_revision:
+                return
+            self._corrupt = (mod_revision, problem)
+            self._cond.notify_all()
 
     def deleted(self) -> None:
         """The round key is gone (the closed marker expired, or the run was cleaned up)."""
         with self._cond:
-            self._round, self._msg = None, None
+            self._round, self._msg, self._corrupt = None, None, None
             self._changed_locked()
 
     # ---- this node's place ---------------------------------------------------------------------

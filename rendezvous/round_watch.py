@@ -46,10 +46,7 @@ class RoundWatch:
         """Read the round key into the view, then watch it from the revision after the read."""
         res = self._client.range(self._keys.round)
         if res.kvs:
-            kv = res.kvs[0]
-            self._view.apply(
-                *codec.round_and_message(kv.key, kv.value, kv.mod_revision, self._keys.run_id)
-            )
+            self._take(res.kvs[0])
         else:
             self._view.deleted()
         self._watch = self._client.watch(
@@ -73,16 +70,20 @@ class RoundWatch:
         for ev in batch.events:
             if ev.type == pb.Event.DELETE:  # the closed marker expired, or the run was cleaned up
                 self._view.deleted()
-                continue
-            try:
-                self._view.apply(
-                    *codec.round_and_message(
-                        ev.kv.key, ev.kv.value, ev.kv.mod_revision, self._keys.run_id
-                    )
-                )
-            except RendezvousError as e:
-                log.error("%s", e)
+            else:
+                self._take(ev.kv)
         self._on_change()
+
+    def _take(self, kv: pb.KeyValue) -> None:
+        """One version of the key into the view; an unreadable one is said once, loudly, and
+        marked (the leader repairs it) — never a silent stop."""
+        try:
+            decoded = codec.round_and_message(kv.key, kv.value, kv.mod_revision, self._keys.run_id)
+        except RendezvousError as e:
+            log.error("%s; waiting for the leader to repair it", e)
+            self._view.corrupt(kv.mod_revision, e.message)
+            return
+        self._view.apply(*decoded)
 
 
 __all__ = ["RoundWatch"]

@@ -6,8 +6,12 @@ lease, so a crash or partition removes all of it in one revision, and peers see 
 
 Recipes (the election, the leader, the run's lifecycle) *borrow* a session: they write under its
 ``lease_id`` and fence their transactions with ``is_owner()`` — the Compare that holds only while
-this session's agent key still exists as this session created it — so a node whose lease is gone
-can never write again (S4). Nothing else holds the lease.
+this session's agent key is still held by this session's lease — so a node whose lease is gone
+can never write again (S4). Nothing else holds the lease. etcd's Go recipe compares the key's
+create revision; ours compares its lease, because a write by anyone else (an ``etcdctl put``
+without ``--lease``) keeps the create revision but strips the lease, and such a key then outlives
+the agent forever. The value names the lease too (``AgentInfo.lease_id``): the leader counts a
+key as an agent only when both agree.
 
 Lifecycle: ``Session.open()`` (grants the lease and registers the key, or raises: a session is
 never half made) → use → ``close()`` (revokes: peers see the departure at once). Connection loss:
@@ -56,6 +60,10 @@ class Session:
         (the election's order). Raises when the key exists already (two agents, one node id)."""
         lease = client.lease(ttl)
         key = keys.agent(info.node_id)
+        registered = st.AgentInfo()
+        registered.CopyFrom(info)
+        registered.lease_id = lease.id
+        info = registered
         try:
             res = client.txn(
                 [t.create_revision(key, "==", 0)],
@@ -105,8 +113,12 @@ class Session:
         return self._lease.lost_reason
 
     def is_owner(self) -> pb.Compare:
-        """The fence: true while our agent key exists as this session created it."""
-        return t.create_revision(self.key, "==", self.create_revision)
+        """The fence: true while our agent key exists, held by our lease."""
+        return t.lease(self.key, "==", self.lease_id)
+
+    def owns(self, kv: pb.KeyValue | None) -> bool:
+        """Whether ``kv`` (our agent key as read) is still ours: the same test as the fence."""
+        return kv is not None and kv.lease == self.lease_id
 
     def on_lost(self, callback: Callable[[Session], None]) -> None:
         """Run ``callback(session)`` once when the lease is lost (on the keep-alive thread)."""

@@ -9,7 +9,9 @@ that replay history from a start revision and get one batch per transaction. Wha
 adds (raft, failover, compaction, auth) is tested against real etcd elsewhere.
 
 ``deliver="manual"`` queues watch batches until ``pump()``, so a test sees each step; the
-default delivers them right after the write that made them (the writer's thread, lock released).
+default delivers them right after the write that made them, on the writer's thread — but always
+in commit order, one thread at a time, as etcd's single watch stream does (two writers racing
+must never hand a watcher revision 11 before revision 10).
 ``fail_next(method, error)`` makes the next call of a method raise, as a dead etcd would.
 """
 
@@ -86,7 +88,8 @@ class FakeEtcd:
         self.watches: list[FakeWatch] = []
         self.writes = 0  # write transactions applied (a raft proposal each, in a real etcd)
         self._manual = deliver == "manual"
-        self._queue: deque[tuple[FakeWatch, WatchBatch]] = deque()
+        self._queue: deque[tuple[FakeWatch, WatchBatch]] = deque()  # in commit order
+        self._draining = threading.Lock()
         self._faults: dict[str, list[Exception | None]] = {}
         self.timeouts: list[tuple[str, float | None]] = []  # (method, timeout=) of each call
         self._lock = threading.RLock()
@@ -101,7 +104,8 @@ class FakeEtcd:
         """Deliver every queued watch batch (manual mode); return how many."""
         n = 0
         while self._queue:
-            w, batch = self._queue.popleft()
+            with self._lock:
+                w, batch = self._queue.popleft()
             if not w.cancelled:
                 w.callback(batch)
                 n += 1
@@ -176,8 +180,9 @@ class FakeEtcd:
             if writes:
                 self.revision, self.writes = rev, self.writes + 1
             batches = self._batches(events, rev)
+            seen = self.revision  # the txn's own revision: read under the lock, as etcd's header
         self._deliver(batches)
-        return TxnResult(ok, responses, self.revision)
+        return TxnResult(ok, responses, seen)
 
     def lease(self, ttl: int, keepalive: bool = True) -> FakeLease:
         self._fault("lease")
@@ -313,15 +318,29 @@ class FakeEtcd:
             mine = [ev for ev in events if w.matches(ev.kv.key)]
             if mine and not w.cancelled:
                 out.append((w, WatchBatch(w, mine, rev or self.revision)))
+        self._queue.extend(out)  # the caller holds the lock: the queue is in commit order
         return out
 
     def _deliver(self, batches) -> None:
+        """Hand batches out in commit order (callers queued them under the lock, in order)."""
         if self._manual:
-            self._queue.extend(batches)
             return
-        for w, batch in batches:
-            if not w.cancelled:
-                w.callback(batch)
+        while True:
+            if not self._draining.acquire(blocking=False):
+                return  # whoever drains now delivers ours too, in order
+            try:
+                while True:
+                    with self._lock:
+                        if not self._queue:
+                            break
+                        w, batch = self._queue.popleft()
+                    if not w.cancelled:
+                        w.callback(batch)
+            finally:
+                self._draining.release()
+            with self._lock:  # a batch queued while we were letting go of the drain
+                if not self._queue:
+                    return
 
     def _fault(self, method: str) -> None:
         queue = self._faults.get(method)

@@ -113,7 +113,10 @@ def test_an_ended_round_watch_is_read_again_and_watched_anew():
 
 
 def handler(fake: FakeEtcd, lo: int, hi: int) -> EtcdRendezvousHandler:
-    conf = {"last_call_timeout": 0, "join_timeout": 10}
+    # A last call, so the first round waits for all of them (it freezes at once at max): with
+    # none it freezes with whoever registered first, and the rest form the next round only
+    # once the first ones rejoin (L1) — which a plain next_rendezvous() per handler never does.
+    conf = {"last_call_timeout": 10, "join_timeout": 10}
     params = RendezvousParameters("etcd", "fake:2379", KEYS.run_id, lo, hi, config=conf)
     return EtcdRendezvousHandler(params, client=fake)
 

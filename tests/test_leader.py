@@ -244,13 +244,17 @@ def test_a_session_is_whole_its_fence_names_its_key_and_orphan_leaves_the_lease(
     fake = FakeEtcd()
     s = open_session(fake, "a")
     assert s.create_revision > 0 and s.lease_id in fake.live_leases()
-    fence = s.is_owner()
-    assert fence.key == KEYS.agent("a").encode() and fence.create_revision == s.create_revision
+    fence = s.is_owner()  # our key exists and is held by our lease
+    assert fence.key == KEYS.agent("a").encode() and fence.lease == s.lease_id
+    assert fake.txn([fence]).succeeded
+    fake.put(KEYS.agent("a"), fake.get(KEYS.agent("a")).value)  # rewritten without the lease
+    assert not fake.txn([fence]).succeeded and not s.owns(fake.get(KEYS.agent("a")))
     with pytest.raises(ValueError, match="create revision"):
         Session(fake, KEYS, s.info, fake.lease(5), 0)
+    s = open_session(fake, "b")
     s.orphan()
     assert s.close() is True  # nothing revoked: the lease expires on the server, as on kill -9
-    assert s.lease_id in fake.live_leases() and fake.get(KEYS.agent("a")) is not None
+    assert s.lease_id in fake.live_leases() and fake.get(KEYS.agent("b")) is not None
     assert not s.lost.is_set()
 
 

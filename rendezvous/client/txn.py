@@ -64,6 +64,11 @@ def create_revision(key: Key, op: str, rev: int, prefix: bool = False) -> pb.Com
     return _compare(key, op, pb.Compare.CREATE, prefix, create_revision=rev)
 
 
+def lease(key: Key, op: str, lease_id: int) -> pb.Compare:
+    """``lease(k, "==", id)``: k exists and is held by that lease (a missing key has lease 0)."""
+    return _compare(key, op, pb.Compare.LEASE, lease=lease_id)
+
+
 def put(key: Key, val: bytes, lease: int = 0) -> pb.RequestOp:
     return pb.RequestOp(request_put=pb.PutRequest(key=to_bytes(key), value=val, lease=lease))
 

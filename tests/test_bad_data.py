@@ -1,0 +1,131 @@
+"""No silent hangs on bad data in etcd (issue 11): garbage in an agent key, garbage in the round
+key, on a real etcd with real handlers.
+
+What used to happen here: an ``etcdctl put`` of garbage into an agent key stripped the key's
+lease, the key stayed forever, the leader went on counting it, and after a kill -9 no new round
+ever came; garbage in the round key left every agent on its last good copy and the leader fencing
+on a revision that no longer existed, so the next kill -9 gave no new round and no output.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from rdzv_helpers import (
+    accepted_events,
+    crash,
+    handler,
+    new_run_id,
+    rendezvous,
+    shutdown_all,
+    violations,
+)
+
+from etcdrun.rendezvous import codec
+from etcdrun.rendezvous.client import EtcdClient
+
+GARBAGE = b"\xff\xfe etcdctl put of garbage"
+
+
+def agent_keys(c: EtcdClient, run: str) -> dict[str, int]:
+    return {kv.key.decode(): kv.lease for kv in c.get_prefix(f"/etcdrun/{run}/agents/").kvs}
+
+
+def test_garbage_in_an_agents_key_then_kill_9_of_that_agent_gives_a_new_round(etcd):
+    """The issue's exact case: the tampered key lost its lease and would never expire."""
+    run = new_run_id()
+    hs = [handler(etcd.endpoints, run, 2, 3, lease_ttl=2, last_call_timeout=0) for _ in range(3)]
+    with accepted_events(hs) as acc:
+        try:
+            infos = rendezvous(hs)
+            victim = next(h for h, i in zip(hs, infos, strict=True) if i.node_rank == 2)
+            with EtcdClient(etcd.endpoints) as c:
+                c.put(victim.session.key, GARBAGE)
+            crash(victim)
+            rest = [h for h in hs if h is not victim]
+            for h in rest:
+                assert h.membership_changed.wait(10)
+            assert [i.node_count for i in rendezvous(rest)] == [2, 2]
+        finally:
+            shutdown_all(hs)
+        with EtcdClient(etcd.endpoints) as c:
+            assert agent_keys(c, run) == {}  # the garbage key went too: nothing outlives the run
+    assert violations(etcd.endpoints, run, 2, 3, acc) == []
+
+
+def test_garbage_in_a_live_agents_key_never_blocks_a_round(etcd):
+    run = new_run_id()
+    hs = [handler(etcd.endpoints, run, 2, 3, lease_ttl=2, last_call_timeout=0) for _ in range(3)]
+    with accepted_events(hs) as acc:
+        try:
+            infos = rendezvous(hs)
+            by_rank = {i.node_rank: h for h, i in zip(hs, infos, strict=True)}
+            tampered, victim = by_rank[1], by_rank[2]
+            with EtcdClient(etcd.endpoints) as c:
+                c.put(tampered.session.key, GARBAGE)  # no lease: the key would stay forever
+            old_id = tampered.node_id
+            crash(victim)  # kill -9 of another member: a new round must come
+            survivors = [by_rank[0], tampered]
+            for h in survivors:
+                assert h.membership_changed.wait(10)
+            again = rendezvous(survivors)
+            assert [i.node_count for i in again] == [2, 2]
+            assert tampered.node_id != old_id  # it registered anew, as a new node
+            with EtcdClient(etcd.endpoints) as c:
+                keys = agent_keys(c, run)
+            assert f"/etcdrun/{run}/agents/{old_id}" not in keys  # the leader removed it
+            assert all(lease for lease in keys.values())  # every key left is an agent's
+        finally:
+            shutdown_all(hs)
+    assert violations(etcd.endpoints, run, 2, 3, acc) == []
+
+
+def test_garbage_in_the_dead_leaders_key_does_not_stop_the_election(etcd):
+    run = new_run_id()
+    hs = [handler(etcd.endpoints, run, 2, 3, lease_ttl=2, last_call_timeout=0) for _ in range(3)]
+    with accepted_events(hs) as acc:
+        try:
+            infos = rendezvous(hs)
+            leader = next(h for h, i in zip(hs, infos, strict=True) if i.node_rank == 0)
+            with EtcdClient(etcd.endpoints) as c:
+                c.put(leader.session.key, GARBAGE)  # the leader's key, lease stripped
+            crash(leader)  # its lease expires; its key never would
+            rest = [h for h in hs if h is not leader]
+            for h in rest:
+                assert h.membership_changed.wait(10)
+            again = rendezvous(rest)
+            assert sorted(i.node_rank for i in again) == [0, 1]
+        finally:
+            shutdown_all(hs)
+        with EtcdClient(etcd.endpoints) as c:
+            assert agent_keys(c, run) == {}  # nothing of the run is left behind
+    assert violations(etcd.endpoints, run, 2, 3, acc) == []
+
+
+def test_garbage_in_the_round_key_is_repaired_and_the_job_goes_on(etcd):
+    run = new_run_id()
+    hs = [handler(etcd.endpoints, run, 2, 3, lease_ttl=2, last_call_timeout=0) for _ in range(3)]
+    with accepted_events(hs) as acc:
+        try:
+            infos = rendezvous(hs)
+            repaired = threading.Event()
+            for h in hs:
+                h.events.subscribe(
+                    lambda e: repaired.set() if e["event"] == "round_repaired" else None
+                )
+            with EtcdClient(etcd.endpoints) as c:
+                c.put(f"/etcdrun/{run}/round", GARBAGE)
+                assert repaired.wait(10)
+                kv = c.get(f"/etcdrun/{run}/round")
+                r = codec.round_from(kv.key, kv.value, kv.mod_revision, run)
+            assert (r.number, r.phase.name) == (infos[0].round, "FROZEN")
+            assert not any(h.membership_changed.is_set() for h in hs)  # workers undisturbed
+            victim = next(h for h, i in zip(hs, infos, strict=True) if i.node_rank == 2)
+            crash(victim)  # and the next death still gives a new round
+            rest = [h for h in hs if h is not victim]
+            for h in rest:
+                assert h.membership_changed.wait(10)
+            assert [i.node_count for i in rendezvous(rest)] == [2, 2]
+        finally:
+            shutdown_all(hs)
+    assert violations(etcd.endpoints, run, 2, 3, acc) == []
