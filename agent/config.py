@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from etcdrun.rendezvous.api import check_node_range
+
 
 @dataclass
 class LaunchConfig:
@@ -53,15 +55,12 @@ class LaunchConfig:
     entrypoint_kind: str = "auto"
 
     def __post_init__(self) -> None:
-        # Same checks, same order and same messages as the reference launcher.
-        if self.max_nodes < self.min_nodes:
-            raise ValueError(
-                f"max_nodes ({self.max_nodes}) must be >= min_nodes ({self.min_nodes})"
-            )
-        if self.nproc_per_node <= 0:
+        # Same checks, same order and same messages as the reference launcher. The node range
+        # is the rendezvous' one rule (check_node_range: max >= min, then min > 0); the
+        # reference checks nproc_per_node between those two, hence the guarded check first.
+        if self.nproc_per_node <= 0 and self.max_nodes >= self.min_nodes:
             raise ValueError(f"nproc_per_node ({self.nproc_per_node}) must be positive")
-        if self.min_nodes <= 0:
-            raise ValueError(f"min_nodes ({self.min_nodes}) must be positive")
+        check_node_range(self.min_nodes, self.max_nodes)
         if self.max_restarts < 0:
             raise ValueError(f"max_restarts ({self.max_restarts}) must be non-negative")
         if self.monitor_interval < 0:

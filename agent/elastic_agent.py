@@ -13,7 +13,6 @@ which the CLI turns into exit code 128 + signal (torchrun exits 1).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -22,7 +21,7 @@ import time
 from typing import Any
 
 from etcdrun.agent.api import RunResult, WorkerSpec, WorkerState
-from etcdrun.agent.errors import ChildFailedError, ProcessFailure
+from etcdrun.agent.errors import ChildFailedError, ProcessFailure, root_cause, write_error_json
 from etcdrun.agent.workers import WorkerGroup
 from etcdrun.rendezvous.api import FailureInfo, RendezvousHandler, RendezvousInfo
 from etcdrun.rendezvous.errors import RendezvousClosedError
@@ -215,20 +214,7 @@ class ElasticAgent:
         d = os.path.join(self._group.log_root(), self._h.get_run_id() or "run")
         os.makedirs(d, exist_ok=True)
         path = os.path.join(d, f"root_cause_rank{f.global_rank}.json")
-        with open(path, "w") as fp:
-            json.dump(
-                {
-                    "message": {
-                        "message": f.message or f"exit code {f.exit_code}",
-                        "extraInfo": {
-                            "py_callstack": f.traceback,
-                            "timestamp": str(int(f.timestamp)),
-                            "timestamp_ms": int(f.timestamp * 1000),
-                        },
-                    }
-                },
-                fp,
-            )
+        write_error_json(path, f.message or f"exit code {f.exit_code}", f.traceback, f.timestamp)
         return path
 
     # ---- signals ---------------------------------------------------------------------------
@@ -276,14 +262,9 @@ class _Deferring:
             self.agent._check_deferred()
 
 
-def _root_cause(result: RunResult) -> tuple[int, ProcessFailure]:
-    pool = result.real_failures() or result.failures
-    return min(pool.items(), key=lambda item: (item[1].timestamp, item[0]))
-
-
 def _failure_of(info: RendezvousInfo, final: RunResult) -> tuple[FailureInfo, str]:
     """The root cause of a failed attempt, as every node will report it, and one line on it."""
-    rank, root = _root_cause(final)
+    rank, root = root_cause(final.failures)
     failure = FailureInfo(
         node_id=info.node_id,
         host=root.host,

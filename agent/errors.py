@@ -26,7 +26,16 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
 
-__all__ = ["ProcessFailure", "ChildFailedError", "record", "write_error_file", "read_error_file"]
+__all__ = [
+    "ChildFailedError",
+    "ProcessFailure",
+    "read_error_file",
+    "real_failures",
+    "record",
+    "root_cause",
+    "write_error_file",
+    "write_error_json",
+]
 
 T = TypeVar("T")
 _TRACEBACK_INDENT = "    "
@@ -108,18 +117,32 @@ def write_error_file(path: str, exc: BaseException, skip_frames: int = 0) -> Non
     ``skip_frames`` drops the outermost frames (``record``'s own wrapper), so the
     traceback starts in the user's code.
     """
-    now = time.time()
     tb = exc.__traceback__
     for _ in range(skip_frames):
         if tb is not None and tb.tb_next is not None:
             tb = tb.tb_next
+    write_error_json(
+        path,
+        f"{type(exc).__name__}: {exc}",
+        "".join(traceback.format_exception(type(exc), exc, tb)),
+        time.time(),
+    )
+
+
+def write_error_json(path: str, message: str, callstack: str, timestamp: float) -> None:
+    """An error file in torch's format from its parts, written atomically.
+
+    Why public: the agent writes another node's root cause (what the rendezvous reported) as a
+    local error file, so that its report and a nested launch's ``@record`` read it like any
+    worker's; one writer keeps the format and the atomic rename in one place.
+    """
     data = {
         "message": {
-            "message": f"{type(exc).__name__}: {exc}",
+            "message": message,
             "extraInfo": {
-                "py_callstack": "".join(traceback.format_exception(type(exc), exc, tb)),
-                "timestamp": str(int(now)),
-                "timestamp_ms": str(int(now * 1000)),
+                "py_callstack": callstack,
+                "timestamp": str(int(timestamp)),
+                "timestamp_ms": str(int(timestamp * 1000)),
             },
         }
     }
@@ -213,6 +236,23 @@ def _sort_key(item: tuple[int, ProcessFailure]) -> tuple[float, int]:
     return (failure.timestamp, rank)
 
 
+def real_failures(failures: dict[int, ProcessFailure]) -> dict[int, ProcessFailure]:
+    """The failures of the workers themselves: not those the agent stopped."""
+    return {r: f for r, f in failures.items() if not f.stopped_by_agent}
+
+
+def root_cause(failures: dict[int, ProcessFailure]) -> tuple[int, ProcessFailure]:
+    """(global rank, failure) of the root cause: the earliest real failure, by its timestamp
+    (rank breaks ties); the earliest of all when the agent stopped every worker.
+
+    Why one function: the agent reports this failure to the rendezvous (what every node then
+    prints) and ``ChildFailedError`` prints it locally; the two must name the same worker.
+    """
+    if not failures:
+        raise ValueError("no failure to find the root cause of")
+    return min((real_failures(failures) or failures).items(), key=_sort_key)
+
+
 class ChildFailedError(Exception):
     """Raised by the agent when its workers failed for good; the message is the report.
 
@@ -229,15 +269,14 @@ class ChildFailedError(Exception):
         super().__init__(self.format_msg())
 
     def real_failures(self) -> dict[int, ProcessFailure]:
-        return {r: f for r, f in self.failures.items() if not f.stopped_by_agent}
+        return real_failures(self.failures)
 
     def stopped(self) -> dict[int, ProcessFailure]:
         return {r: f for r, f in self.failures.items() if f.stopped_by_agent}
 
     def get_first_failure(self) -> tuple[int, ProcessFailure]:
-        """The root cause: the earliest real failure (all failures when the agent stopped all)."""
-        pool = self.real_failures() or self.failures
-        return min(pool.items(), key=_sort_key)
+        """The root cause (see ``root_cause``); torch's name for it."""
+        return root_cause(self.failures)
 
     def format_msg(self, boarder_delim: str = "=", section_delim: str = "-") -> str:
         root_rank, root = self.get_first_failure()
