@@ -12,33 +12,19 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from collections.abc import Callable
 from typing import Any
 
+from etcdrun.agent.api import entrypoint_name
 from etcdrun.agent.config import LaunchConfig
 from etcdrun.agent.errors import record
+from etcdrun.rendezvous import registry
 from etcdrun.rendezvous.api import RendezvousHandler, RendezvousParameters
 from etcdrun.rendezvous.ports import reserve_free_port
-from etcdrun.rendezvous.registry import create_handler
-from etcdrun.rendezvous.static import DEFAULT_MASTER_ADDR, format_endpoint
 
 __all__ = ["LaunchConfig", "elastic_launch", "launch_agent"]
 
 logger = logging.getLogger(__name__)
-
-
-def _get_entrypoint_name(entrypoint: Callable[..., Any] | str | None, args: list[Any]) -> str:
-    """A short name for logs: the script rather than "python3.11" when run by the interpreter."""
-    if entrypoint is None:
-        return "None"
-    if isinstance(entrypoint, str):
-        if entrypoint in (sys.executable, os.environ.get("PYTHON_EXEC")):
-            script = next((str(a) for a in args if not str(a).startswith("-")), None)
-            if script is not None:
-                return os.path.basename(script)
-        return os.path.basename(entrypoint)
-    return getattr(entrypoint, "__qualname__", str(entrypoint))
 
 
 def _setup_logs(config: LaunchConfig) -> logging.Handler | None:
@@ -58,15 +44,16 @@ def _setup_logs(config: LaunchConfig) -> logging.Handler | None:
 
 def _make_rdzv_handler(config: LaunchConfig) -> RendezvousHandler:
     """The rendezvous handler for ``config`` (the reference's rules, plus min/max as fields)."""
+    entry = registry.backend(config.rdzv_backend)
     endpoint = config.rdzv_endpoint
-    if config.rdzv_backend == "static" and not endpoint:
+    if entry.takes_master and not endpoint:  # the Python API's way: a free port, not 29500
         port = config.master_port if config.master_port is not None else reserve_free_port()
-        endpoint = format_endpoint(config.master_addr or DEFAULT_MASTER_ADDR, port)
+        endpoint = registry.master_endpoint(config.rdzv_backend, config.master_addr, port)
     rdzv_configs = dict(config.rdzv_configs)
     if config.rdzv_timeout > 0:
         rdzv_configs.setdefault("join_timeout", config.rdzv_timeout)
-    if config.rdzv_backend == "static":
-        rdzv_configs.setdefault("rank", config.node_rank)
+    if entry.node_rank_key is not None:
+        rdzv_configs.setdefault(entry.node_rank_key, config.node_rank)
     # The rendezvous owns the restart budget (every backend): one value feeds its decisions,
     # TORCHELASTIC_MAX_RESTARTS and the log lines. Given twice, the two must agree.
     given = rdzv_configs.setdefault("max_restarts", config.max_restarts)
@@ -86,7 +73,7 @@ def _make_rdzv_handler(config: LaunchConfig) -> RendezvousHandler:
         local_world_size=config.nproc_per_node,
         config=rdzv_configs,
     )
-    return create_handler(params)
+    return registry.create_handler(params)
 
 
 def _shutdown_quietly(handler: RendezvousHandler) -> None:
@@ -141,7 +128,7 @@ def launch_agent(
 
         logger.info(
             "starting %s: run %s, %d..%d nodes x %d workers, backend %s",
-            _get_entrypoint_name(entrypoint, args),
+            entrypoint_name(entrypoint, args),
             config.run_id,
             config.min_nodes,
             config.max_nodes,
@@ -152,9 +139,7 @@ def launch_agent(
         if result.is_failed():
             from etcdrun.agent.errors import ChildFailedError
 
-            raise ChildFailedError(
-                name=_get_entrypoint_name(entrypoint, args), failures=result.failures
-            )
+            raise ChildFailedError(name=entrypoint_name(entrypoint, args), failures=result.failures)
         return result.return_values
     finally:
         if rdzv_handler is not None:
