@@ -21,6 +21,11 @@ class LaunchConfig:
     may join or leave within those bounds. ``rdzv_*`` select and configure the rendezvous backend
     (``rdzv_configs`` holds backend-specific keys, e.g. ``lease_ttl`` for etcd).
 
+    ``monitor_interval`` keeps torch's meaning where etcdrun polls workers at all: a worker the
+    kernel gives no exit notice for (no pidfd) is polled this often. Everything else wakes the
+    agent at once (worker exits, membership changes, signals): it never polls for them, and 0
+    does not make it spin.
+
     The last three fields are ours, not the reference's; their defaults change nothing:
     ``local_ranks_filter`` (only these local ranks' output reaches the console; None: all),
     ``stop_grace`` (seconds between SIGTERM and SIGKILL when stopping workers; None: the agent's

@@ -182,7 +182,9 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
         type=float,
         default=0.1,
         metavar="SECONDS",
-        help="how often workers are checked (default: %(default)s)",
+        help="how often a worker the kernel gives no exit notice for (no pidfd) is polled; "
+        "exits, membership changes and signals wake the agent at once, so it never polls "
+        "them (0: every 10 ms) (default: %(default)s)",
     )
 
 
