@@ -15,9 +15,9 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from etcdrun.agent.api import entrypoint_name
+from etcdrun.agent.api import WorkerSpec, entrypoint_name
 from etcdrun.agent.config import LaunchConfig
-from etcdrun.agent.errors import record
+from etcdrun.agent.errors import ChildFailedError, record
 from etcdrun.rendezvous import registry
 from etcdrun.rendezvous.api import RendezvousHandler, RendezvousParameters
 from etcdrun.rendezvous.ports import reserve_free_port
@@ -84,6 +84,36 @@ def _shutdown_quietly(handler: RendezvousHandler) -> None:
         logger.warning("rendezvous shutdown failed (run %s)", handler.get_run_id(), exc_info=True)
 
 
+def _worker_spec(
+    config: LaunchConfig,
+    handler: RendezvousHandler,
+    entrypoint: Callable[..., Any] | str | None,
+    args: list[Any],
+) -> WorkerSpec:
+    extra: dict[str, Any] = {}
+    if config.stop_grace is not None:  # None: WorkerSpec's default (30 s, like torchrun)
+        extra["stop_grace"] = config.stop_grace
+    return WorkerSpec(
+        role=config.role,
+        local_world_size=config.nproc_per_node,
+        rdzv_handler=handler,
+        entrypoint=entrypoint,
+        args=tuple(args),
+        max_restarts=config.max_restarts,
+        monitor_interval=config.monitor_interval,
+        master_addr=config.master_addr,
+        master_port=config.master_port,
+        local_addr=config.local_addr,
+        start_method=config.start_method,
+        redirects=config.redirects,
+        tee=config.tee,
+        log_dir=config.log_dir,
+        local_ranks_filter=config.local_ranks_filter,
+        entrypoint_kind=config.entrypoint_kind,
+        **extra,
+    )
+
+
 @record  # a nested launch (the agent itself run as a worker) reports its root cause upward
 def launch_agent(
     config: LaunchConfig,
@@ -96,34 +126,11 @@ def launch_agent(
     entrypoint is a callable). Raises ``ChildFailedError`` when workers failed and the restart
     budget is spent; the rendezvous is left (lease revoked) on every way out.
     """
-    from etcdrun.agent.api import WorkerSpec
-
     log_handler = _setup_logs(config)
     rdzv_handler: RendezvousHandler | None = None
     try:
         rdzv_handler = _make_rdzv_handler(config)
-        extra: dict[str, Any] = {}
-        if config.stop_grace is not None:
-            extra["stop_grace"] = config.stop_grace
-        spec = WorkerSpec(
-            role=config.role,
-            local_world_size=config.nproc_per_node,
-            rdzv_handler=rdzv_handler,
-            entrypoint=entrypoint,
-            args=tuple(args),
-            max_restarts=config.max_restarts,
-            monitor_interval=config.monitor_interval,
-            master_addr=config.master_addr,
-            master_port=config.master_port,
-            local_addr=config.local_addr,
-            start_method=config.start_method,
-            redirects=config.redirects,
-            tee=config.tee,
-            log_dir=config.log_dir,
-            local_ranks_filter=config.local_ranks_filter,
-            entrypoint_kind=config.entrypoint_kind,
-            **extra,
-        )
+        spec = _worker_spec(config, rdzv_handler, entrypoint, args)
         from etcdrun.agent.elastic_agent import ElasticAgent
 
         logger.info(
@@ -137,8 +144,6 @@ def launch_agent(
         )
         result = ElasticAgent(spec).run()
         if result.is_failed():
-            from etcdrun.agent.errors import ChildFailedError
-
             raise ChildFailedError(name=entrypoint_name(entrypoint, args), failures=result.failures)
         return result.return_values
     finally:
