@@ -13,7 +13,7 @@ from . import _spawn
 from ._spawn import WorkerFiles
 from .api import Worker
 from .errors import ProcessFailure
-from .logs import TAIL_LINES
+from .reactor import TAIL_LINES
 
 
 class WorkerProc:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _boot
 from .api import EntrypointKind, Std, Worker, WorkerSpec
-from .logs import STDERR, STDOUT, Reactor
+from .reactor import STDERR, STDOUT, Reactor
 
 if TYPE_CHECKING:  # pragma: no cover
     from etcdrun.rendezvous.api import RendezvousInfo

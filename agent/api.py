@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import os
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -19,6 +20,8 @@ if TYPE_CHECKING:  # pragma: no cover - typing only; keeps this module import-li
 
 __all__ = [
     "Std",
+    "entrypoint_name",
+    "rank_set",
     "to_map",
     "EntrypointKind",
     "WorkerState",
@@ -136,7 +139,13 @@ class WorkerState(str, enum.Enum):
         return state in (WorkerState.HEALTHY, WorkerState.UNHEALTHY)
 
 
-def _rank_set(value: Iterable[int] | str | int | None, what: str) -> frozenset[int] | None:
+def rank_set(value: Iterable[int] | str | int | None, what: str) -> frozenset[int] | None:
+    """A set of ranks from a set, one int, or a comma list ("0, 2"); None stays None (no filter).
+
+    The one parser of rank sets: ``WorkerSpec``'s filters and ``--local-ranks-filter`` both use
+    it. Empty items of a comma list are skipped; a negative or non-integer item is a ValueError
+    naming ``what``.
+    """
     if value is None:
         return None
     if isinstance(value, bool):
@@ -157,6 +166,25 @@ def _rank_set(value: Iterable[int] | str | int | None, what: str) -> frozenset[i
             raise ValueError(f"{what} must be non-negative integers, got {value!r}")
         out.add(rank)
     return frozenset(out)
+
+
+def entrypoint_name(entrypoint: Callable[..., Any] | str | None, args: Iterable[Any] = ()) -> str:
+    """A short name for logs and reports: the script, not "python3.11", when the interpreter
+    runs one (the CLI's way: ``python -u train.py``); the function's qualified name for a
+    callable. The one rule for the launcher's log line and every failure report.
+    """
+    if entrypoint is None:
+        return "None"
+    if not isinstance(entrypoint, str):
+        return getattr(entrypoint, "__qualname__", repr(entrypoint))
+    interpreter = entrypoint in (sys.executable, os.environ.get("PYTHON_EXEC")) or (
+        os.path.basename(entrypoint).startswith("python")
+    )
+    if interpreter:
+        script = next((str(a) for a in args if not str(a).startswith("-")), None)
+        if script is not None:
+            return os.path.basename(script)
+    return os.path.basename(entrypoint)
 
 
 @dataclass
@@ -205,8 +233,8 @@ class WorkerSpec:
                 f"start_method {self.start_method!r} is not one of {', '.join(START_METHODS)}"
             )
         self.args = tuple(self.args)
-        self.local_ranks_filter = _rank_set(self.local_ranks_filter, "local_ranks_filter")
-        self.global_ranks_filter = _rank_set(self.global_ranks_filter, "global_ranks_filter")
+        self.local_ranks_filter = rank_set(self.local_ranks_filter, "local_ranks_filter")
+        self.global_ranks_filter = rank_set(self.global_ranks_filter, "global_ranks_filter")
         # Validate now so a bad flag fails before any rendezvous, not at the first start.
         self.redirect_map()
         self.tee_map()
@@ -247,17 +275,8 @@ class WorkerSpec:
         return to_map(self.tee, self.local_world_size)
 
     def get_entrypoint_name(self) -> str:
-        """A short name for messages (torch's helper of the same name)."""
-        if isinstance(self.entrypoint, str):
-            if os.path.basename(self.entrypoint).startswith("python") and self.args:
-                # The interpreter runs a script (the CLI's way): name the script.
-                script = next((str(a) for a in self.args if not str(a).startswith("-")), None)
-                if script is not None:
-                    return os.path.basename(script)
-            return self.entrypoint.rsplit("/", 1)[-1]
-        if self.entrypoint is None:
-            return "None"
-        return getattr(self.entrypoint, "__qualname__", repr(self.entrypoint))
+        """A short name for messages (torch's helper of the same name; see ``entrypoint_name``)."""
+        return entrypoint_name(self.entrypoint, self.args)
 
 
 @dataclass
@@ -300,4 +319,6 @@ class RunResult:
 
     def real_failures(self) -> dict[int, ProcessFailure]:
         """Failures of the workers themselves (not those the agent stopped)."""
-        return {r: f for r, f in self.failures.items() if not f.stopped_by_agent}
+        from .errors import real_failures  # errors.py is not needed to build a spec
+
+        return real_failures(self.failures)

@@ -10,9 +10,14 @@ the command name (and ``--rdzv-backend etcd``). Where we differ, it is to fail e
 - no prefix abbreviations (``--nproc`` is ambiguous between ``--nproc-per-node`` and its
   underscore spelling on Python 3.11; explicit names keep both spellings working).
 
-Why this module imports only argparse, os, sys and agent/flags.py (itself only os) at the top:
-``etcdrun --help`` is a cost paid on every node and measured against torchrun's; LaunchConfig,
-the registry and the launcher (gRPC) are imported only once the command line is known to be good.
+Why this module imports only argparse, os, sys, agent/flags.py and agent/options.py at the top:
+``etcdrun --help`` is a cost paid on every node and measured against torchrun's. The parser
+reads the backends' names and traits from the registry (plain data: no backend loads);
+LaunchConfig and the launcher (gRPC with etcd) are imported only once the command line is known
+to be good. Nothing here names a backend: what a backend takes (an endpoint that is the master
+node, a node rank, a required server endpoint) is the registry's to say.
+
+``python -m etcdrun.agent.cli`` runs it too (``python -m etcdrun`` is the short form).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from etcdrun.agent.flags import (
     UsageError,
@@ -31,251 +36,23 @@ from etcdrun.agent.flags import (
     parse_rdzv_conf,
     parse_std,
 )
+from etcdrun.agent.options import DEFAULT_MASTER_PORT, PROG, build_parser
 
 if TYPE_CHECKING:
     from etcdrun.agent.config import LaunchConfig
 
-PROG = "etcdrun"
-ETCD_BACKENDS = ("etcd", "etcd-v3")
-DEFAULT_MASTER_ADDR = "127.0.0.1"
-DEFAULT_MASTER_PORT = 29500  # torchrun's
+__all__ = ["UsageError", "build_parser", "main", "parse_args"]
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> Any:  # argparse would print usage + message and exit
-        if message.startswith("the following arguments are required: script"):
-            message = f"no script to run (usage: {PROG} [options] script [script args...])"
-        raise UsageError(message)
+class _Rendezvous(NamedTuple):
+    """The rendezvous part of a LaunchConfig, as the command line decides it."""
 
-
-class _Formatter(argparse.HelpFormatter):
-    """Shows ``--nproc-per-node`` in the help but not its ``--nproc_per_node`` twin."""
-
-    def _format_action_invocation(self, action: argparse.Action) -> str:
-        shown = [s for s in action.option_strings if "_" not in s]
-        if action.option_strings and shown != action.option_strings:
-            import copy
-
-            action = copy.copy(action)
-            action.option_strings = shown
-        return super()._format_action_invocation(action)
-
-
-def _env_name(dest: str) -> str:
-    return f"PET_{dest.upper()}"
-
-
-class _Env(argparse.Action):
-    """An option whose default comes from ``PET_<DEST>`` (torchrun's ``env`` action).
-
-    Unlike torchrun, the variable is converted and checked here, so a bad value is reported
-    with the variable's name instead of surfacing later as a traceback.
-    """
-
-    def __init__(self, option_strings: list[str], dest: str, default: Any = None, **kw: Any):
-        name = _env_name(dest)
-        raw = os.environ.get(name)
-        if raw:
-            convert = kw.get("type") or str
-            try:
-                default = convert(raw)
-            except ValueError:
-                raise UsageError(f"{name}={raw!r}: invalid {convert.__name__} value") from None
-            choices = kw.get("choices")
-            if choices is not None and default not in choices:
-                raise UsageError(f"{name}={raw!r}: must be one of {', '.join(choices)}")
-        super().__init__(option_strings, dest, default=default, **kw)
-
-    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None):
-        setattr(namespace, self.dest, values)
-
-
-class _EnvFlag(argparse.Action):
-    """A boolean flag that ``PET_<DEST>=1`` also turns on (torchrun's ``check_env``)."""
-
-    def __init__(self, option_strings: list[str], dest: str, **kw: Any):
-        name = _env_name(dest)
-        raw = os.environ.get(name, "0").strip() or "0"
-        try:
-            default = bool(int(raw))
-        except ValueError:
-            raise UsageError(f"{name}={raw!r}: expected 0 or 1") from None
-        super().__init__(option_strings, dest, nargs=0, default=default, **kw)
-
-    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None):
-        setattr(namespace, self.dest, True)
-
-
-class _Version(argparse.Action):
-    def __init__(self, option_strings: list[str], dest: str, **kw: Any):
-        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kw)
-
-    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None):
-        from etcdrun.rendezvous._version import __version__
-
-        sys.stdout.write(f"{PROG} {__version__}\n")
-        parser.exit()
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The parser; built per call because PET_* defaults are read from the environment now."""
-    p = _Parser(
-        prog=PROG,
-        description="Elastic launcher with its rendezvous in etcd v3; torchrun's flags.",
-        epilog="Every option can also be set as PET_<OPTION> in the environment "
-        "(e.g. PET_NNODES=2:4, PET_NPROC_PER_NODE=2, PET_STANDALONE=1); the command line wins.",
-        formatter_class=_Formatter,
-        allow_abbrev=False,
-    )
-
-    def opt(*names: str, **kw: Any) -> None:
-        spellings = [*names]
-        for n in names:  # both --dash-case and --underscore_case, like torchrun
-            if n.startswith("--") and "-" in n[2:]:
-                spellings.append("--" + n[2:].replace("-", "_"))
-        p.add_argument(*spellings, **kw)
-
-    opt(
-        "--nnodes",
-        action=_Env,
-        default="1:1",
-        metavar="N|MIN:MAX",
-        help="number of nodes, or the elastic range MIN:MAX (default: %(default)s)",
-    )
-    opt(
-        "--nproc-per-node",
-        action=_Env,
-        default="1",
-        metavar="N|cpu|gpu|auto",
-        help="workers per node; auto: one per GPU, else one per CPU (default: %(default)s)",
-    )
-    opt(
-        "--rdzv-backend",
-        action=_Env,
-        default="static",
-        help="rendezvous backend: static, etcd (alias etcd-v3) (default: %(default)s)",
-    )
-    opt(
-        "--rdzv-endpoint",
-        action=_Env,
-        default="",
-        metavar="ENDPOINTS",
-        help="etcd: comma list of [http[s]://]host[:port] (port 2379 when omitted); "
-        "static: host:port of the master node",
-    )
-    opt("--rdzv-id", action=_Env, default="none", help="job id shared by all nodes of a job")
-    opt(
-        "--rdzv-conf",
-        action=_Env,
-        default="",
-        metavar="K=V,...",
-        help="backend options, e.g. lease_ttl=2,join_timeout=60",
-    )
-    opt(
-        "--standalone",
-        action=_EnvFlag,
-        help="single node, no etcd: static backend on a free local port with a fresh job id "
-        "(--rdzv-backend/--rdzv-endpoint/--rdzv-id are ignored)",
-    )
-    opt(
-        "--max-restarts",
-        action=_Env,
-        type=int,
-        default=0,
-        help="worker-failure restarts before failing; job-wide with etcd, where a node's death "
-        "costs none (default: %(default)s)",
-    )
-    opt(
-        "--monitor-interval",
-        action=_Env,
-        type=float,
-        default=0.1,
-        metavar="SECONDS",
-        help="how often workers are checked (default: %(default)s)",
-    )
-    opt(
-        "--start-method",
-        action=_Env,
-        default="spawn",
-        choices=["spawn", "fork", "forkserver"],
-        help="how callable entrypoints start workers (default: %(default)s)",
-    )
-    opt("--role", action=_Env, default="default", help="role name of the workers")
-    opt("-m", "--module", action=_EnvFlag, help="run the script as a module, like python -m")
-    opt("--no-python", action=_EnvFlag, help="run the script as an executable, without python")
-    opt(
-        "--run-path",
-        action=_EnvFlag,
-        help="run the script with runpy.run_path in a fresh interpreter per worker "
-        "(takes precedence over --no-python)",
-    )
-    opt("--log-dir", action=_Env, default=None, help="base directory for logs")
-    opt(
-        "-r",
-        "--redirects",
-        action=_Env,
-        default="0",
-        metavar="0-3|RANK:0-3,...",
-        help="redirect worker stdout (1), stderr (2) or both (3) to log files, for all local "
-        "ranks or per local rank (e.g. 0:1,1:2)",
-    )
-    opt(
-        "-t",
-        "--tee",
-        action=_Env,
-        default="0",
-        metavar="0-3|RANK:0-3,...",
-        help="like --redirects, but also keep the output on the console",
-    )
-    opt(
-        "--local-ranks-filter",
-        action=_Env,
-        default="",
-        metavar="RANK,...",
-        help="show only these local ranks' output on the console",
-    )
-    opt(
-        "--node-rank",
-        action=_Env,
-        type=int,
-        default=0,
-        help="this node's rank (static backend) (default: %(default)s)",
-    )
-    opt(
-        "--master-addr",
-        action=_Env,
-        default=None,
-        help=f"master node address, static backend only (default: {DEFAULT_MASTER_ADDR})",
-    )
-    opt(
-        "--master-port",
-        action=_Env,
-        type=int,
-        default=None,
-        help=f"master node port, static backend only (default: {DEFAULT_MASTER_PORT})",
-    )
-    opt(
-        "--local-addr",
-        action=_Env,
-        default=None,
-        help="this node's address as peers should reach it",
-    )
-    opt(
-        "--stop-grace",
-        action=_Env,
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="grace between SIGTERM and SIGKILL when stopping workers (default: 30)",
-    )
-    p.add_argument("--version", action=_Version, help="print the version and exit")
-    p.add_argument(
-        "script",
-        help="the training script (or module with -m, executable with "
-        "--no-python), followed by its own arguments",
-    )
-    p.add_argument("script_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
-    return p
+    backend: str
+    endpoint: str
+    run_id: str
+    master_addr: str | None = None
+    master_port: int | None = None
+    node_rank_key: str | None = None
 
 
 def _script_args(argv: list[str], ns: argparse.Namespace) -> list[str]:
@@ -287,45 +64,50 @@ def _script_args(argv: list[str], ns: argparse.Namespace) -> list[str]:
     return rest
 
 
-def _rendezvous(ns: argparse.Namespace) -> tuple[str, str, str, str | None, int | None]:
-    """(backend, endpoint, run_id, master_addr, master_port) as the launcher should get them."""
-    from etcdrun.rendezvous.registry import check_backend
+def _rendezvous(ns: argparse.Namespace) -> _Rendezvous:
+    """The backend, its endpoint (normalised), the run id and, for a backend whose endpoint is
+    the master node, that node's address: all as the launcher should get them."""
+    from etcdrun.rendezvous import registry
 
-    if ns.standalone:  # the launcher reserves a free port on 127.0.0.1
+    if ns.standalone:  # the launcher reserves a free port on this machine
         import uuid
 
-        return "static", "", str(uuid.uuid4()), None, None
-    backend = ns.rdzv_backend
+        name = registry.STANDALONE_BACKEND
+        return _Rendezvous(name, "", str(uuid.uuid4()))
+    name = ns.rdzv_backend
     try:
-        check_backend(backend)
+        entry = registry.backend(name)
     except ValueError as exc:
         raise UsageError(f"--rdzv-backend: {exc}") from None
-    if backend == "static":
-        from etcdrun.rendezvous.static import format_endpoint, parse_static_endpoint
-
-        endpoint = ns.rdzv_endpoint or format_endpoint(
-            ns.master_addr or DEFAULT_MASTER_ADDR,
-            DEFAULT_MASTER_PORT if ns.master_port is None else ns.master_port,
+    endpoint = ns.rdzv_endpoint
+    if entry.endpoint_example and not endpoint.strip():
+        raise UsageError(
+            f"--rdzv-endpoint is required with --rdzv-backend {name} "
+            f"(e.g. --rdzv-endpoint {entry.endpoint_example})"
         )
-        try:
-            host, port = parse_static_endpoint(endpoint)
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
-        return backend, endpoint, ns.rdzv_id, host, port
-    if backend in ETCD_BACKENDS:
-        from etcdrun.rendezvous.client.config import parse_endpoints
+    if entry.takes_master and not endpoint:  # like torchrun: an endpoint wins over the flags
+        port = DEFAULT_MASTER_PORT if ns.master_port is None else ns.master_port
+        endpoint = registry.master_endpoint(name, ns.master_addr, port)
+    try:
+        read = registry.read_endpoint(name, endpoint)
+    except ValueError as exc:
+        raise UsageError(f"--rdzv-endpoint: {exc}" if ns.rdzv_endpoint else str(exc)) from None
+    return _Rendezvous(
+        name, read.endpoint, ns.rdzv_id, read.master_addr, read.master_port, entry.node_rank_key
+    )
 
-        if not ns.rdzv_endpoint.strip():
-            raise UsageError(
-                f"--rdzv-endpoint is required with --rdzv-backend {backend} "
-                "(e.g. --rdzv-endpoint localhost:2379)"
-            )
-        try:
-            endpoints = parse_endpoints(ns.rdzv_endpoint)
-        except ValueError as exc:
-            raise UsageError(f"--rdzv-endpoint: {exc}") from None
-        return backend, ",".join(str(e) for e in endpoints), ns.rdzv_id, None, None
-    return backend, ns.rdzv_endpoint, ns.rdzv_id, None, None
+
+def _entrypoint(ns: argparse.Namespace, script_args: list[str]) -> tuple[str, list[str], str]:
+    """(entrypoint, args, kind): the same command lines as torchrun's; the kind tells the worker
+    runtime how to run it, so that it never has to guess."""
+    if ns.run_path:
+        return ns.script, script_args, "run_path"
+    if ns.no_python:
+        if ns.module:
+            raise UsageError("--no-python and --module cannot be used together")
+        return ns.script, script_args, "executable"
+    python = os.environ.get("PYTHON_EXEC", sys.executable)
+    return python, ["-u", *(["-m"] if ns.module else []), ns.script, *script_args], "executable"
 
 
 def parse_args(argv: Sequence[str]) -> tuple[LaunchConfig, Callable[..., Any] | str, list[str]]:
@@ -340,24 +122,11 @@ def parse_args(argv: Sequence[str]) -> tuple[LaunchConfig, Callable[..., Any] | 
     nproc = parse_nproc(ns.nproc_per_node)
     if ns.standalone and max_nodes != 1:
         raise UsageError(f"--standalone runs a single node, but --nnodes is {ns.nnodes!r}")
-    backend, endpoint, run_id, master_addr, master_port = _rendezvous(ns)
+    rdzv = _rendezvous(ns)
     rdzv_configs: dict[str, Any] = parse_rdzv_conf(ns.rdzv_conf)
-    if backend == "static":
-        rdzv_configs["rank"] = ns.node_rank  # like torchrun: --node-rank wins over rank=
-
-    # The same command lines as torchrun's; the kind tells the worker runtime not to guess.
-    entrypoint: str = ns.script
-    args = script_args
-    if ns.run_path:
-        kind = "run_path"
-    elif ns.no_python:
-        if ns.module:
-            raise UsageError("--no-python and --module cannot be used together")
-        kind = "executable"
-    else:
-        kind = "executable"
-        entrypoint = os.environ.get("PYTHON_EXEC", sys.executable)
-        args = ["-u", *(["-m"] if ns.module else []), ns.script, *script_args]
+    if rdzv.node_rank_key is not None:
+        rdzv_configs[rdzv.node_rank_key] = ns.node_rank  # like torchrun: --node-rank wins
+    entrypoint, args, kind = _entrypoint(ns, script_args)
 
     from etcdrun.agent.config import LaunchConfig
 
@@ -366,10 +135,10 @@ def parse_args(argv: Sequence[str]) -> tuple[LaunchConfig, Callable[..., Any] | 
             min_nodes=min_nodes,
             max_nodes=max_nodes,
             nproc_per_node=nproc,
-            run_id=run_id,
+            run_id=rdzv.run_id,
             role=ns.role,
-            rdzv_endpoint=endpoint,
-            rdzv_backend=backend,
+            rdzv_endpoint=rdzv.endpoint,
+            rdzv_backend=rdzv.backend,
             rdzv_configs=rdzv_configs,
             max_restarts=ns.max_restarts,
             monitor_interval=ns.monitor_interval,
@@ -379,8 +148,8 @@ def parse_args(argv: Sequence[str]) -> tuple[LaunchConfig, Callable[..., Any] | 
             tee=parse_std("--tee", ns.tee),
             local_addr=ns.local_addr,
             node_rank=ns.node_rank,
-            master_addr=master_addr,
-            master_port=master_port,
+            master_addr=rdzv.master_addr,
+            master_port=rdzv.master_port,
             local_ranks_filter=parse_ranks_filter(ns.local_ranks_filter),
             stop_grace=ns.stop_grace,
             entrypoint_kind=kind,
@@ -447,3 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         raise
     return 0
+
+
+if __name__ == "__main__":  # python -m etcdrun.agent.cli
+    sys.exit(main())

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from etcdrun.rendezvous.api import check_node_range
+
 
 @dataclass
 class LaunchConfig:
@@ -18,6 +20,11 @@ class LaunchConfig:
     ``min_nodes``/``max_nodes`` bound the job's size: when they differ the job is elastic and nodes
     may join or leave within those bounds. ``rdzv_*`` select and configure the rendezvous backend
     (``rdzv_configs`` holds backend-specific keys, e.g. ``lease_ttl`` for etcd).
+
+    ``monitor_interval`` keeps torch's meaning where etcdrun polls workers at all: a worker the
+    kernel gives no exit notice for (no pidfd) is polled this often. Everything else wakes the
+    agent at once (worker exits, membership changes, signals): it never polls for them, and 0
+    does not make it spin.
 
     The last three fields are ours, not the reference's; their defaults change nothing:
     ``local_ranks_filter`` (only these local ranks' output reaches the console; None: all),
@@ -53,15 +60,12 @@ class LaunchConfig:
     entrypoint_kind: str = "auto"
 
     def __post_init__(self) -> None:
-        # Same checks, same order and same messages as the reference launcher.
-        if self.max_nodes < self.min_nodes:
-            raise ValueError(
-                f"max_nodes ({self.max_nodes}) must be >= min_nodes ({self.min_nodes})"
-            )
-        if self.nproc_per_node <= 0:
+        # Same checks, same order and same messages as the reference launcher. The node range
+        # is the rendezvous' one rule (check_node_range: max >= min, then min > 0); the
+        # reference checks nproc_per_node between those two, hence the guarded check first.
+        if self.nproc_per_node <= 0 and self.max_nodes >= self.min_nodes:
             raise ValueError(f"nproc_per_node ({self.nproc_per_node}) must be positive")
-        if self.min_nodes <= 0:
-            raise ValueError(f"min_nodes ({self.min_nodes}) must be positive")
+        check_node_range(self.min_nodes, self.max_nodes)
         if self.max_restarts < 0:
             raise ValueError(f"max_restarts ({self.max_restarts}) must be non-negative")
         if self.monitor_interval < 0:

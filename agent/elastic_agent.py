@@ -1,28 +1,36 @@
-"""The elastic agent: rendezvous → start workers → wait → act, until the job ends.
+"""The elastic agent: the driver of agent/loop.py's decisions, until the job ends.
 
-Why this loop and no other: every decision that involves other nodes (who is in the round, how
-many restarts the job has spent, whether the job failed elsewhere) lives in the rendezvous, so
-the agent only reacts to three local facts — its workers exited, the round it runs in was
+Why a driver over a pure function: every decision (rejoin, restart, barrier, whose failure closed
+the run) is ``loop.next_step``'s, tested without processes; this module only performs the
+actions — join, start, stop, ask for a restart, wait at the barrier, raise — and turns what
+happened into the next event. Every decision that involves other nodes lives in the rendezvous,
+so the agent only reacts to three local facts — its workers exited, the round it runs in was
 superseded (``membership_changed``, pushed by an etcd watch), or it got a signal — and to one
 shared fact it reads after each, the run being closed.
 
+Why it sleeps on one event: the workers' exit callback (the reactor sees a pidfd become readable)
+and the handler's ``on_membership_change`` both set it, so the agent wakes at once for either,
+and never polls (``monitor_interval`` only paces the reactor's polling of a worker that has no
+pidfd; --monitor-interval 0 cannot spin the agent).
+
 Signals (SIGTERM, SIGINT, SIGHUP, SIGQUIT) are forwarded to the workers; the agent then leaves the
 rendezvous (its lease revoked, so peers start a new round at once) and raises SignalException,
-which the CLI turns into exit code 128 + signal (torchrun exits 1).
+which the CLI turns into exit code 128 + signal (torchrun exits 1). Starting and stopping workers
+and the fenced restart request are critical sections: a signal there is held until they end.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
 import threading
 import time
-from typing import Any
+from typing import Any, NoReturn
 
+from etcdrun.agent import loop
 from etcdrun.agent.api import RunResult, WorkerSpec, WorkerState
-from etcdrun.agent.errors import ChildFailedError, ProcessFailure
+from etcdrun.agent.errors import ChildFailedError, ProcessFailure, write_error_json
 from etcdrun.agent.workers import WorkerGroup
 from etcdrun.rendezvous.api import FailureInfo, RendezvousHandler, RendezvousInfo
 from etcdrun.rendezvous.errors import RendezvousClosedError
@@ -57,89 +65,134 @@ class ElasticAgent:
             raise ValueError("WorkerSpec.rdzv_handler is required")
         self._spec = spec
         self._h: RendezvousHandler = spec.rdzv_handler
+        self._wake = threading.Event()  # a worker exited or the membership changed
         self._group = WorkerGroup(
-            log_dir or spec.log_dir, console_out=console_out, console_err=console_err
+            log_dir or spec.log_dir,
+            console_out=console_out,
+            console_err=console_err,
+            on_exit=lambda _worker: self._wake.set(),
         )
         self._status_interval = status_interval
-        self._failed: tuple[str, RunResult] | None = None  # (node id, result) of our failure
+        self._state = loop.State()
+        self._closed_error: RendezvousClosedError | None = None
         self._deferred: int | None = None
         self._defer = 0
         self.rounds = 0  # rounds this agent started workers in
 
     # ---- public --------------------------------------------------------------------------
     def run(self) -> RunResult:
-        previous = self._install_signal_handlers()
+        unsubscribe = self._h.on_membership_change(self._wake.set)
         try:
-            return self._loop()
-        except SignalException as e:
-            log.warning("got %s: forwarding it to the workers and leaving the job", e.sigval.name)
-            self._stop_workers(forward=e.sigval)
-            raise
+            return self._run_with_signals()
         finally:
-            self._restore_signal_handlers(previous)
+            unsubscribe()
             self._group.close()
 
     @property
     def group(self) -> WorkerGroup:
         return self._group
 
-    # ---- the loop ------------------------------------------------------------------------
-    def _loop(self) -> RunResult:
-        spec, h = self._spec, self._h
-        while True:
-            try:
-                info = self._rendezvous()
-            except RendezvousClosedError:
-                ours = self._closed_by_failure()  # raises for another node's failure
-                if ours is not None:
-                    log.error("the restart budget is spent: the job failed")
-                    return ours
-                raise
-            with self._deferring():
-                self._group.start(spec, info)
-            self.rounds += 1
-            log.info(
-                "round %d: node rank %d of %d, ranks %d..%d of %d, restarts %d/%d",
-                info.round,
-                info.node_rank,
-                info.node_count,
-                info.first_global_rank,
-                info.first_global_rank + spec.local_world_size - 1,
-                info.world_size,
-                info.restart_count,
-                info.max_restarts,
-            )
-            result = self._wait(info)
-            if result is None:  # the round was superseded (or our lease was lost)
-                lost = h.session_lost()
-                self._stop_workers(grace=0.0 if lost else None)
-                reason = "lease lost" if lost else (h.round_reason() or "membership changed")
-                log.info("round %d superseded (%s): restarting workers", info.round, reason)
-                self._raise_if_failed_elsewhere()
-                continue
-            if result.state == WorkerState.SUCCEEDED:
-                final = self._stop_workers()
-                log.info("round %d: workers succeeded; waiting for the other nodes", info.round)
-                if not h.exit_barrier():
-                    self._raise_if_failed_elsewhere()
-                    log.warning("not every node finished in time; leaving anyway")
-                return final
-            final = self._stop_workers()
-            failure, what = _failure_of(info, final)
-            # One path for every backend: the rendezvous owns the budget. It grants the restart
-            # or closes the run with this failure (the next rendezvous then raises), and with
-            # etcd a failure caused by a peer's death costs nothing.
-            log.warning(
-                "round %d: %s; asking for a restart (%d of %d spent)",
-                info.round,
-                what,
-                info.restart_count,
-                info.max_restarts,
-            )
-            self._failed = (info.node_id, final)
-            with self._deferring():
-                h.request_restart(what, failure)
+    @property
+    def state(self) -> loop.State:
+        """Where the loop stands (for tests and debugging)."""
+        return self._state
 
+    # ---- the driver ----------------------------------------------------------------------
+    def _run_with_signals(self) -> RunResult:
+        previous = self._install_signal_handlers()
+        try:
+            return self._drive()
+        except SignalException as e:
+            self._perform(self._step(loop.Signal(int(e.sigval))))
+            raise
+        finally:
+            self._restore_signal_handlers(previous)
+
+    def _drive(self) -> RunResult:
+        step = loop.Step(self._state, loop.Join())
+        while not isinstance(step.action, loop.ReturnResult):
+            event = self._perform(step)
+            assert event is not None, step.action
+            step = self._step(event)
+        self._note(step.action)
+        return step.action.result
+
+    def _step(self, event: loop.Event) -> loop.Step:
+        step = loop.next_step(self._state, event)
+        self._state = step.state
+        return step
+
+    @staticmethod
+    def _note(action: loop.Action) -> None:
+        if action.note:
+            log.log(action.level, "%s", action.note)
+
+    def _perform(self, step: loop.Step) -> loop.Event | None:
+        """Do ``step.action``; the event it ended with (None: the last action, which raises
+        or ends the loop)."""
+        self._note(step.action)
+        return _PERFORM[type(step.action)](self, step.action)
+
+    def _join(self, action: loop.Join) -> loop.Event:
+        try:
+            return loop.Joined(self._rendezvous())
+        except RendezvousClosedError as exc:
+            self._closed_error = exc
+            return loop.RunClosed(self._h.closed_failure())
+
+    def _start(self, action: loop.StartWorkers) -> loop.Event:
+        info = action.info
+        with self._deferring():
+            self._group.start(self._spec, info)
+        self.rounds += 1
+        log.info(
+            "round %d: node rank %d of %d, ranks %d..%d of %d, restarts %d/%d",
+            info.round,
+            info.node_rank,
+            info.node_count,
+            info.first_global_rank,
+            info.first_global_rank + self._spec.local_world_size - 1,
+            info.world_size,
+            info.restart_count,
+            info.max_restarts,
+        )
+        return self._wait()
+
+    def _stop(self, action: loop.StopWorkers) -> loop.Event:
+        result = self._stop_workers(grace=action.grace)
+        return loop.WorkersStopped(result, self._h.closed_failure())
+
+    def _restart(self, action: loop.RequestRestart) -> loop.Event:
+        with self._deferring():  # a fenced write: a signal must not cut it in half
+            self._h.request_restart(action.reason, action.failure)
+        return loop.RestartRequested()
+
+    def _barrier(self, action: loop.ExitBarrier) -> loop.Event:
+        if self._h.exit_barrier():
+            return loop.BarrierDone(True)
+        return loop.BarrierDone(False, self._h.closed_failure())
+
+    def _fail_remote(self, action: loop.FailWithRemoteRootCause) -> NoReturn:
+        f = action.failure
+        pf = ProcessFailure(
+            local_rank=f.local_rank,
+            pid=f.pid,
+            exitcode=f.exit_code,
+            error_file=self._write_remote_error(f),
+            global_rank=f.global_rank,
+            host=f.host,
+            exit_time=f.timestamp,
+        )
+        raise ChildFailedError(name=self._spec.get_entrypoint_name(), failures={f.global_rank: pf})
+
+    def _raise_closed(self, action: loop.RaiseClosed) -> NoReturn:
+        assert self._closed_error is not None
+        raise self._closed_error
+
+    def _forward(self, action: loop.ForwardSignal) -> None:
+        self._stop_workers(forward=signal.Signals(action.signum))  # run() then re-raises
+
+    # ---- helpers ---------------------------------------------------------------------------
     def _rendezvous(self) -> RendezvousInfo:
         """next_rendezvous() with one status line every few seconds while it waits."""
         done = threading.Event()
@@ -161,17 +214,26 @@ class ElasticAgent:
             done.set()
             th.join()
 
-    def _wait(self, info: RendezvousInfo) -> RunResult | None:
-        """Until the workers end (their result) or the round is superseded (None)."""
+    def _wait(self) -> loop.Event:
+        """Sleep until the workers end or the round is superseded (a signal raises).
+
+        The wake-up is cleared before the state is read, so an exit or a change that lands
+        between the read and the sleep still ends the sleep at once.
+        """
         changed = self._h.membership_changed
         while True:
+            self._wake.clear()
             self._check_deferred()
             if changed.is_set():
-                return None
+                if self._h.session_lost():
+                    return loop.LeaseLost()
+                return loop.RoundSuperseded(self._h.round_reason())
             result = self._group.poll()
             if result is not None:
-                return result
-            changed.wait(self._spec.monitor_interval)
+                if result.state == WorkerState.SUCCEEDED:
+                    return loop.WorkersSucceeded()
+                return loop.WorkersFailed()
+            self._wake.wait()
 
     def _stop_workers(
         self, grace: float | None = None, forward: signal.Signals | None = None
@@ -181,54 +243,12 @@ class ElasticAgent:
                 self._group.signal_all(forward)
             return self._group.stop(grace)
 
-    def _closed_by_failure(self) -> RunResult | None:
-        """The run was closed as failed: our own failure's result (the launcher reports it
-        with our workers' error files), or ChildFailedError with another node's root cause."""
-        failure = self._h.closed_failure()
-        if failure is None:
-            return None
-        if self._failed is not None and failure.node_id == self._failed[0]:
-            return self._failed[1]
-        self._raise_if_failed_elsewhere()
-        return None
-
-    def _raise_if_failed_elsewhere(self) -> None:
-        failure = self._h.closed_failure()
-        if failure is None:
-            return
-        path = self._write_remote_error(failure)
-        pf = ProcessFailure(
-            local_rank=failure.local_rank,
-            pid=failure.pid,
-            exitcode=failure.exit_code,
-            error_file=path,
-            global_rank=failure.global_rank,
-            host=failure.host,
-            exit_time=failure.timestamp,
-        )
-        raise ChildFailedError(
-            name=self._spec.get_entrypoint_name(), failures={failure.global_rank: pf}
-        )
-
     def _write_remote_error(self, f: FailureInfo) -> str:
         """The remote root cause, as an error file in our own log dir (torch's format)."""
         d = os.path.join(self._group.log_root(), self._h.get_run_id() or "run")
         os.makedirs(d, exist_ok=True)
         path = os.path.join(d, f"root_cause_rank{f.global_rank}.json")
-        with open(path, "w") as fp:
-            json.dump(
-                {
-                    "message": {
-                        "message": f.message or f"exit code {f.exit_code}",
-                        "extraInfo": {
-                            "py_callstack": f.traceback,
-                            "timestamp": str(int(f.timestamp)),
-                            "timestamp_ms": int(f.timestamp * 1000),
-                        },
-                    }
-                },
-                fp,
-            )
+        write_error_json(path, f.message or f"exit code {f.exit_code}", f.traceback, f.timestamp)
         return path
 
     # ---- signals ---------------------------------------------------------------------------
@@ -260,6 +280,18 @@ class ElasticAgent:
         return _Deferring(self)
 
 
+_PERFORM: dict[type, Any] = {
+    loop.Join: ElasticAgent._join,
+    loop.StartWorkers: ElasticAgent._start,
+    loop.StopWorkers: ElasticAgent._stop,
+    loop.RequestRestart: ElasticAgent._restart,
+    loop.ExitBarrier: ElasticAgent._barrier,
+    loop.FailWithRemoteRootCause: ElasticAgent._fail_remote,
+    loop.RaiseClosed: ElasticAgent._raise_closed,
+    loop.ForwardSignal: ElasticAgent._forward,
+}
+
+
 class _Deferring:
     """A critical section (starting/stopping workers, a fenced write) that a signal must not
     cut in half: the signal is held and raised right after."""
@@ -274,29 +306,6 @@ class _Deferring:
         self.agent._defer -= 1
         if exc[0] is None:
             self.agent._check_deferred()
-
-
-def _root_cause(result: RunResult) -> tuple[int, ProcessFailure]:
-    pool = result.real_failures() or result.failures
-    return min(pool.items(), key=lambda item: (item[1].timestamp, item[0]))
-
-
-def _failure_of(info: RendezvousInfo, final: RunResult) -> tuple[FailureInfo, str]:
-    """The root cause of a failed attempt, as every node will report it, and one line on it."""
-    rank, root = _root_cause(final)
-    failure = FailureInfo(
-        node_id=info.node_id,
-        host=root.host,
-        global_rank=rank,
-        exit_code=root.exitcode,
-        signal_name=root.signal or "",
-        message=root.message,
-        traceback=root.traceback,
-        timestamp=root.timestamp,
-        local_rank=root.local_rank,
-        pid=root.pid,
-    )
-    return failure, f"worker rank {rank} on {root.host} failed ({root.exit_description()})"
 
 
 # torch's (and the reference launcher's) name for the same agent.

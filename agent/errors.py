@@ -1,10 +1,7 @@
-"""Worker failures: the error file a worker leaves, and the report the agent raises.
+"""Worker failures: what the agent makes of a worker that did not exit 0, and the report it raises.
 
-Why torch's error-file format: a user script decorated with torch's own ``@record`` must be read
-by the same code as one decorated with ours, so ``record`` writes exactly torch's JSON
-(``{"message": {"message": "<Type>: <msg>", "extraInfo": {"py_callstack": ..., "timestamp":
-"<seconds>"}}}``) plus one extra key torch's reader ignores, ``extraInfo.timestamp_ms``: with
-whole seconds two failures of one collective are usually indistinguishable.
+The error file itself (torch's format, read and written) is error_file.py's; its names are
+re-exported here, where torch users look for them next to ``record``.
 
 Why a better ``ChildFailedError`` than torch's: torch picks the smallest timestamp among all
 failures, including the workers its own agent killed, and prints them in one list. Here the
@@ -16,17 +13,33 @@ from __future__ import annotations
 
 import faulthandler
 import functools
-import json
 import os
 import signal
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
 
-__all__ = ["ProcessFailure", "ChildFailedError", "record", "write_error_file", "read_error_file"]
+from etcdrun.agent.error_file import (
+    ErrorFileContent,
+    _write_json,
+    read_error_file,
+    write_error_file,
+    write_error_json,
+)
+
+__all__ = [
+    "ChildFailedError",
+    "ErrorFileContent",
+    "ProcessFailure",
+    "read_error_file",
+    "real_failures",
+    "record",
+    "root_cause",
+    "write_error_file",
+    "write_error_json",
+]
 
 T = TypeVar("T")
 _TRACEBACK_INDENT = "    "
@@ -38,99 +51,6 @@ def _signal_name(signum: int) -> str:
         return signal.Signals(signum).name
     except ValueError:
         return f"signal {signum}"
-
-
-@dataclass
-class ErrorFileContent:
-    """What a worker's error file says; ``problem`` is set (and the rest empty) when unreadable."""
-
-    message: str = ""
-    traceback: str = ""
-    timestamp: float | None = None
-    resolution: float = 1.0  # seconds: torch's timestamps are whole seconds, ours have ms
-    data: Any = None
-    problem: str | None = None
-
-
-def read_error_file(path: str) -> ErrorFileContent | None:
-    """Parse an error file in torch's format (either of its two shapes); None when absent.
-
-    Never raises: a worker killed while writing, or a foreign file, must not take the agent's
-    failure report down with it, so a corrupt file comes back with ``problem`` set.
-    """
-    try:
-        with open(path, "rb") as fp:
-            raw = fp.read()
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        return ErrorFileContent(problem=f"cannot read it: {type(e).__name__}: {e}")
-    if not raw.strip():
-        return ErrorFileContent(problem="it is empty (the worker died while writing it?)")
-    try:
-        data = json.loads(raw.decode("utf-8", errors="replace"))
-        return _parse(data)
-    except (ValueError, TypeError, KeyError, AttributeError) as e:
-        return ErrorFileContent(problem=f"it is not a valid error file: {type(e).__name__}: {e}")
-
-
-def _parse(data: Any) -> ErrorFileContent:
-    message = data["message"]
-    if isinstance(message, str):
-        # torch's second shape: {"message": "...", "timestamp": <seconds>}
-        ts = data.get("timestamp")
-        return ErrorFileContent(
-            message=message, timestamp=float(ts) if ts is not None else None, data=data
-        )
-    if not isinstance(message, dict):
-        raise TypeError(f"'message' is a {type(message).__name__}")
-    extra = message.get("extraInfo") or {}
-    if not isinstance(extra, dict):
-        raise TypeError(f"'extraInfo' is a {type(extra).__name__}")
-    timestamp: float | None = None
-    resolution = 1.0
-    if extra.get("timestamp_ms") is not None:
-        timestamp, resolution = float(extra["timestamp_ms"]) / 1000.0, 0.001
-    elif extra.get("timestamp") is not None:
-        timestamp = float(extra["timestamp"])
-    return ErrorFileContent(
-        message=str(message.get("message", "")),
-        traceback=str(extra.get("py_callstack") or ""),
-        timestamp=timestamp,
-        resolution=resolution,
-        data=data,
-    )
-
-
-def write_error_file(path: str, exc: BaseException, skip_frames: int = 0) -> None:
-    """Write ``exc`` in torch's format, atomically (a reader never sees half a file).
-
-    ``skip_frames`` drops the outermost frames (``record``'s own wrapper), so the
-    traceback starts in the user's code.
-    """
-    now = time.time()
-    tb = exc.__traceback__
-    for _ in range(skip_frames):
-        if tb is not None and tb.tb_next is not None:
-            tb = tb.tb_next
-    data = {
-        "message": {
-            "message": f"{type(exc).__name__}: {exc}",
-            "extraInfo": {
-                "py_callstack": "".join(traceback.format_exception(type(exc), exc, tb)),
-                "timestamp": str(int(now)),
-                "timestamp_ms": str(int(now * 1000)),
-            },
-        }
-    }
-    _write_json(path, data)
-
-
-def _write_json(path: str, data: Any) -> None:
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as fp:
-        json.dump(data, fp)
-    os.replace(tmp, path)
 
 
 @dataclass
@@ -213,6 +133,23 @@ def _sort_key(item: tuple[int, ProcessFailure]) -> tuple[float, int]:
     return (failure.timestamp, rank)
 
 
+def real_failures(failures: dict[int, ProcessFailure]) -> dict[int, ProcessFailure]:
+    """The failures of the workers themselves: not those the agent stopped."""
+    return {r: f for r, f in failures.items() if not f.stopped_by_agent}
+
+
+def root_cause(failures: dict[int, ProcessFailure]) -> tuple[int, ProcessFailure]:
+    """(global rank, failure) of the root cause: the earliest real failure, by its timestamp
+    (rank breaks ties); the earliest of all when the agent stopped every worker.
+
+    Why one function: the agent reports this failure to the rendezvous (what every node then
+    prints) and ``ChildFailedError`` prints it locally; the two must name the same worker.
+    """
+    if not failures:
+        raise ValueError("no failure to find the root cause of")
+    return min((real_failures(failures) or failures).items(), key=_sort_key)
+
+
 class ChildFailedError(Exception):
     """Raised by the agent when its workers failed for good; the message is the report.
 
@@ -229,15 +166,14 @@ class ChildFailedError(Exception):
         super().__init__(self.format_msg())
 
     def real_failures(self) -> dict[int, ProcessFailure]:
-        return {r: f for r, f in self.failures.items() if not f.stopped_by_agent}
+        return real_failures(self.failures)
 
     def stopped(self) -> dict[int, ProcessFailure]:
         return {r: f for r, f in self.failures.items() if f.stopped_by_agent}
 
     def get_first_failure(self) -> tuple[int, ProcessFailure]:
-        """The root cause: the earliest real failure (all failures when the agent stopped all)."""
-        pool = self.real_failures() or self.failures
-        return min(pool.items(), key=_sort_key)
+        """The root cause (see ``root_cause``); torch's name for it."""
+        return root_cause(self.failures)
 
     def format_msg(self, boarder_delim: str = "=", section_delim: str = "-") -> str:
         root_rank, root = self.get_first_failure()

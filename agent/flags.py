@@ -88,14 +88,17 @@ def parse_std(flag: str, text: str) -> Any:
 
 
 def parse_ranks_filter(text: str) -> set[int] | None:
+    """``--local-ranks-filter 0,2``: WorkerSpec's rank-set rule, with the flag's message."""
     if not text.strip():
         return None
+    from etcdrun.agent.api import rank_set
+
     try:
-        ranks = {int(r) for r in text.split(",")}
+        ranks = rank_set(text, "--local-ranks-filter")
     except ValueError:
-        ranks = set()
-    if not ranks or min(ranks) < 0:
+        ranks = None
+    if not ranks:
         raise UsageError(
             f"--local-ranks-filter {text!r}: expected a comma list of local ranks, e.g. 0,1,2"
         )
-    return ranks
+    return set(ranks)

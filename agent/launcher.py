@@ -12,33 +12,19 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from collections.abc import Callable
 from typing import Any
 
+from etcdrun.agent.api import WorkerSpec, entrypoint_name
 from etcdrun.agent.config import LaunchConfig
-from etcdrun.agent.errors import record
+from etcdrun.agent.errors import ChildFailedError, record
+from etcdrun.rendezvous import registry
 from etcdrun.rendezvous.api import RendezvousHandler, RendezvousParameters
 from etcdrun.rendezvous.ports import reserve_free_port
-from etcdrun.rendezvous.registry import create_handler
-from etcdrun.rendezvous.static import DEFAULT_MASTER_ADDR, format_endpoint
 
 __all__ = ["LaunchConfig", "elastic_launch", "launch_agent"]
 
 logger = logging.getLogger(__name__)
-
-
-def _get_entrypoint_name(entrypoint: Callable[..., Any] | str | None, args: list[Any]) -> str:
-    """A short name for logs: the script rather than "python3.11" when run by the interpreter."""
-    if entrypoint is None:
-        return "None"
-    if isinstance(entrypoint, str):
-        if entrypoint in (sys.executable, os.environ.get("PYTHON_EXEC")):
-            script = next((str(a) for a in args if not str(a).startswith("-")), None)
-            if script is not None:
-                return os.path.basename(script)
-        return os.path.basename(entrypoint)
-    return getattr(entrypoint, "__qualname__", str(entrypoint))
 
 
 def _setup_logs(config: LaunchConfig) -> logging.Handler | None:
@@ -58,15 +44,16 @@ def _setup_logs(config: LaunchConfig) -> logging.Handler | None:
 
 def _make_rdzv_handler(config: LaunchConfig) -> RendezvousHandler:
     """The rendezvous handler for ``config`` (the reference's rules, plus min/max as fields)."""
+    entry = registry.backend(config.rdzv_backend)
     endpoint = config.rdzv_endpoint
-    if config.rdzv_backend == "static" and not endpoint:
+    if entry.takes_master and not endpoint:  # the Python API's way: a free port, not 29500
         port = config.master_port if config.master_port is not None else reserve_free_port()
-        endpoint = format_endpoint(config.master_addr or DEFAULT_MASTER_ADDR, port)
+        endpoint = registry.master_endpoint(config.rdzv_backend, config.master_addr, port)
     rdzv_configs = dict(config.rdzv_configs)
     if config.rdzv_timeout > 0:
         rdzv_configs.setdefault("join_timeout", config.rdzv_timeout)
-    if config.rdzv_backend == "static":
-        rdzv_configs.setdefault("rank", config.node_rank)
+    if entry.node_rank_key is not None:
+        rdzv_configs.setdefault(entry.node_rank_key, config.node_rank)
     # The rendezvous owns the restart budget (every backend): one value feeds its decisions,
     # TORCHELASTIC_MAX_RESTARTS and the log lines. Given twice, the two must agree.
     given = rdzv_configs.setdefault("max_restarts", config.max_restarts)
@@ -86,7 +73,7 @@ def _make_rdzv_handler(config: LaunchConfig) -> RendezvousHandler:
         local_world_size=config.nproc_per_node,
         config=rdzv_configs,
     )
-    return create_handler(params)
+    return registry.create_handler(params)
 
 
 def _shutdown_quietly(handler: RendezvousHandler) -> None:
@@ -95,6 +82,36 @@ def _shutdown_quietly(handler: RendezvousHandler) -> None:
         handler.shutdown()
     except Exception:
         logger.warning("rendezvous shutdown failed (run %s)", handler.get_run_id(), exc_info=True)
+
+
+def _worker_spec(
+    config: LaunchConfig,
+    handler: RendezvousHandler,
+    entrypoint: Callable[..., Any] | str | None,
+    args: list[Any],
+) -> WorkerSpec:
+    extra: dict[str, Any] = {}
+    if config.stop_grace is not None:  # None: WorkerSpec's default (30 s, like torchrun)
+        extra["stop_grace"] = config.stop_grace
+    return WorkerSpec(
+        role=config.role,
+        local_world_size=config.nproc_per_node,
+        rdzv_handler=handler,
+        entrypoint=entrypoint,
+        args=tuple(args),
+        max_restarts=config.max_restarts,
+        monitor_interval=config.monitor_interval,
+        master_addr=config.master_addr,
+        master_port=config.master_port,
+        local_addr=config.local_addr,
+        start_method=config.start_method,
+        redirects=config.redirects,
+        tee=config.tee,
+        log_dir=config.log_dir,
+        local_ranks_filter=config.local_ranks_filter,
+        entrypoint_kind=config.entrypoint_kind,
+        **extra,
+    )
 
 
 @record  # a nested launch (the agent itself run as a worker) reports its root cause upward
@@ -109,39 +126,16 @@ def launch_agent(
     entrypoint is a callable). Raises ``ChildFailedError`` when workers failed and the restart
     budget is spent; the rendezvous is left (lease revoked) on every way out.
     """
-    from etcdrun.agent.api import WorkerSpec
-
     log_handler = _setup_logs(config)
     rdzv_handler: RendezvousHandler | None = None
     try:
         rdzv_handler = _make_rdzv_handler(config)
-        extra: dict[str, Any] = {}
-        if config.stop_grace is not None:
-            extra["stop_grace"] = config.stop_grace
-        spec = WorkerSpec(
-            role=config.role,
-            local_world_size=config.nproc_per_node,
-            rdzv_handler=rdzv_handler,
-            entrypoint=entrypoint,
-            args=tuple(args),
-            max_restarts=config.max_restarts,
-            monitor_interval=config.monitor_interval,
-            master_addr=config.master_addr,
-            master_port=config.master_port,
-            local_addr=config.local_addr,
-            start_method=config.start_method,
-            redirects=config.redirects,
-            tee=config.tee,
-            log_dir=config.log_dir,
-            local_ranks_filter=config.local_ranks_filter,
-            entrypoint_kind=config.entrypoint_kind,
-            **extra,
-        )
+        spec = _worker_spec(config, rdzv_handler, entrypoint, args)
         from etcdrun.agent.elastic_agent import ElasticAgent
 
         logger.info(
             "starting %s: run %s, %d..%d nodes x %d workers, backend %s",
-            _get_entrypoint_name(entrypoint, args),
+            entrypoint_name(entrypoint, args),
             config.run_id,
             config.min_nodes,
             config.max_nodes,
@@ -150,11 +144,7 @@ def launch_agent(
         )
         result = ElasticAgent(spec).run()
         if result.is_failed():
-            from etcdrun.agent.errors import ChildFailedError
-
-            raise ChildFailedError(
-                name=_get_entrypoint_name(entrypoint, args), failures=result.failures
-            )
+            raise ChildFailedError(name=entrypoint_name(entrypoint, args), failures=result.failures)
         return result.return_values
     finally:
         if rdzv_handler is not None:

@@ -10,7 +10,7 @@ The elastic loop drives one ``WorkerGroup`` for its whole life:
     raise ChildFailedError(spec.role, final.failures) # when final.is_failed()
 
 Why the agent must call ``stop()`` even after success: it joins the relay thread and closes the
-pipes; before that, the workers' parent-death signal is tied to that thread (see logs.py).
+pipes; before that, the workers' parent-death signal is tied to that thread (see reactor.py).
 A worker that was running when the agent signalled it (``stop``/``signal_all``) is reported as
 *stopped by the agent*, not as a failure, unless its error file proves it failed earlier.
 """
@@ -30,7 +30,7 @@ from . import _spawn
 from ._proc import WorkerProc
 from .api import EntrypointKind, RunResult, Worker, WorkerSpec, WorkerState
 from .errors import ProcessFailure
-from .logs import Reactor
+from .reactor import Reactor
 
 if TYPE_CHECKING:  # pragma: no cover
     from etcdrun.rendezvous.api import RendezvousInfo
@@ -190,7 +190,7 @@ class WorkerGroup:
         return self.workers
 
     def _spawn_all(self, spec: WorkerSpec, info: RendezvousInfo, kind: EntrypointKind) -> None:
-        # Runs on the relay thread: see the module docstring of logs.py for why.
+        # Runs on the relay thread: see the module docstring of reactor.py for why.
         for proc in self._procs:
             self._spawn_one(spec, info, kind, proc)
 

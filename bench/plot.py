@@ -39,72 +39,64 @@ def _col(run: dict) -> str:
     return "etcdrun" if run["kind"] == "etcdrun" else run["backend"]
 
 
-def recovery_plot(res: dict, path: Path) -> None:
-    runs = res["runs"]
-    groups = [
-        g for g in GROUPS if any(r["scenario"] == g[0] and r["setting"] == g[1] for r in runs)
-    ]
-    fig, ax = plt.subplots(figsize=(10, 0.9 * max(len(groups), 2) + 1.5))
-    h = 0.26
-    for gi, (s, setting, _) in enumerate(groups):
-        for si, (col, _, color) in enumerate(SERIES):
-            run = next(
-                (
-                    r
-                    for r in runs
-                    if r["scenario"] == s and r["setting"] == setting and _col(r) == col
-                ),
-                None,
-            )
-            if run is None:
-                continue
-            y = gi + (si - 1) * h
-            ok = [t for t in run["trials"] if t["value"] is not None]
-            ready = [t["value"] for t in ok]
-            running = [t["spawn"] for t in ok if t.get("spawn") is not None]
-            if ready:
-                med = statistics.median(ready)
-                ax.barh(
-                    y,
-                    med,
-                    h * 0.9,
-                    color=color,
-                    alpha=0.3,
-                    xerr=[[med - min(ready)], [max(ready) - med]],
-                    capsize=2,
-                    error_kw={"alpha": 0.4},
-                )
-                label = f"ready {med:.1f} s"
-                if running:
-                    rm = statistics.median(running)
-                    ax.barh(
-                        y,
-                        rm,
-                        h * 0.9,
-                        color=color,
-                        xerr=[[rm - min(running)], [max(running) - rm]],
-                        capsize=2,
-                    )
-                    label = f"running {rm:.1f} s, {label}"
-                ax.text(max(ready) + 0.5, y, label, va="center", fontsize=7)
-                continue
-            t0 = run["trials"][0]
-            if t0["outcome"] == "never":
-                m = re.search(r"timeout (\d+)s", t0["note"])
-                to = float(m.group(1)) if m else 60.0
-                ax.barh(y, to, h * 0.9, color="white", edgecolor=color, hatch="//")
-                ax.text(to + 0.3, y, f"never (>{to:.0f} s)", va="center", fontsize=7)
-            else:
-                afters = [(t.get("extra") or {}).get("after") for t in run["trials"]]
-                after = max((a for a in afters if a is not None), default=0.0)  # as the table
-                ax.plot([after], [y], marker="x", color=color, markersize=8)
-                ax.text(
-                    after + 0.6,
-                    y,
-                    f"job died ({after:.1f} s)" if t0["outcome"] == "died" else t0["outcome"],
-                    va="center",
-                    fontsize=7,
-                )
+def _find(runs: list[dict], scenario: str, setting: str, col: str) -> dict | None:
+    return next(
+        (
+            r
+            for r in runs
+            if r["scenario"] == scenario and r["setting"] == setting and _col(r) == col
+        ),
+        None,
+    )
+
+
+def _bar(ax, y: float, h: float, color: str, values: list[float], **kw) -> float:
+    """A bar to the median of ``values`` with min–max whiskers; returns the median."""
+    med = statistics.median(values)
+    ax.barh(
+        y,
+        med,
+        h * 0.9,
+        color=color,
+        xerr=[[med - min(values)], [max(values) - med]],
+        capsize=2,
+        **kw,
+    )
+    return med
+
+
+def _draw_recovered(ax, y: float, h: float, color: str, trials: list[dict]) -> bool:
+    """The light "ready" bar and the solid "running" bar; False when no trial recovered."""
+    ok = [t for t in trials if t["value"] is not None]
+    ready = [t["value"] for t in ok]
+    running = [t["spawn"] for t in ok if t.get("spawn") is not None]
+    if not ready:
+        return False
+    med = _bar(ax, y, h, color, ready, alpha=0.3, error_kw={"alpha": 0.4})
+    label = f"ready {med:.1f} s"
+    if running:
+        label = f"running {_bar(ax, y, h, color, running):.1f} s, {label}"
+    ax.text(max(ready) + 0.5, y, label, va="center", fontsize=7)
+    return True
+
+
+def _draw_unrecovered(ax, y: float, h: float, color: str, trials: list[dict]) -> None:
+    """Never recovered: a hatched bar to the timeout. Died (or else): a cross where it ended."""
+    t0 = trials[0]
+    if t0["outcome"] == "never":
+        m = re.search(r"timeout (\d+)s", t0["note"])
+        to = float(m.group(1)) if m else 60.0
+        ax.barh(y, to, h * 0.9, color="white", edgecolor=color, hatch="//")
+        ax.text(to + 0.3, y, f"never (>{to:.0f} s)", va="center", fontsize=7)
+        return
+    afters = [(t.get("extra") or {}).get("after") for t in trials]
+    after = max((a for a in afters if a is not None), default=0.0)  # as the table
+    ax.plot([after], [y], marker="x", color=color, markersize=8)
+    text = f"job died ({after:.1f} s)" if t0["outcome"] == "died" else t0["outcome"]
+    ax.text(after + 0.6, y, text, va="center", fontsize=7)
+
+
+def _decorate(ax, groups: list[tuple], meta: dict) -> None:
     ax.set_xlim(0, ax.get_xlim()[1] * 1.15)  # room for the labels right of the bars
     ax.set_yticks(range(len(groups)), [g[2] for g in groups], fontsize=8)
     ax.invert_yaxis()
@@ -114,13 +106,30 @@ def recovery_plot(res: dict, path: Path) -> None:
     )
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for _, _, c in SERIES]
     ax.legend(handles, [lb for _, lb, _ in SERIES], loc="lower right", fontsize=8)
-    m = res["meta"]
     ax.set_title(
-        f"etcdrun vs torchrun {m['torch'].split('+')[0]}: N = {m['n']} local agents, "
-        f"{m['date'][:10]}, 1-min load {m['load_before']}",
+        f"etcdrun vs torchrun {meta['torch'].split('+')[0]}: N = {meta['n']} local agents, "
+        f"{meta['date'][:10]}, 1-min load {meta['load_before']}",
         fontsize=9,
     )
     ax.grid(axis="x", alpha=0.3)
+
+
+def recovery_plot(res: dict, path: Path) -> None:
+    runs = res["runs"]
+    groups = [
+        g for g in GROUPS if any(r["scenario"] == g[0] and r["setting"] == g[1] for r in runs)
+    ]
+    fig, ax = plt.subplots(figsize=(10, 0.9 * max(len(groups), 2) + 1.5))
+    h = 0.26
+    for gi, (s, setting, _) in enumerate(groups):
+        for si, (col, _, color) in enumerate(SERIES):
+            run = _find(runs, s, setting, col)
+            if run is None:
+                continue
+            y = gi + (si - 1) * h
+            if not _draw_recovered(ax, y, h, color, run["trials"]):
+                _draw_unrecovered(ax, y, h, color, run["trials"])
+    _decorate(ax, groups, res["meta"])
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -170,8 +170,8 @@ def vm_hwm_mb(pid: int) -> float | None:
     return None
 
 
-def listener_pid(port: int, among: Sequence[int]) -> int | None:
-    """Which of ``among`` (pids) listens on TCP ``port`` on any address (c10d's store host)."""
+def _listening_inodes(port: int) -> set[str]:
+    """Socket inodes listening on TCP ``port``, any address, IPv4 or IPv6."""
     inodes = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         with contextlib.suppress(OSError):
@@ -179,14 +179,23 @@ def listener_pid(port: int, among: Sequence[int]) -> int | None:
                 cols = row.split()
                 if cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
                     inodes.add(cols[9])
-    for pid in among:
-        with contextlib.suppress(OSError):
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                with contextlib.suppress(OSError):
-                    link = os.readlink(f"/proc/{pid}/fd/{fd}")
-                    if link.startswith("socket:[") and link[8:-1] in inodes:
-                        return pid
-    return None
+    return inodes
+
+
+def _holds_socket(pid: int, inodes: set[str]) -> bool:
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if link.startswith("socket:[") and link[8:-1] in inodes:
+                    return True
+    return False
+
+
+def listener_pid(port: int, among: Sequence[int]) -> int | None:
+    """Which of ``among`` (pids) listens on TCP ``port`` on any address (c10d's store host)."""
+    inodes = _listening_inodes(port)
+    return next((pid for pid in among if _holds_socket(pid, inodes)), None)
 
 
 class Agent:

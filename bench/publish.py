@@ -49,27 +49,86 @@ def _trials_detail(res: dict) -> list[str]:
     return out
 
 
+def _run_line(m: dict) -> str:
+    return (
+        f"Run {m['date']}, {m['cpus']} CPUs, Python {m['python']}, torch {m['torch']} (CPU), "
+        f"etcdrun {m['etcdrun']}; N = {m['n']} local agents (scenario 1: {m['n_first']}), one "
+        f"worker each; {m['trials']} trials per launcher ({m['slow_trials']} for torchrun "
+        f"with default settings, 1 where torchrun is expected never to recover); "
+        f"1-min load {m['load_before']} before, {m.get('load_after')} after; "
+        f"{m.get('duration_s')} s in all."
+    )
+
+
+def _load_note(m: dict) -> str:
+    if m.get("load_waited_ok", True):
+        return ""
+    return (
+        f"\n**The machine was busy:** the 1-minute load average was "
+        f"{m['load_before']} (>= {m['load_limit']}) when the run started, after "
+        f"waiting for it to drop; the figures are slower than on an idle machine, "
+        f"for both launchers alike.\n"
+    )
+
+
+def _how_measured(m: dict) -> list[str]:
+    return [
+        "- Same worker script for both launchers (`bench/compare_worker.py`), same interpreter "
+        "and torch (the bench venv, where this checkout is installed as a user would install "
+        "it: a regular, byte-compiled install), `--nproc-per-node 1 --max-restarts 10 "
+        "--monitor-interval 0.1`, each agent a separate process group on 127.0.0.1.",
+        '- "Running": the launcher has started every worker with the new world\'s '
+        "environment (torchrun's `WorkerState.RUNNING`), timed by the worker's first line "
+        "(`BENCH_START`, before `import torch`) of the worker that went on to print "
+        "`BENCH_READY` with the expected WORLD_SIZE (a worker that started and failed does not "
+        'count). "Ready": that `BENCH_READY`, printed once `init_process_group("gloo")` '
+        "returned. Times are the workers' own `time.time()` minus the harness's action (last "
+        "agent start, kill, newcomer start); the newest node counts.",
+        "- Scenario 1 starts all agents at once: on this machine that is N Python agents "
+        "starting on its CPUs together, which a cluster (one agent per node) never sees. 1s "
+        "starts N-1 agents, waits until they sit idle in the rendezvous (their CPU use, not "
+        "their logs, for both launchers alike), then starts the last one.",
+        "- A node dies as a machine would: its agent and every process below it get SIGKILL at "
+        "once. all_reduce workers call a one-element gloo all_reduce every 0.2 s.",
+        "- etcd: a fresh single member per trial (fast raft timings, `--enable-v2` for "
+        "torchrun's etcd-v2); c10d needs none. Scenario 8 reads etcd's `/metrics` "
+        "(`grpc_server_msg_received_total` per method; `etcd_http_received_total` for v2) "
+        "before and after an idle window.",
+        "- After every trial every process carrying the run's environment tag is killed "
+        f"(SIGKILL) and checked gone; leftovers swept at the end: "
+        f"{m.get('leftover_processes')}.",
+        '- "load" in the trial list: the 1-minute load average right after the trial '
+        "(it includes the trial's own processes).",
+    ]
+
+
+NOTES = [
+    "- Tuned torchrun runs set `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`. With the default "
+    "(the workers use the agents' rendezvous store, which outlives a restart), the "
+    'restarted workers\' gloo init failed within ~2 s with "Connection refused", restart '
+    "after restart (agent logs under `bench/out/`); our reading: they found the previous "
+    "attempt's addresses in that store. With the sharing off, torchrun recovers (the tuned "
+    "rows). The issue asks for it where the default deadlocks; we use it in every tuned "
+    'run so that "tuned" is torchrun\'s best here.',
+    '- torchrun\'s `TORCHELASTIC_RESTART_COUNT` is per node: a "never" note lists each '
+    "survivor's newest worker (WORLD_SIZE, restart count); differing counts mean the nodes "
+    "restarted a different number of times.",
+    "- etcdrun learns of a kill -9 only when the dead agent's lease expires: between 2/3 "
+    "of `lease_ttl` and `lease_ttl` after the kill (keep-alives every TTL/3), plus up to "
+    '0.5 s for etcd\'s expiry sweep. The rest of the "running" figure is the new '
+    "round and the workers' spawn; `lease_ttl` is the knob (default 5 s; the tuned rows "
+    "use 2 s).",
+]
+
+
 def results_md(res: dict) -> str:
     m = res["meta"]
-    load_note = ""
-    if not m.get("load_waited_ok", True):
-        load_note = (
-            f"\n**The machine was busy:** the 1-minute load average was "
-            f"{m['load_before']} (>= {m['load_limit']}) when the run started, after "
-            f"waiting for it to drop; the figures are slower than on an idle machine, "
-            f"for both launchers alike.\n"
-        )
     return "\n".join(
         [
             "# etcdrun vs torchrun (generated by `python bench/compare.py`; do not edit)",
             "",
-            f"Run {m['date']}, {m['cpus']} CPUs, Python {m['python']}, torch {m['torch']} (CPU), "
-            f"etcdrun {m['etcdrun']}; N = {m['n']} local agents (scenario 1: {m['n_first']}), one "
-            f"worker each; {m['trials']} trials per launcher ({m['slow_trials']} for torchrun "
-            f"with default settings, 1 where torchrun is expected never to recover); "
-            f"1-min load {m['load_before']} before, {m.get('load_after')} after; "
-            f"{m.get('duration_s')} s in all.",
-            load_note,
+            _run_line(m),
+            _load_note(m),
             CELLS_NOTE,
             "",
             "## To workers running (the launcher's job; the targets)",
@@ -86,50 +145,11 @@ def results_md(res: dict) -> str:
             "",
             "## How it is measured",
             "",
-            "- Same worker script for both launchers (`bench/compare_worker.py`), same interpreter "
-            "and torch (the bench venv, where this checkout is installed as a user would install "
-            "it: a regular, byte-compiled install), `--nproc-per-node 1 --max-restarts 10 "
-            "--monitor-interval 0.1`, each agent a separate process group on 127.0.0.1.",
-            '- "Running": the launcher has started every worker with the new world\'s '
-            "environment (torchrun's `WorkerState.RUNNING`), timed by the worker's first line "
-            "(`BENCH_START`, before `import torch`) of the worker that went on to print "
-            "`BENCH_READY` with the expected WORLD_SIZE (a worker that started and failed does not "
-            'count). "Ready": that `BENCH_READY`, printed once `init_process_group("gloo")` '
-            "returned. Times are the workers' own `time.time()` minus the harness's action (last "
-            "agent start, kill, newcomer start); the newest node counts.",
-            "- Scenario 1 starts all agents at once: on this machine that is N Python agents "
-            "starting on its CPUs together, which a cluster (one agent per node) never sees. 1s "
-            "starts N-1 agents, waits until they sit idle in the rendezvous (their CPU use, not "
-            "their logs, for both launchers alike), then starts the last one.",
-            "- A node dies as a machine would: its agent and every process below it get SIGKILL at "
-            "once. all_reduce workers call a one-element gloo all_reduce every 0.2 s.",
-            "- etcd: a fresh single member per trial (fast raft timings, `--enable-v2` for "
-            "torchrun's etcd-v2); c10d needs none. Scenario 8 reads etcd's `/metrics` "
-            "(`grpc_server_msg_received_total` per method; `etcd_http_received_total` for v2) "
-            "before and after an idle window.",
-            "- After every trial every process carrying the run's environment tag is killed "
-            f"(SIGKILL) and checked gone; leftovers swept at the end: "
-            f"{m.get('leftover_processes')}.",
-            '- "load" in the trial list: the 1-minute load average right after the trial '
-            "(it includes the trial's own processes).",
+            *_how_measured(m),
             "",
             "## Notes",
             "",
-            "- Tuned torchrun runs set `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`. With the default "
-            "(the workers use the agents' rendezvous store, which outlives a restart), the "
-            'restarted workers\' gloo init failed within ~2 s with "Connection refused", restart '
-            "after restart (agent logs under `bench/out/`); our reading: they found the previous "
-            "attempt's addresses in that store. With the sharing off, torchrun recovers (the tuned "
-            "rows). The issue asks for it where the default deadlocks; we use it in every tuned "
-            'run so that "tuned" is torchrun\'s best here.',
-            '- torchrun\'s `TORCHELASTIC_RESTART_COUNT` is per node: a "never" note lists each '
-            "survivor's newest worker (WORLD_SIZE, restart count); differing counts mean the nodes "
-            "restarted a different number of times.",
-            "- etcdrun learns of a kill -9 only when the dead agent's lease expires: between 2/3 "
-            "of `lease_ttl` and `lease_ttl` after the kill (keep-alives every TTL/3), plus up to "
-            '0.5 s for etcd\'s expiry sweep. The rest of the "running" figure is the new '
-            "round and the workers' spawn; `lease_ttl` is the knob (default 5 s; the tuned rows "
-            "use 2 s).",
+            *NOTES,
             "",
             "## Scenario 8 detail",
             "",

@@ -31,178 +31,32 @@ import argparse
 import functools
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
-import urllib.request
 import uuid
 from collections.abc import Callable
 
+from scale_metrics import (
+    check_infos,
+    delta,
+    fanout,
+    gc_pauses,
+    last,
+    py_spy,
+    sessions,
+    since,
+    snapshot,
+)
 from scale_pool import Pool
 
 TIME_TARGET = (1000, 3.0)  # the issue: N = 1000 in <= 3 s
 WRITES_PER_N, WRITES_CONST = 3, 10  # writes <= 3N + c; c covers start/freeze/close, not per node
-METRICS = {
-    "writes": "etcd_server_proposals_applied_total",
-    "revisions": "etcd_debugging_mvcc_current_revision",
-    "puts": "etcd_mvcc_put_total",
-    "deletes": "etcd_mvcc_delete_total",
-    "ranges": "etcd_mvcc_range_total",
-    "watch_events": "etcd_debugging_mvcc_events_total",
-    "watch_msgs": 'grpc_server_msg_sent_total{grpc_method="Watch",'
-    'grpc_service="etcdserverpb.Watch",grpc_type="bidi_stream"}',
-    "sent_bytes": "etcd_network_client_grpc_sent_bytes_total",
-}
 
 
 # ---- main process -------------------------------------------------------------------------------
-def cpu_seconds(pids: list[int]) -> float:
-    """User + system CPU of these processes (all their threads) so far, from /proc."""
-    total = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rpartition(")")[2].split()
-            total += int(fields[11]) + int(fields[12])
-        except (OSError, IndexError, ValueError):
-            return float("nan")
-    return total / os.sysconf("SC_CLK_TCK")
-
-
-def machine_cpu() -> float:
-    """Busy CPU seconds of the whole machine so far (to see load from other programs)."""
-    try:
-        with open("/proc/stat") as f:
-            v = [int(x) for x in f.readline().split()[1:]]
-        return (sum(v[:8]) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")  # minus idle, iowait
-    except (OSError, ValueError, IndexError):
-        return float("nan")
-
-
-def snapshot(url: str, etcd_pids: list[int], worker_pids: list[int]) -> dict[str, float]:
-    return {
-        **scrape(url),
-        "etcd_cpu": cpu_seconds(etcd_pids),
-        "workers_cpu": cpu_seconds(worker_pids),
-        "machine_cpu": machine_cpu(),
-        "t": time.monotonic(),
-    }
-
-
-def scrape(url: str) -> dict[str, float]:
-    out = {}
-    with urllib.request.urlopen(url, timeout=10) as r:
-        for line in r.read().decode().splitlines():
-            if line and not line.startswith("#"):
-                name, _, val = line.rpartition(" ")
-                out[name] = float(val)
-    return {k: out.get(m, float("nan")) for k, m in METRICS.items()}
-
-
-def delta(a: dict, b: dict) -> dict:
-    d = {
-        k: round(b[k] - a[k], 2) if k.endswith("_cpu") or k == "t" else int(b[k] - a[k]) for k in a
-    }
-    d["other_cpu"] = round(d.pop("machine_cpu") - d["etcd_cpu"] - d["workers_cpu"], 2)
-    return d
-
-
-def last(evs: list[dict], kind: str, rnd: int | None = None) -> float | None:
-    ts = [e["time"] for e in evs if e["event"] == kind and (rnd is None or e.get("round") == rnd)]
-    return max(ts) if ts else None
-
-
-def gc_pauses(done: dict[int, tuple]) -> dict:
-    """Longest per-process total of garbage-collector pauses in the round, and gen-2 runs."""
-    return {
-        "gc_s": round(max((d[2] for d in done.values()), default=0.0), 3),
-        "gc2": sum(d[3] for d in done.values()),
-    }
-
-
-def sessions(evs: list[dict], since_t: float) -> dict:
-    """Sessions opened and lost since ``since_t``: more than N opened means re-registrations."""
-    return {
-        "opened": sum(1 for e in evs if e["event"] == "session_opened" and e["time"] >= since_t),
-        "lost": sum(
-            1
-            for e in evs
-            if e["event"] == "session_lost"
-            and e["time"] >= since_t
-            and e.get("reason") != "revoked"
-        ),
-    }  # a revoke is a leave, not a loss
-
-
-def fanout(evs: list[dict], rnd: int) -> list[float]:
-    """Per worker process: frozen -> its last participant accepted. Equal values across
-    processes mean the cost is CPU shared by all, not one slow process."""
-    frozen = last(evs, "round_frozen", rnd)
-    if frozen is None:
-        return []
-    ws = sorted({e["worker"] for e in evs})
-    return [
-        round(t - frozen, 3)
-        for w in ws
-        if (t := last([e for e in evs if e["worker"] == w], "round_accepted", rnd))
-    ]
-
-
-def check_infos(results: list, n_expected: int, rnd: int) -> list[str]:
-    """Everyone got the same round, node count and master; ranks are 0..k-1."""
-    bad = [r for r in results if not isinstance(r, tuple)]
-    if bad:
-        return [f"{len(bad)} participant(s) failed, first: {bad[0]}"]
-    problems = []
-    if {r[1] for r in results} != {rnd}:
-        problems.append(f"rounds {sorted({r[1] for r in results})}, expected {rnd}")
-    if sorted(r[2] for r in results) != list(range(n_expected)):
-        problems.append("node ranks are not 0..k-1")
-    if {r[3] for r in results} != {n_expected} or len({(r[4], r[5]) for r in results}) != 1:
-        problems.append("node count or master differ between participants")
-    return problems
-
-
-def py_spy(pids: list[int], out_dir: str | None, seconds: float) -> list[subprocess.Popen]:
-    """Sample every worker during both rounds (raw collapsed stacks, one file per worker)."""
-    if not out_dir:
-        return []
-    exe = shutil.which("py-spy")
-    if exe is None:
-        print("py-spy not found (pip install py-spy); no profile", file=sys.stderr)
-        return []
-    os.makedirs(out_dir, exist_ok=True)
-    return [
-        subprocess.Popen(
-            [
-                exe,
-                "record",
-                "--pid",
-                str(pid),
-                "--duration",
-                str(int(seconds)),
-                "--rate",
-                "50",
-                "--gil",
-                "--format",
-                "raw",
-                "--nonblocking",
-                "--output",
-                os.path.join(out_dir, f"worker-{pid}.txt"),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        for pid in pids
-    ]
-
-
 def run_one(n: int, procs: int, args: argparse.Namespace) -> dict:
-    from etcdrun.rendezvous import checker
-    from etcdrun.rendezvous.client import EtcdClient
-    from etcdrun.rendezvous.keys import RunKeys
     from etcdrun.rendezvous.localetcd import LocalEtcd
 
     p = max(1, min(procs, n))
@@ -224,47 +78,12 @@ def run_one(n: int, procs: int, args: argparse.Namespace) -> dict:
         spies: list[subprocess.Popen] = []
         try:
             pool.expect("ready", list(range(p)), 120)
-            every = list(range(p))
-            # Round 1: everyone registers and joins at once.
-            m0 = snap()
             spies = py_spy(pool.pids, args.py_spy, 2 * args.timeout)
             time.sleep(1.0 if spies else 0)  # let py-spy attach
-            t_go = time.time()
-            for i in every:
-                pool.send(i, "round1")
-            pool.expect("armed", every, 60)
-            done = pool.expect("done", every, args.timeout + 30, partial=True)
-            m1 = snap()
-            r1 = {i: done[i][1] for i in done}
-            res["problems"] += [
-                f"round 1: {s}" for s in check_infos([x for i in done for x in r1[i]], n, 1)
-            ]
-            if len(done) < p:
-                res["problems"].append(
-                    f"round 1: {p - len(done)} process(es) not done after {args.timeout + 30:g}s"
-                )
-            evs, res["warnings"] = collect(pool, every)
-            res["round1"] = {
-                "go_to_registered": since(t_go, last(evs, "session_opened")),
-                "go_to_last_join": since(t_go, last(evs, "node_joined", 1)),
-                "join_to_frozen": since(last(evs, "node_joined", 1), last(evs, "round_frozen", 1)),
-                "time": since(last(evs, "node_joined", 1), last(evs, "round_accepted", 1)),
-                "go_to_all": since(t_go, last(evs, "round_accepted", 1)),
-                "fanout": fanout(evs, 1),
-                **sessions(evs, t_go),
-                **gc_pauses(done),
-                **delta(m0, m1),
-            }
+            r1, evs = join_round(pool, res, n, args, snap)
             if n >= 2 and not res["problems"]:
                 res["round2"] = leave_round(pool, evs, r1, n, args, snap)
-            with EtcdClient(etcd.endpoints) as c:
-                evs, res["warnings"] = collect(pool, every)
-                accepted = [e for e in evs if e["event"] == "round_accepted"]
-                res["problems"] += checker.check_run(
-                    c, RunKeys("/etcdrun", run_id), cfg["min_nodes"], n, accepted
-                )
-            pool.send(0, "close")
-            pool.expect("closed", [0], 30)
+            check_run(pool, etcd.endpoints, cfg, res)
         except (TimeoutError, RuntimeError) as e:
             res["problems"].append(str(e))
         finally:
@@ -273,6 +92,59 @@ def run_one(n: int, procs: int, args: argparse.Namespace) -> dict:
                 s.wait(timeout=30)
             res["leftover_threads"] = pool.stop(60)
     return res
+
+
+def join_round(
+    pool: Pool, res: dict, n: int, args: argparse.Namespace, snap: Callable[[], dict]
+) -> tuple[dict[int, list], list[dict]]:
+    """Round 1: everyone registers and joins at once. Fills ``res``; returns each process's
+    participants' infos and the events seen so far."""
+    every = list(range(res["procs"]))
+    m0 = snap()
+    t_go = time.time()
+    for i in every:
+        pool.send(i, "round1")
+    pool.expect("armed", every, 60)
+    done = pool.expect("done", every, args.timeout + 30, partial=True)
+    m1 = snap()
+    r1 = {i: done[i][1] for i in done}
+    res["problems"] += [
+        f"round 1: {s}" for s in check_infos([x for i in done for x in r1[i]], n, 1)
+    ]
+    if len(done) < len(every):
+        res["problems"].append(
+            f"round 1: {len(every) - len(done)} process(es) not done after {args.timeout + 30:g}s"
+        )
+    evs, res["warnings"] = collect(pool, every)
+    res["round1"] = {
+        "go_to_registered": since(t_go, last(evs, "session_opened")),
+        "go_to_last_join": since(t_go, last(evs, "node_joined", 1)),
+        "join_to_frozen": since(last(evs, "node_joined", 1), last(evs, "round_frozen", 1)),
+        "time": since(last(evs, "node_joined", 1), last(evs, "round_accepted", 1)),
+        "go_to_all": since(t_go, last(evs, "round_accepted", 1)),
+        "fanout": fanout(evs, 1),
+        **sessions(evs, t_go),
+        **gc_pauses(done),
+        **delta(m0, m1),
+    }
+    return r1, evs
+
+
+def check_run(pool: Pool, endpoints: str, cfg: dict, res: dict) -> None:
+    """The invariant checker over what etcd holds and every accepted round; then close."""
+    from etcdrun.rendezvous import checker
+    from etcdrun.rendezvous.client import EtcdClient
+    from etcdrun.rendezvous.keys import RunKeys
+
+    every = list(range(res["procs"]))
+    with EtcdClient(endpoints) as c:
+        evs, res["warnings"] = collect(pool, every)
+        accepted = [e for e in evs if e["event"] == "round_accepted"]
+        res["problems"] += checker.check_run(
+            c, RunKeys("/etcdrun", cfg["run_id"]), cfg["min_nodes"], res["n"], accepted
+        )
+    pool.send(0, "close")
+    pool.expect("closed", [0], 30)
 
 
 def collect(pool: Pool, which: list[int]) -> tuple[list[dict], dict]:
@@ -286,10 +158,6 @@ def collect(pool: Pool, which: list[int]) -> tuple[list[dict], dict]:
         if count:
             warnings[f"worker {i}"] = {"count": count, "first": first}
     return evs, warnings
-
-
-def since(a: float | None, b: float | None) -> float | None:
-    return None if a is None or b is None else b - a
 
 
 def leave_round(
@@ -354,66 +222,56 @@ def verdicts(r: dict, n: int) -> tuple[str, str]:
     return tv, wv
 
 
+HEADER = (
+    "N",
+    "procs",
+    "round",
+    "time s",
+    "writes",
+    "writes/N",
+    "revs",
+    "watch ev",
+    "ev/N",
+    "time",
+    f"writes<={WRITES_PER_N}N+{WRITES_CONST}",
+)
+
+
+def table_row(res: dict, name: str) -> tuple[tuple[str, ...], bool] | None:
+    """One round's row and whether it passed; None for a round that cannot exist."""
+    n, r = res["n"], res.get(name)
+    if r is None and n == 1 and name == "round2":
+        return None  # nobody can leave a round of one
+    if r is None:
+        return (str(n), str(res["procs"]), name, *["-"] * 6, "MISS (not run)", "MISS"), False
+    label = "1: all join" if name == "round1" else f"2: {r['left']} left"
+    tv, wv = verdicts(r, n)
+    t = r.get("time")
+    row = (
+        str(n),
+        str(res["procs"]),
+        label,
+        "-" if t is None else f"{t:.3f}",
+        str(r["writes"]),
+        f"{r['writes'] / n:.2f}",
+        str(r["revisions"]),
+        str(r["watch_events"]),
+        f"{r['watch_events'] / n:.2f}",
+        tv,
+        wv,
+    )
+    return row, "MISS" not in tv and wv == "PASS"
+
+
 def table(results: list[dict]) -> tuple[str, bool]:
-    rows = [
-        (
-            "N",
-            "procs",
-            "round",
-            "time s",
-            "writes",
-            "writes/N",
-            "revs",
-            "watch ev",
-            "ev/N",
-            "time",
-            f"writes<={WRITES_PER_N}N+{WRITES_CONST}",
-        )
-    ]
+    rows = [HEADER]
     ok = True
     for res in results:
-        n = res["n"]
         for name in ("round1", "round2"):
-            r = res.get(name)
-            if r is None and n == 1 and name == "round2":
-                continue  # nobody can leave a round of one
-            if r is None:
-                rows.append(
-                    (
-                        str(n),
-                        str(res["procs"]),
-                        name,
-                        "-",
-                        "-",
-                        "-",
-                        "-",
-                        "-",
-                        "-",
-                        "MISS (not run)",
-                        "MISS",
-                    )
-                )
-                ok = False
-                continue
-            label = "1: all join" if name == "round1" else f"2: {r['left']} left"
-            tv, wv = verdicts(r, n)
-            ok &= "MISS" not in tv and wv == "PASS"
-            t = r.get("time")
-            rows.append(
-                (
-                    str(n),
-                    str(res["procs"]),
-                    label,
-                    "-" if t is None else f"{t:.3f}",
-                    str(r["writes"]),
-                    f"{r['writes'] / n:.2f}",
-                    str(r["revisions"]),
-                    str(r["watch_events"]),
-                    f"{r['watch_events'] / n:.2f}",
-                    tv,
-                    wv,
-                )
-            )
+            got = table_row(res, name)
+            if got is not None:
+                rows.append(got[0])
+                ok &= got[1]
         ok &= not res["problems"] and not res.get("round2", {}).get("problems")
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
@@ -456,7 +314,8 @@ def details(res: dict) -> str:
     return "\n".join(out)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[int]] | None:
+    """The options and the N to run; None (after one line on stderr) when they are bad."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", default="10,100,1000", help="comma-separated participant counts")
     ap.add_argument("--procs", type=int, default=4, help="worker processes (default 4)")
@@ -482,7 +341,29 @@ def main(argv: list[str] | None = None) -> int:
             f"and --timeout must be positive",
             file=sys.stderr,
         )
+        return None
+    return args, ns
+
+
+def busy_notes(results: list[dict]) -> list[str]:
+    """Rounds during which other programs took more than a tenth of the 2-core budget."""
+    notes = []
+    for r in results:
+        for name in ("round1", "round2"):
+            other, wall = (r[name]["other_cpu"], r[name]["t"]) if name in r else (0.0, 0.0)
+            if wall > 0 and other >= 0.2 and other / (2 * wall) > 0.1:
+                notes.append(
+                    f"note: N={r['n']} {name}: other programs used {other:.2f} CPU-s in "
+                    f"{wall:.2f} s of the 2-core budget; its time is pessimistic"
+                )
+    return notes
+
+
+def main(argv: list[str] | None = None) -> int:
+    parsed = parse(argv)
+    if parsed is None:
         return 2
+    args, ns = parsed
     from etcdrun.rendezvous.localetcd import find_etcd
 
     if find_etcd() is None:
@@ -502,18 +383,8 @@ def main(argv: list[str] | None = None) -> int:
     text, ok = table(results)
     print()
     print(text)
-    busy = [
-        (r["n"], name, r[name]["other_cpu"], r[name]["t"])
-        for r in results
-        for name in ("round1", "round2")
-        if name in r
-    ]
-    for n, name, other, wall in busy:
-        if wall > 0 and other >= 0.2 and other / (2 * wall) > 0.1:
-            print(
-                f"note: N={n} {name}: other programs used {other:.2f} CPU-s in {wall:.2f} s "
-                f"of the 2-core budget; its time is pessimistic"
-            )
+    for note in busy_notes(results):
+        print(note)
     print(
         f"time target: N={TIME_TARGET[0]} in <= {TIME_TARGET[1]:g}s (last join -> all "
         f"accepted; round 2: leave -> all survivors accepted). writes: raft proposals."

@@ -227,69 +227,70 @@ def _setting_label(scenario: str, setting: str, runs: list[dict]) -> str:
     return "tuned: " + "; ".join(parts)
 
 
+def _help_row(res: dict) -> list[list[str]]:
+    """Scenario 6's ``--help`` row, when the run timed it."""
+    h = res.get("help") or {}
+    e, t = _med(h.get("etcdrun", [])), _med(h.get("torchrun", []))
+    if not (e and t):
+        return []
+    ratio = t / e
+    return [
+        [
+            "6. `--help` wall time (7 runs each, interleaved)",
+            "default",
+            f"{e:.3f} s",
+            f"{t:.3f} s",
+            "(same binary)",
+            f"{ratio:.1f}x",
+            TARGETS["6h"],
+            "PASS" if ratio >= 5 else "MISS",
+            "",
+        ]
+    ]
+
+
+def _row(res: dict, s: str, setting: str, which: str, fmt: dict) -> list[str] | None:
+    """One scenario's row in one setting; None when no launcher ran it."""
+    runs = res["runs"]
+    cells = {c: _find_view(runs, s, setting, c, which) for c, _ in COLS}
+    if not any(cells.values()):
+        return None
+    tor = [cells["c10d"], cells["etcd-v2"]]
+    v, why = verdict(s, setting, runs) if which == RUNNING else ("—", "")
+    target = TARGETS.get("6r" if s == "6" else s, "—") if which == RUNNING else "—"
+    if s == "6":
+        e = _med(_ok(cells["etcdrun"])) if cells["etcdrun"] else None
+        ts = [_med(_ok(t)) for t in tor if t and _ok(t)]
+        if e and ts:
+            v = "PASS" if min(ts) / e >= 3 else "MISS"
+    shown = [cell(cells[c]) for c, _ in COLS]
+    if s == "8":
+        shown[1] = "n/a (no etcd: its TCPStore)"
+    label = _setting_label(s, setting, runs)
+    return [TITLES[s].format(**fmt), label, *shown, _ratio(cells["etcdrun"], tor), target, v, why]
+
+
 def rows(res: dict, which: str = RUNNING) -> list[list[str]]:
     """One table: scenario, settings, three launcher cells, ratio, target, verdict, why.
 
     ``which``: RUNNING (the launcher's job; targets and verdicts, plus scenarios 6-8) or READY
     (the same trials to every worker past ``init_process_group``; figures only).
     """
-    runs, meta = res["runs"], res["meta"]
-    n, n1 = meta["n"], meta["n_first"]
+    n, n1 = res["meta"]["n"], res["meta"]["n_first"]
     fmt = {"n": n, "n1": n1, "n1m1": n1 - 1, "n2": 2 * n, "nm1": n - 1, "what": which}
     out = []
     for s in ORDER:
         if which == READY and s not in TIMED:
             continue
-        if s == "6" and res.get("help"):
-            h = res["help"]
-            e, t = _med(h.get("etcdrun", [])), _med(h.get("torchrun", []))
-            if e and t:
-                ratio = t / e
-                out.append(
-                    [
-                        "6. `--help` wall time (7 runs each, interleaved)",
-                        "default",
-                        f"{e:.3f} s",
-                        f"{t:.3f} s",
-                        "(same binary)",
-                        f"{ratio:.1f}x",
-                        TARGETS["6h"],
-                        "PASS" if ratio >= 5 else "MISS",
-                        "",
-                    ]
-                )
+        if s == "6":
+            out.extend(_help_row(res))
         if s == "7":
             out.extend(_scale_rows(res.get("scale") or {}))
             continue
         for setting in ("default", "tuned"):
-            cells = {c: _find_view(runs, s, setting, c, which) for c, _ in COLS}
-            if not any(cells.values()):
-                continue
-            title = TITLES[s].format(**fmt)
-            tor = [cells["c10d"], cells["etcd-v2"]]
-            v, why = verdict(s, setting, runs) if which == RUNNING else ("—", "")
-            target = TARGETS.get("6r" if s == "6" else s, "—") if which == RUNNING else "—"
-            if s == "6":
-                e, ts = (
-                    _med(_ok(cells["etcdrun"])) if cells["etcdrun"] else None,
-                    [_med(_ok(t)) for t in tor if t and _ok(t)],
-                )
-                if e and ts:
-                    v = "PASS" if min(ts) / e >= 3 else "MISS"
-            shown = [cell(cells[c]) for c, _ in COLS]
-            if s == "8":
-                shown[1] = "n/a (no etcd: its TCPStore)"
-            out.append(
-                [
-                    title,
-                    _setting_label(s, setting, runs),
-                    *shown,
-                    _ratio(cells["etcdrun"], tor),
-                    target,
-                    v,
-                    why,
-                ]
-            )
+            row = _row(res, s, setting, which, fmt)
+            if row is not None:
+                out.append(row)
     return out
 
 

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from importlib.metadata import version
 from pathlib import Path
 
@@ -122,40 +123,110 @@ def _scale(args: argparse.Namespace, out: Path, tag: str) -> dict:
     return {"rows": rows, "exit_code": p.returncode}
 
 
-def run_all(args: argparse.Namespace, out: Path, tag: str, load: float, load_ok: bool) -> dict:
-    become_subreaper()
-    only = [s.strip() for s in args.only.split(",") if s.strip()] or list(ALL)
-    bad = sorted(set(only) - set(ALL))
-    if bad:
-        raise SystemExit(
-            f"compare.py: unknown scenario(s) {', '.join(bad)} (known: {', '.join(ALL)})"
+@dataclass
+class _Plan:
+    """What every scenario's series needs: the options, the two contexts, the runs so far."""
+
+    args: argparse.Namespace
+    ctx: sc.Ctx
+    never: sc.Ctx  # for runs expected never to recover: one trial, --never-timeout
+    out: Path
+    tag: str
+    runs: list[dict] = field(default_factory=list)
+    help_out: dict = field(default_factory=dict)
+    scale_out: dict = field(default_factory=dict)
+
+    def series(self, scenario: str, k: str, trials: int, fn, **kw: object) -> None:
+        la = LAUNCHERS[k]
+        setting = "tuned" if la.tuned else "default"
+        _series(self.runs, self.ctx, scenario, setting, la, trials, fn, **kw)
+
+
+def _first_round(plan: _Plan, s: str) -> None:
+    a = plan.args
+    for k in ("etcdrun", "c10d", "etcd-v2"):
+        plan.series(
+            s,
+            k,
+            a.trials,
+            lambda c, la, nm: sc.first_round(c, la, a.n_first, a.n_first, nm, stagger=s == "1s"),
+            n=a.n_first,
         )
-    bindir = Path(sys.executable).parent
-    ctx = sc.Ctx(
-        bindir=bindir,
-        out=out,
-        tag=tag,
-        recover_timeout=args.timeout,
-        idle_window=args.idle_window,
-        verbose=args.verbose,
+
+
+def _double(plan: _Plan, s: str) -> None:
+    n = plan.args.n
+    for k in ALL_SIX:
+        trials = _trials(plan.args, LAUNCHERS[k])
+        plan.series("2", k, trials, lambda c, la, nm: sc.first_round(c, la, n, 2 * n, nm), n=n)
+
+
+def _kill(plan: _Plan, s: str) -> None:
+    n, which = plan.args.n, "rank0" if s == "4" else "member"
+    mode = "idle" if s == "3i" else "allreduce"
+    keys = ("etcdrun", "etcdrun-tuned", "c10d-tuned") if s == "3i" else ALL_SIX
+    for k in keys:
+        la = LAUNCHERS[k]
+        c, trials = plan.ctx, _trials(plan.args, la)
+        if s == "3i" and la.kind == TORCHRUN:
+            c, trials = plan.never, 1
+        setting = "tuned" if la.tuned else "default"
+        fn = lambda c, la, nm, w=which, m=mode: sc.kill_node(c, la, n, w, m, nm)  # noqa: E731
+        _series(plan.runs, c, s, setting, la, trials, fn, n=n)
+
+
+def _scale_up(plan: _Plan, s: str) -> None:
+    n = plan.args.n
+    for k in ALL_SIX:
+        trials = _trials(plan.args, LAUNCHERS[k])
+        plan.series("5", k, trials, lambda c, la, nm: sc.scale_up(c, la, n, nm), n=n)
+
+
+def _help_and_rss(plan: _Plan, s: str) -> None:
+    n = plan.args.n
+    plan.help_out = sc.help_times(plan.ctx.bindir, [ETCDRUN, TORCHRUN], 7)
+    print(
+        "  [6] --help: "
+        + ", ".join(f"{k} {sorted(v)[len(v) // 2]:.3f} s" for k, v in plan.help_out.items())
     )
-    never = sc.Ctx(
-        bindir=bindir,
-        out=out,
-        tag=tag,
-        recover_timeout=args.never_timeout,
-        idle_window=args.idle_window,
-        verbose=args.verbose,
-    )
-    n, L = args.n, LAUNCHERS
-    runs: list[dict] = []
-    meta = {
+    for k in ("etcdrun", "c10d", "etcd-v2"):
+        fn = lambda c, la, nm: sc.agent_rss(c, la, n, nm)  # noqa: E731
+        plan.series("6", k, plan.args.trials, fn, unit="MB", n=n)
+
+
+def _rendezvous_scale(plan: _Plan, s: str) -> None:
+    plan.scale_out = _scale(plan.args, plan.out, plan.tag)
+
+
+def _idle(plan: _Plan, s: str) -> None:
+    n = plan.args.n
+    for k in ("etcdrun", "etcdrun-tuned", "etcd-v2", "etcd-v2-tuned"):
+        fn = lambda c, la, nm: sc.idle_requests(c, la, n, nm)  # noqa: E731
+        plan.series("8", k, 2, fn, unit="req/s", n=n)
+
+
+SCENARIOS: dict[str, Callable[[_Plan, str], None]] = {
+    "1": _first_round,
+    "1s": _first_round,
+    "2": _double,
+    "3": _kill,
+    "3i": _kill,
+    "4": _kill,
+    "5": _scale_up,
+    "6": _help_and_rss,
+    "7": _rendezvous_scale,
+    "8": _idle,
+}
+
+
+def _meta(args: argparse.Namespace, only: list[str], load: float, load_ok: bool) -> dict:
+    return {
         "date": dt.datetime.now().isoformat(timespec="seconds"),
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
         "torch": version("torch"),
         "etcdrun": version("etcdrun"),
-        "n": n,
+        "n": args.n,
         "n_first": args.n_first,
         "trials": args.trials,
         "slow_trials": args.slow_trials,
@@ -165,117 +236,39 @@ def run_all(args: argparse.Namespace, out: Path, tag: str, load: float, load_ok:
         "load_limit": args.wait_load,
         "complete": set(only) == set(ALL),
     }
+
+
+def _plan(args: argparse.Namespace, out: Path, tag: str) -> _Plan:
+    def ctx(timeout: float) -> sc.Ctx:
+        return sc.Ctx(
+            bindir=Path(sys.executable).parent,
+            out=out,
+            tag=tag,
+            recover_timeout=timeout,
+            idle_window=args.idle_window,
+            verbose=args.verbose,
+        )
+
+    return _Plan(args, ctx(args.timeout), ctx(args.never_timeout), out, tag)
+
+
+def run_all(args: argparse.Namespace, out: Path, tag: str, load: float, load_ok: bool) -> dict:
+    become_subreaper()
+    only = [s.strip() for s in args.only.split(",") if s.strip()] or list(ALL)
+    bad = sorted(set(only) - set(ALL))
+    if bad:
+        raise SystemExit(
+            f"compare.py: unknown scenario(s) {', '.join(bad)} (known: {', '.join(ALL)})"
+        )
+    plan = _plan(args, out, tag)
+    meta = _meta(args, only, load, load_ok)
     started = time.monotonic()
     # Warm the page cache (torch's shared libraries) so the first trial is not the odd one out.
-    subprocess.run([str(bindir / "python"), "-c", "import torch"], check=False)
-    help_out: dict = {}
-    scale_out: dict = {}
+    subprocess.run([str(plan.ctx.bindir / "python"), "-c", "import torch"], check=False)
     try:
         for s in only:
             print(f"scenario {s}", flush=True)
-            if s == "1":
-                for k in ("etcdrun", "c10d", "etcd-v2"):
-                    _series(
-                        runs,
-                        ctx,
-                        "1",
-                        "default",
-                        L[k],
-                        args.trials,
-                        lambda c, la, nm: sc.first_round(c, la, args.n_first, args.n_first, nm),
-                        n=args.n_first,
-                    )
-            elif s == "1s":
-                for k in ("etcdrun", "c10d", "etcd-v2"):
-                    _series(
-                        runs,
-                        ctx,
-                        "1s",
-                        "default",
-                        L[k],
-                        args.trials,
-                        lambda c, la, nm: sc.first_round(
-                            c, la, args.n_first, args.n_first, nm, stagger=True
-                        ),
-                        n=args.n_first,
-                    )
-            elif s == "2":
-                for k in ALL_SIX:
-                    _series(
-                        runs,
-                        ctx,
-                        "2",
-                        "tuned" if L[k].tuned else "default",
-                        L[k],
-                        _trials(args, L[k]),
-                        lambda c, la, nm: sc.first_round(c, la, n, 2 * n, nm),
-                        n=n,
-                    )
-            elif s in ("3", "4", "3i"):
-                which = "rank0" if s == "4" else "member"
-                mode = "idle" if s == "3i" else "allreduce"
-                keys = ("etcdrun", "etcdrun-tuned", "c10d-tuned") if s == "3i" else ALL_SIX
-                for k in keys:
-                    la = L[k]
-                    c, trials = ctx, _trials(args, la)
-                    if s == "3i" and la.kind == TORCHRUN:
-                        c, trials = never, 1
-                    _series(
-                        runs,
-                        c,
-                        s,
-                        "tuned" if la.tuned else "default",
-                        la,
-                        trials,
-                        lambda c, la, nm, w=which, m=mode: sc.kill_node(c, la, n, w, m, nm),
-                        n=n,
-                    )
-            elif s == "5":
-                for k in ALL_SIX:
-                    la = L[k]
-                    _series(
-                        runs,
-                        ctx,
-                        "5",
-                        "tuned" if la.tuned else "default",
-                        la,
-                        _trials(args, la),
-                        lambda c, la, nm: sc.scale_up(c, la, n, nm),
-                        n=n,
-                    )
-            elif s == "6":
-                help_out = sc.help_times(bindir, [ETCDRUN, TORCHRUN], 7)
-                print(
-                    "  [6] --help: "
-                    + ", ".join(f"{k} {sorted(v)[len(v) // 2]:.3f} s" for k, v in help_out.items())
-                )
-                for k in ("etcdrun", "c10d", "etcd-v2"):
-                    _series(
-                        runs,
-                        ctx,
-                        "6",
-                        "default",
-                        L[k],
-                        args.trials,
-                        lambda c, la, nm: sc.agent_rss(c, la, n, nm),
-                        unit="MB",
-                        n=n,
-                    )
-            elif s == "7":
-                scale_out = _scale(args, out, tag)
-            elif s == "8":
-                for k in ("etcdrun", "etcdrun-tuned", "etcd-v2", "etcd-v2-tuned"):
-                    _series(
-                        runs,
-                        ctx,
-                        "8",
-                        "tuned" if L[k].tuned else "default",
-                        L[k],
-                        2,
-                        lambda c, la, nm: sc.idle_requests(c, la, n, nm),
-                        unit="req/s",
-                        n=n,
-                    )
+            SCENARIOS[s](plan, s)
     finally:
         left = sweep(tag)
     meta.update(
@@ -285,4 +278,4 @@ def run_all(args: argparse.Namespace, out: Path, tag: str, load: float, load_ok:
             "leftover_processes": len(left),
         }
     )
-    return {"meta": meta, "runs": runs, "help": help_out, "scale": scale_out}
+    return {"meta": meta, "runs": plan.runs, "help": plan.help_out, "scale": plan.scale_out}

@@ -41,75 +41,91 @@ class _LogTally(logging.Handler):
             self.first.append(f"{record.name}: {record.getMessage()}"[:300])
 
 
-def worker(conn: mpc.Connection, cfg: dict) -> None:
-    """Host ``cfg['count']`` handlers sharing one client; obey the main process's commands."""
-    tally = _LogTally()
-    logging.basicConfig(level=logging.WARNING, handlers=[tally])
-    gc_time = {"s": 0.0, "n": 0, "t0": 0.0}  # collector pauses of this process, per round
+class _GcClock:
+    """Collector pauses of this process since the last ``reset()`` (total seconds, gen-2 runs)."""
 
-    def on_gc(phase: str, info: dict) -> None:
+    def __init__(self) -> None:
+        self.seconds, self.gen2, self._t0 = 0.0, 0, 0.0
+        gc.callbacks.append(self._on_gc)
+
+    def reset(self) -> None:
+        self.seconds, self.gen2 = 0.0, 0
+
+    def _on_gc(self, phase: str, info: dict) -> None:
         if phase == "start":
-            gc_time["t0"] = time.perf_counter()
-        elif gc_time["t0"]:
-            gc_time["s"] += time.perf_counter() - gc_time["t0"]
-            gc_time["n"] += info["generation"] == 2
+            self._t0 = time.perf_counter()
+        elif self._t0:
+            self.seconds += time.perf_counter() - self._t0
+            self.gen2 += info["generation"] == 2
 
-    gc.callbacks.append(on_gc)
-    from etcdrun.rendezvous.api import RendezvousParameters
-    from etcdrun.rendezvous.client import EtcdClient
-    from etcdrun.rendezvous.etcd_rendezvous import EtcdRendezvousHandler
 
-    send_lock = threading.Lock()
-
-    def send(*msg: object) -> None:
-        with send_lock:
-            conn.send(msg)
-
-    seen: list[dict] = []
-
-    def keep(e: dict) -> None:
-        if e.get("event") in EVENTS:
-            seen.append(e)
-
-    client = EtcdClient(cfg["endpoints"])
-    client.status()  # open the channel before any clock starts, as a running agent has
-    params = RendezvousParameters(
-        "etcd",
-        cfg["endpoints"],
-        cfg["run_id"],
-        cfg["min_nodes"],
-        cfg["max_nodes"],
-        local_world_size=1,
-        config=cfg["conf"],
+def _info_tuple(info) -> tuple:
+    return (
+        info.node_id,
+        info.round,
+        info.node_rank,
+        info.node_count,
+        info.master_addr,
+        info.master_port,
     )
-    hs = [EtcdRendezvousHandler(params, client=client) for _ in range(cfg["count"])]
-    for h in hs:
-        h.events.subscribe(keep)
-    cancel = threading.Event()
 
-    def run_round(tag: str, todo: list, wait_change: bool) -> None:
+
+class _Host:
+    """One worker process: ``count`` handlers sharing one client, obeying commands."""
+
+    def __init__(self, conn: mpc.Connection, cfg: dict) -> None:
+        from etcdrun.rendezvous.api import RendezvousParameters
+        from etcdrun.rendezvous.client import EtcdClient
+        from etcdrun.rendezvous.etcd_rendezvous import EtcdRendezvousHandler
+
+        self.conn, self.cfg = conn, cfg
+        self.tally = _LogTally()
+        logging.basicConfig(level=logging.WARNING, handlers=[self.tally])
+        self.gc = _GcClock()
+        self.send_lock = threading.Lock()
+        self.cancel = threading.Event()
+        self.seen: list[dict] = []
+        self.client = EtcdClient(cfg["endpoints"])
+        self.client.status()  # open the channel before any clock starts, as a running agent has
+        params = RendezvousParameters(
+            "etcd",
+            cfg["endpoints"],
+            cfg["run_id"],
+            cfg["min_nodes"],
+            cfg["max_nodes"],
+            local_world_size=1,
+            config=cfg["conf"],
+        )
+        self.hs = [EtcdRendezvousHandler(params, client=self.client) for _ in range(cfg["count"])]
+        for h in self.hs:  # each handler's own event log (there is no process-wide one)
+            h.events.subscribe(self._on_event)
+
+    def _on_event(self, e: dict) -> None:
+        if e.get("event") in EVENTS and e.get("run_id") == self.cfg["run_id"]:
+            self.seen.append(e)
+
+    def send(self, *msg: object) -> None:
+        with self.send_lock:
+            self.conn.send(msg)
+
+    def _join_one(self, h, wait_change: bool) -> object:
+        """One participant's part of a round: its RendezvousInfo as a tuple, or what failed."""
+        try:
+            if wait_change:
+                while not h.membership_changed.wait(1.0):
+                    if self.cancel.is_set():
+                        return "cancelled"
+            return _info_tuple(h.next_rendezvous())
+        except Exception as e:  # reported to the main process
+            return f"{type(e).__name__}: {e}"
+
+    def run_round(self, tag: str, todo: list, wait_change: bool) -> None:
+        """A caller thread per participant, as an agent would have; report when all are done."""
         out: list = [None] * len(todo)
-        gc_time.update(s=0.0, n=0)
+        self.gc.reset()
 
         def one(i: int) -> None:
-            h = todo[i]
-            try:
-                if wait_change:
-                    while not h.membership_changed.wait(1.0):
-                        if cancel.is_set():
-                            out[i] = "cancelled"
-                            return
-                info = h.next_rendezvous()
-                out[i] = (
-                    info.node_id,
-                    info.round,
-                    info.node_rank,
-                    info.node_count,
-                    info.master_addr,
-                    info.master_port,
-                )
-            except Exception as e:  # reported to the main process
-                out[i] = f"{type(e).__name__}: {e}"
+            out[i] = self._join_one(todo[i], wait_change)
 
         ths = [
             threading.Thread(target=one, args=(i,), name=f"bench-{tag}-{i}")
@@ -117,46 +133,65 @@ def worker(conn: mpc.Connection, cfg: dict) -> None:
         ]
         for th in ths:
             th.start()
-        send("armed", tag)
+        self.send("armed", tag)
         for th in ths:
             th.join()
-        send("done", tag, out, gc_time["s"], gc_time["n"])
+        self.send("done", tag, out, self.gc.seconds, self.gc.gen2)
 
+    def _round(self, tag: str, todo: list, wait_change: bool) -> None:
+        threading.Thread(target=self.run_round, args=(tag, todo, wait_change), daemon=True).start()
+
+    def leave(self, node_id: str) -> None:
+        h = next(h for h in self.hs if h.node_id == node_id)
+        t0 = time.time()
+        ok = h.shutdown()
+        self.send("left", t0, time.time(), ok)
+
+    def stop(self) -> None:
+        """Leave, close the client, and wait (bounded) for the rendezvous' threads to end."""
+        self.cancel.set()
+        for h in self.hs:
+            h.shutdown()
+        self.client.close()
+        end = time.monotonic() + 3.0
+        while True:
+            extra = [
+                t.name
+                for t in threading.enumerate()
+                if t is not threading.current_thread() and t is not threading.main_thread()
+            ]
+            if not extra or time.monotonic() > end:
+                break
+            time.sleep(0.05)
+        self.send("stopped", extra)
+
+    def obey(self, cmd: str, arg: list) -> bool:
+        """Carry out one command; False once told to stop."""
+        if cmd == "round1":
+            self._round("1", self.hs, False)
+        elif cmd == "arm":  # survivors wait for the membership change, then rejoin
+            self._round("2", [h for h in self.hs if h.node_id != arg[0]], True)
+        elif cmd == "leave":
+            self.leave(arg[0])
+        elif cmd == "events":
+            self.send("events", list(self.seen), self.tally.count, self.tally.first)
+        elif cmd == "close":
+            self.hs[0].set_closed()
+            self.send("closed")
+        elif cmd == "stop":
+            self.stop()
+            return False
+        return True
+
+
+def worker(conn: mpc.Connection, cfg: dict) -> None:
+    """Host ``cfg['count']`` handlers sharing one client; obey the main process's commands."""
+    host = _Host(conn, cfg)
     try:
-        send("ready", os.getpid())
+        host.send("ready", os.getpid())
         while True:
             cmd, *arg = conn.recv()
-            if cmd == "round1":
-                threading.Thread(target=run_round, args=("1", hs, False), daemon=True).start()
-            elif cmd == "arm":  # survivors wait for the membership change, then rejoin
-                todo = [h for h in hs if h.node_id != arg[0]]
-                threading.Thread(target=run_round, args=("2", todo, True), daemon=True).start()
-            elif cmd == "leave":
-                h = next(h for h in hs if h.node_id == arg[0])
-                t0 = time.time()
-                ok = h.shutdown()
-                send("left", t0, time.time(), ok)
-            elif cmd == "events":
-                send("events", list(seen), tally.count, tally.first)
-            elif cmd == "close":
-                hs[0].set_closed()
-                send("closed")
-            elif cmd == "stop":
-                cancel.set()
-                for h in hs:
-                    h.shutdown()
-                client.close()
-                end = time.monotonic() + 3.0  # the rendezvous' and client's threads must end
-                while True:
-                    extra = [
-                        t.name
-                        for t in threading.enumerate()
-                        if t is not threading.current_thread() and t is not threading.main_thread()
-                    ]
-                    if not extra or time.monotonic() > end:
-                        break
-                    time.sleep(0.05)
-                send("stopped", extra)
+            if not host.obey(cmd, arg):
                 return
     except (EOFError, KeyboardInterrupt):
         pass

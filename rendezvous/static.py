@@ -30,7 +30,9 @@ from etcdrun.rendezvous.api import (
 from etcdrun.rendezvous.errors import RendezvousClosedError, RendezvousTooManyNodesError
 from etcdrun.rendezvous.ports import reserve_free_port
 
-DEFAULT_MASTER_ADDR = "127.0.0.1"
+# One default for every way a master address is left out (the CLI reads it from the registry
+# without loading this module); re-exported here for callers of this backend.
+from etcdrun.rendezvous.registry import DEFAULT_MASTER_ADDR
 
 # "rank" and "max_restarts" are set by the launcher; "join_timeout" may come from
 # LaunchConfig.rdzv_timeout and has nothing to wait for here. Any other key is a mistake (most

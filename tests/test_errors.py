@@ -9,7 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from etcdrun.agent.errors import ChildFailedError, ProcessFailure, read_error_file, record
+from etcdrun.agent.api import RunResult, WorkerState
+from etcdrun.agent.errors import (
+    ChildFailedError,
+    ProcessFailure,
+    read_error_file,
+    real_failures,
+    record,
+    root_cause,
+    write_error_json,
+)
 
 
 def torch_file(path: Path, message: str, callstack: str, timestamp: int) -> str:
@@ -217,3 +226,30 @@ def test_error_before_the_agents_signal_is_a_real_failure(tmp_path):
 def test_no_failures_is_refused():
     with pytest.raises(ValueError):
         ChildFailedError("t", {})
+
+
+def test_one_root_cause_rule_for_the_report_and_the_result(tmp_path):
+    """The agent reports ``root_cause`` to the rendezvous; ChildFailedError prints the same."""
+    failures = {
+        0: failure(tmp_path, 0, -15, exit_time=900.0, stopped="SIGTERM"),
+        1: failure(tmp_path, 1, 1, exit_time=1001.0),
+        3: failure(tmp_path, 3, 1, exit_time=1000.0),
+    }
+    result = RunResult(WorkerState.FAILED, failures=failures)
+    assert root_cause(failures)[0] == 3 == ChildFailedError("t", failures).get_first_failure()[0]
+    assert set(real_failures(failures)) == set(result.real_failures()) == {1, 3}
+    with pytest.raises(ValueError):
+        root_cause({})
+
+
+def test_write_error_json_is_torchs_format_and_atomic(tmp_path):
+    path = tmp_path / "root_cause.json"
+    path.write_text("stale")
+    write_error_json(str(path), "RuntimeError: far away", "Traceback ...\n", 1700000000.25)
+    content = read_error_file(str(path))
+    assert content is not None and content.problem is None
+    assert (content.message, content.traceback) == ("RuntimeError: far away", "Traceback ...\n")
+    assert content.timestamp == pytest.approx(1700000000.25) and content.resolution == 0.001
+    extra = json.loads(path.read_text())["message"]["extraInfo"]
+    assert extra["timestamp"] == "1700000000"  # what torch's own reader takes
+    assert [p.name for p in tmp_path.iterdir()] == ["root_cause.json"]  # no temp file left

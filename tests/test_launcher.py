@@ -11,8 +11,9 @@ import sys
 
 import pytest
 
+from etcdrun.agent.api import WorkerSpec, entrypoint_name
 from etcdrun.agent.config import LaunchConfig
-from etcdrun.agent.launcher import _get_entrypoint_name, _make_rdzv_handler, _setup_logs
+from etcdrun.agent.launcher import _make_rdzv_handler, _setup_logs
 from etcdrun.rendezvous import registry
 from etcdrun.rendezvous.static import StaticRendezvousHandler
 
@@ -101,11 +102,14 @@ def test_entrypoint_name():
     def train():
         pass
 
-    assert _get_entrypoint_name(None, []) == "None"
-    assert _get_entrypoint_name("/usr/bin/env", ["x"]) == "env"
-    assert _get_entrypoint_name(sys.executable, ["-u", "/a/train.py", "--lr", "1"]) == "train.py"
-    assert _get_entrypoint_name(sys.executable, ["-u", "-m", "pkg.mod"]) == "pkg.mod"
-    assert _get_entrypoint_name(train, []) == "test_entrypoint_name.<locals>.train"
+    assert entrypoint_name(None, []) == "None"
+    assert entrypoint_name("/usr/bin/env", ["x"]) == "env"
+    assert entrypoint_name(sys.executable, ["-u", "/a/train.py", "--lr", "1"]) == "train.py"
+    assert entrypoint_name(sys.executable, ["-u", "-m", "pkg.mod"]) == "pkg.mod"
+    assert entrypoint_name(train, []) == "test_entrypoint_name.<locals>.train"
+    # One rule: the launcher's log line and every failure report name the same thing.
+    spec = WorkerSpec(entrypoint=sys.executable, args=("-u", "/a/train.py"))
+    assert spec.get_entrypoint_name() == "train.py"
 
 
 def test_setup_logs_writes_agent_log(tmp_path):

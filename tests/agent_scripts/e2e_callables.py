@@ -11,3 +11,39 @@ def rank_times(factor):
         "run_id": os.environ["TORCHELASTIC_RUN_ID"],
         "pid": os.getpid(),
     }
+
+
+def fail_once_on_rank_1():
+    """Rank 1 fails in the first attempt only; every worker returns the restart count."""
+    restarts = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    if restarts == 0 and os.environ["RANK"] == "1":
+        raise ValueError("rank 1 fails the first attempt")
+    return restarts
+
+
+def always_fail_on_rank_1():
+    if os.environ["RANK"] == "1":
+        raise ValueError("rank 1 always fails")
+    return 0
+
+
+def nap(seconds):
+    """A workload of a known length (not a synchronisation: nothing waits on it)."""
+    import time
+
+    time.sleep(seconds)
+    return os.environ["RANK"]
+
+
+def run_until_go(marker_dir):
+    """Announce this attempt's start; return at once when ``go`` exists, else sleep until
+    stopped."""
+    import time
+
+    rank, pid = os.environ["RANK"], os.getpid()
+    with open(os.path.join(marker_dir, f"ready_{rank}_{pid}"), "w") as fp:
+        fp.write(str(pid))
+    if os.path.exists(os.path.join(marker_dir, "go")):
+        return rank
+    time.sleep(600)
+    return None

@@ -1,4 +1,4 @@
-"""One thread per attempt that relays every worker pipe and watches every worker exit.
+"""The reactor: one thread per attempt that forks the workers, relays their pipes, sees them exit.
 
 Why one thread and a selector: torchrun tails log files with a thread per stream and polls the
 processes; with 8 workers that is 16+ threads and up to a monitor interval of latency. Here the

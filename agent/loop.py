@@ -1,0 +1,361 @@
+"""The elastic agent's decisions as a pure function: ``next_step(state, event) -> (state, action)``.
+
+Why pure, the way rendezvous/protocol.py's ``decide(view, settings, now)`` is: every path of the
+loop — a round superseded while workers run, our lease lost, the run closed by our own failure or
+by a peer's, an exit barrier that times out on a job that failed elsewhere, a signal at any point
+— is decided here from small frozen values and tested exhaustively without processes, etcd or
+signals (tests/test_loop.py). elastic_agent.py is the driver: it performs each action (join,
+start, stop, ask for a restart, wait at the barrier, raise) and reports what happened as the next
+event. It decides nothing.
+
+One attempt goes JOINING → RUNNING → STOPPING → (BARRIER | JOINING); the workers are always
+stopped before anything else happens, because the final result (and so the root cause reported
+to the rendezvous) is known only once they are gone. Every decision that involves other nodes
+(who is in the round, the restart budget, whether the job failed elsewhere) was already taken by
+the rendezvous: the events carry its answers (``closed_failure``), and this function only reads
+them.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import signal
+from dataclasses import dataclass, replace
+
+from etcdrun.agent.api import RunResult
+from etcdrun.agent.errors import root_cause
+from etcdrun.rendezvous.api import FailureInfo, RendezvousInfo
+
+
+class Phase(str, enum.Enum):
+    JOINING = "joining"  # next_rendezvous() is running
+    RUNNING = "running"  # workers run; waiting for them, the round, or a signal
+    STOPPING = "stopping"  # the workers are being stopped (``State.then`` says what follows)
+    RESTARTING = "restarting"  # a restart is being requested from the rendezvous
+    BARRIER = "barrier"  # our workers succeeded; waiting for the other nodes
+    DONE = "done"  # the last action ends the loop
+
+
+class Then(str, enum.Enum):
+    """What follows a stop: the three ways an attempt ends."""
+
+    REJOIN = "rejoin"  # the round was superseded (or the lease lost): join the next one
+    RESTART = "restart"  # our workers failed: ask the rendezvous for a restart
+    FINISH = "finish"  # our workers succeeded: wait for the other nodes
+
+
+@dataclass(frozen=True)
+class State:
+    """What the loop remembers between events.
+
+    ``our_failure`` is (node id, result) of the last failure this node reported: when the run
+    then closes as failed with that node as the root cause, the agent returns its own result
+    (its workers' error files make the report); any other root cause is a peer's.
+    """
+
+    phase: Phase = Phase.JOINING
+    info: RendezvousInfo | None = None
+    then: Then | None = None
+    reason: str = ""  # why the round was superseded
+    result: RunResult | None = None  # the last attempt's final result, once stopped
+    our_failure: tuple[str, RunResult] | None = None
+
+
+# ---- events: what the driver saw ---------------------------------------------------------------
+@dataclass(frozen=True)
+class Joined:
+    info: RendezvousInfo
+
+
+@dataclass(frozen=True)
+class RunClosed:
+    """next_rendezvous() raised RendezvousClosedError; ``failure`` is ``closed_failure()``."""
+
+    failure: FailureInfo | None
+
+
+@dataclass(frozen=True)
+class WorkersSucceeded:
+    pass
+
+
+@dataclass(frozen=True)
+class WorkersFailed:
+    """The attempt ended otherwise than in success (a worker failed, or exited interrupted)."""
+
+
+@dataclass(frozen=True)
+class RoundSuperseded:
+    reason: str = ""  # the handler's round_reason(), when it has one
+
+
+@dataclass(frozen=True)
+class LeaseLost:
+    """Our place in the job is gone (session_lost()): the workers stop at once (fencing, S4)."""
+
+
+@dataclass(frozen=True)
+class WorkersStopped:
+    result: RunResult
+    closed_failure: FailureInfo | None = None  # read right after the stop
+
+
+@dataclass(frozen=True)
+class RestartRequested:
+    pass
+
+
+@dataclass(frozen=True)
+class BarrierDone:
+    all_finished: bool
+    closed_failure: FailureInfo | None = None  # read when not every node finished
+
+
+@dataclass(frozen=True)
+class Signal:
+    signum: int
+
+
+Event = (
+    Joined
+    | RunClosed
+    | WorkersSucceeded
+    | WorkersFailed
+    | RoundSuperseded
+    | LeaseLost
+    | WorkersStopped
+    | RestartRequested
+    | BarrierDone
+    | Signal
+)
+
+
+# ---- actions: what the driver does next --------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class Action:
+    """``note`` is a line for the agent's log at ``level``, written before the action runs."""
+
+    note: str = ""
+    level: int = logging.INFO
+
+
+@dataclass(frozen=True)
+class Join(Action):
+    pass
+
+
+@dataclass(frozen=True)
+class StartWorkers(Action):
+    info: RendezvousInfo
+
+
+@dataclass(frozen=True)
+class StopWorkers(Action):
+    grace: float | None = None  # None: the spec's stop_grace; 0: at once
+
+
+@dataclass(frozen=True)
+class RequestRestart(Action):
+    reason: str
+    failure: FailureInfo
+
+
+@dataclass(frozen=True)
+class ExitBarrier(Action):
+    pass
+
+
+@dataclass(frozen=True)
+class FailWithRemoteRootCause(Action):
+    """Raise ChildFailedError naming another node's root cause (written as a local error file)."""
+
+    failure: FailureInfo
+
+
+@dataclass(frozen=True)
+class ReturnResult(Action):
+    result: RunResult
+
+
+@dataclass(frozen=True)
+class RaiseClosed(Action):
+    """The run closed without a failure to report: the RendezvousClosedError stands."""
+
+
+@dataclass(frozen=True)
+class ForwardSignal(Action):
+    """Forward the signal to the workers, stop them, leave, raise SignalException."""
+
+    signum: int
+
+
+class UnexpectedEvent(RuntimeError):
+    """An event the phase cannot produce: a bug in the driver, never a user's mistake."""
+
+
+@dataclass(frozen=True)
+class Step:
+    state: State
+    action: Action
+
+
+def failure_of(info: RendezvousInfo, result: RunResult) -> tuple[FailureInfo, str]:
+    """The root cause of a failed attempt, as every node will report it, and one line on it."""
+    rank, root = root_cause(result.failures)
+    failure = FailureInfo(
+        node_id=info.node_id,
+        host=root.host,
+        global_rank=rank,
+        exit_code=root.exitcode,
+        signal_name=root.signal or "",
+        message=root.message,
+        traceback=root.traceback,
+        timestamp=root.timestamp,
+        local_rank=root.local_rank,
+        pid=root.pid,
+    )
+    return failure, f"worker rank {rank} on {root.host} failed ({root.exit_description()})"
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def next_step(state: State, event: Event) -> Step:
+    """The next state and action after ``event``; UnexpectedEvent for an impossible pair."""
+    if isinstance(event, Signal):  # at any point, even while a last action runs
+        note = f"got {_signal_name(event.signum)}: forwarding it to the workers and leaving the job"
+        return Step(
+            replace(state, phase=Phase.DONE),
+            ForwardSignal(event.signum, note=note, level=logging.WARNING),
+        )
+    decide = _BY_PHASE.get(state.phase)
+    step = decide(state, event) if decide is not None else None
+    if step is None:
+        raise UnexpectedEvent(f"{type(event).__name__} while {state.phase.value}")
+    return step
+
+
+def _joining(state: State, event: Event) -> Step | None:
+    if isinstance(event, Joined):
+        return Step(
+            replace(state, phase=Phase.RUNNING, info=event.info, then=None, reason="", result=None),
+            StartWorkers(event.info),
+        )
+    if not isinstance(event, RunClosed):
+        return None
+    done = replace(state, phase=Phase.DONE)
+    if event.failure is None:
+        return Step(done, RaiseClosed())
+    ours = state.our_failure
+    if ours is not None and event.failure.node_id == ours[0]:
+        note = "the restart budget is spent: the job failed"
+        return Step(done, ReturnResult(ours[1], note=note, level=logging.ERROR))
+    return Step(done, FailWithRemoteRootCause(event.failure))
+
+
+def _running(state: State, event: Event) -> Step | None:
+    stopping = replace(state, phase=Phase.STOPPING)
+    if isinstance(event, WorkersSucceeded):
+        return Step(replace(stopping, then=Then.FINISH), StopWorkers())
+    if isinstance(event, WorkersFailed):
+        return Step(replace(stopping, then=Then.RESTART), StopWorkers())
+    if isinstance(event, RoundSuperseded):
+        reason = event.reason or "membership changed"
+        return Step(replace(stopping, then=Then.REJOIN, reason=reason), StopWorkers())
+    if isinstance(event, LeaseLost):
+        return Step(
+            replace(stopping, then=Then.REJOIN, reason="lease lost"), StopWorkers(grace=0.0)
+        )
+    return None
+
+
+def _stopping(state: State, event: Event) -> Step | None:
+    if not isinstance(event, WorkersStopped) or state.info is None:
+        return None
+    info, stopped = state.info, replace(state, result=event.result)
+    if state.then is Then.REJOIN:
+        note = f"round {info.round} superseded ({state.reason}): restarting workers"
+        if event.closed_failure is not None:  # the run failed elsewhere meanwhile
+            done = replace(stopped, phase=Phase.DONE)
+            return Step(done, FailWithRemoteRootCause(event.closed_failure, note=note))
+        return Step(replace(stopped, phase=Phase.JOINING), Join(note=note))
+    if state.then is Then.FINISH:
+        note = f"round {info.round}: workers succeeded; waiting for the other nodes"
+        return Step(replace(stopped, phase=Phase.BARRIER), ExitBarrier(note=note))
+    if state.then is Then.RESTART:
+        # One path for every backend: the rendezvous owns the budget. It grants the restart or
+        # closes the run with this failure (the next join then reports it), and with etcd a
+        # failure caused by a peer's death costs nothing.
+        failure, what = failure_of(info, event.result)
+        note = (
+            f"round {info.round}: {what}; asking for a restart "
+            f"({info.restart_count} of {info.max_restarts} spent)"
+        )
+        restarting = replace(
+            stopped, phase=Phase.RESTARTING, our_failure=(info.node_id, event.result)
+        )
+        return Step(restarting, RequestRestart(what, failure, note=note, level=logging.WARNING))
+    return None
+
+
+def _restarting(state: State, event: Event) -> Step | None:
+    if isinstance(event, RestartRequested):
+        return Step(replace(state, phase=Phase.JOINING), Join())
+    return None
+
+
+def _barrier(state: State, event: Event) -> Step | None:
+    if not isinstance(event, BarrierDone) or state.result is None:
+        return None
+    done = replace(state, phase=Phase.DONE)
+    if event.all_finished:
+        return Step(done, ReturnResult(state.result))
+    if event.closed_failure is not None:
+        return Step(done, FailWithRemoteRootCause(event.closed_failure))
+    note = "not every node finished in time; leaving anyway"
+    return Step(done, ReturnResult(state.result, note=note, level=logging.WARNING))
+
+
+_BY_PHASE = {
+    Phase.JOINING: _joining,
+    Phase.RUNNING: _running,
+    Phase.STOPPING: _stopping,
+    Phase.RESTARTING: _restarting,
+    Phase.BARRIER: _barrier,
+}
+
+__all__ = [
+    "Action",
+    "BarrierDone",
+    "Event",
+    "ExitBarrier",
+    "FailWithRemoteRootCause",
+    "ForwardSignal",
+    "Join",
+    "Joined",
+    "LeaseLost",
+    "Phase",
+    "RaiseClosed",
+    "RequestRestart",
+    "RestartRequested",
+    "ReturnResult",
+    "RoundSuperseded",
+    "RunClosed",
+    "Signal",
+    "StartWorkers",
+    "State",
+    "Step",
+    "StopWorkers",
+    "Then",
+    "UnexpectedEvent",
+    "WorkersFailed",
+    "WorkersStopped",
+    "WorkersSucceeded",
+    "failure_of",
+    "next_step",
+]

@@ -1,0 +1,171 @@
+"""bench/rendezvous_scale.py's measurements: etcd's metrics, CPU from /proc, and event times.
+
+Why apart: these are the figures' definitions (what a "write" or a round's "time" is, read from
+etcd's /metrics and the rendezvous' events); rendezvous_scale.py runs the rounds and reports.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+
+METRICS = {
+    "writes": "etcd_server_proposals_applied_total",
+    "revisions": "etcd_debugging_mvcc_current_revision",
+    "puts": "etcd_mvcc_put_total",
+    "deletes": "etcd_mvcc_delete_total",
+    "ranges": "etcd_mvcc_range_total",
+    "watch_events": "etcd_debugging_mvcc_events_total",
+    "watch_msgs": 'grpc_server_msg_sent_total{grpc_method="Watch",'
+    'grpc_service="etcdserverpb.Watch",grpc_type="bidi_stream"}',
+    "sent_bytes": "etcd_network_client_grpc_sent_bytes_total",
+}
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU of these processes (all their threads) so far, from /proc."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+            total += int(fields[11]) + int(fields[12])
+        except (OSError, IndexError, ValueError):
+            return float("nan")
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def machine_cpu() -> float:
+    """Busy CPU seconds of the whole machine so far (to see load from other programs)."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return (sum(v[:8]) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")  # minus idle, iowait
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+
+
+def snapshot(url: str, etcd_pids: list[int], worker_pids: list[int]) -> dict[str, float]:
+    return {
+        **scrape(url),
+        "etcd_cpu": cpu_seconds(etcd_pids),
+        "workers_cpu": cpu_seconds(worker_pids),
+        "machine_cpu": machine_cpu(),
+        "t": time.monotonic(),
+    }
+
+
+def scrape(url: str) -> dict[str, float]:
+    out = {}
+    with urllib.request.urlopen(url, timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line and not line.startswith("#"):
+                name, _, val = line.rpartition(" ")
+                out[name] = float(val)
+    return {k: out.get(m, float("nan")) for k, m in METRICS.items()}
+
+
+def delta(a: dict, b: dict) -> dict:
+    d = {
+        k: round(b[k] - a[k], 2) if k.endswith("_cpu") or k == "t" else int(b[k] - a[k]) for k in a
+    }
+    d["other_cpu"] = round(d.pop("machine_cpu") - d["etcd_cpu"] - d["workers_cpu"], 2)
+    return d
+
+
+def last(evs: list[dict], kind: str, rnd: int | None = None) -> float | None:
+    ts = [e["time"] for e in evs if e["event"] == kind and (rnd is None or e.get("round") == rnd)]
+    return max(ts) if ts else None
+
+
+def gc_pauses(done: dict[int, tuple]) -> dict:
+    """Longest per-process total of garbage-collector pauses in the round, and gen-2 runs."""
+    return {
+        "gc_s": round(max((d[2] for d in done.values()), default=0.0), 3),
+        "gc2": sum(d[3] for d in done.values()),
+    }
+
+
+def sessions(evs: list[dict], since_t: float) -> dict:
+    """Sessions opened and lost since ``since_t``: more than N opened means re-registrations."""
+    return {
+        "opened": sum(1 for e in evs if e["event"] == "session_opened" and e["time"] >= since_t),
+        "lost": sum(
+            1
+            for e in evs
+            if e["event"] == "session_lost"
+            and e["time"] >= since_t
+            and e.get("reason") != "revoked"
+        ),
+    }  # a revoke is a leave, not a loss
+
+
+def fanout(evs: list[dict], rnd: int) -> list[float]:
+    """Per worker process: frozen -> its last participant accepted. Equal values across
+    processes mean the cost is CPU shared by all, not one slow process."""
+    frozen = last(evs, "round_frozen", rnd)
+    if frozen is None:
+        return []
+    ws = sorted({e["worker"] for e in evs})
+    return [
+        round(t - frozen, 3)
+        for w in ws
+        if (t := last([e for e in evs if e["worker"] == w], "round_accepted", rnd))
+    ]
+
+
+def check_infos(results: list, n_expected: int, rnd: int) -> list[str]:
+    """Everyone got the same round, node count and master; ranks are 0..k-1."""
+    bad = [r for r in results if not isinstance(r, tuple)]
+    if bad:
+        return [f"{len(bad)} participant(s) failed, first: {bad[0]}"]
+    problems = []
+    if {r[1] for r in results} != {rnd}:
+        problems.append(f"rounds {sorted({r[1] for r in results})}, expected {rnd}")
+    if sorted(r[2] for r in results) != list(range(n_expected)):
+        problems.append("node ranks are not 0..k-1")
+    if {r[3] for r in results} != {n_expected} or len({(r[4], r[5]) for r in results}) != 1:
+        problems.append("node count or master differ between participants")
+    return problems
+
+
+def py_spy(pids: list[int], out_dir: str | None, seconds: float) -> list[subprocess.Popen]:
+    """Sample every worker during both rounds (raw collapsed stacks, one file per worker)."""
+    if not out_dir:
+        return []
+    exe = shutil.which("py-spy")
+    if exe is None:
+        print("py-spy not found (pip install py-spy); no profile", file=sys.stderr)
+        return []
+    os.makedirs(out_dir, exist_ok=True)
+    return [
+        subprocess.Popen(
+            [
+                exe,
+                "record",
+                "--pid",
+                str(pid),
+                "--duration",
+                str(int(seconds)),
+                "--rate",
+                "50",
+                "--gil",
+                "--format",
+                "raw",
+                "--nonblocking",
+                "--output",
+                os.path.join(out_dir, f"worker-{pid}.txt"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for pid in pids
+    ]
+
+
+def since(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else b - a
