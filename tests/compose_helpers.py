@@ -21,6 +21,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -61,7 +62,7 @@ def docker_problem() -> str | None:
 def build_images() -> dict[str, str]:
     """deploy/images/build.py, as a user runs it; its content-keyed tags."""
     proc = subprocess.run(
-        ["python3", str(BUILD), "--json"], capture_output=True, text=True, timeout=900
+        [sys.executable, str(BUILD), "--json"], capture_output=True, text=True, timeout=900
     )
     assert proc.returncode == 0, f"build.py failed:\n{proc.stderr[-4000:]}"
     return json.loads(proc.stdout)
