@@ -6,8 +6,10 @@ Why each test brings up its own project: every fault leaves the cluster changed,
 project (its own network, its own etcd) costs ~5 s. Each ends with ``down`` and checks that no
 container, network or volume of the project is left.
 
-Figures are printed (``pytest -s`` shows them). Measured here, 2 cores, lease_ttl=5:
-see the module's report lines and the README's deploy section.
+Figures are printed (``pytest -s`` shows them). Measured here (2 cores, lease_ttl=5): docker
+kill -> survivors' new round 4.5 s; network disconnect -> fenced 3.6 s (before the 5 s TTL),
+others running again 4.7 s, rejoined 0.9 s after reconnect; leader kill -> new leader 0.8 s, no
+new round; pause 7 s -> duplicate RANKs for 2.6 s (xfail, issue 11). The four tests: ~90 s.
 """
 
 from __future__ import annotations

@@ -5,12 +5,12 @@ container registry, so nothing can be pulled. Two bases are made locally instead
 with ``docker import``:
 
 - etcd: Debian's ``etcd`` and ``etcdctl`` binaries (they link only libc), libc.so.6 and ld.so,
-  laid out as the official image does (``/usr/local/bin``): 5 files, a ~40 MB image, healthy
+  laid out as the official image does (``/usr/local/bin``): 5 files, a 41 MB image, healthy
   ~3 s after start. The tar is written deterministically (mtime 0, root-owned), so its hash is
   the hash of its content.
 - agent: a Debian ``minbase`` made by ``debootstrap`` (python3, python3-venv) from the mirror apt
   is configured with, trimmed of apt lists, .debs, docs and locales. debootstrap is slow
-  (~70 s here) and its output is not reproducible, so the tarball is cached; the key is what it
+  (~90 s here) and its output is not reproducible, so the tarball is cached; the key is what it
   was made from (suite, mirror, variant, packages).
 """
 
