@@ -4,7 +4,7 @@
 Why this way: there may be no registry where etcdrun is built (there is none on its CI machine),
 so every base is made here (see rootfs.py) and every wheel is downloaded or built on the host
 and installed in the image with ``pip --no-index``. Each image is tagged with a key derived
-from its content (base image id, Dockerfile, wheel hashes, examples); a tag that already exists
+from its inputs (base image id, Dockerfile, etcdrun's sources, examples); a tag that exists
 is not built again, so a second run, or every test of one CI run, costs only the hashing (~0.3 s).
 ``:latest`` is moved to the keyed tag at the end, for docker-compose.yml's defaults.
 
@@ -152,59 +152,46 @@ def source_key() -> str:
     return rootfs.digest("etcdrun-src-1", *parts)
 
 
-def wheels(pyver: str, torch: bool, cache: Path) -> Path:
-    """etcdrun's wheel and its dependencies' for the image's Python, cached by source key."""
-    arch = platform.machine()
-    out = cache / f"wheels-{rootfs.digest(source_key(), pyver, arch, str(torch))}"
-    if out.is_dir():
-        return out
+def wheels(pyver: str, torch: bool, out: Path) -> None:
+    """etcdrun's wheel and its dependencies' wheels for the image's Python, into ``out``."""
     t0 = time.monotonic()
-    tmp = Path(tempfile.mkdtemp(prefix="wheels-", dir=cache))
+    arch = platform.machine()
     pip = [sys.executable, "-m", "pip", "-q"]
-    subprocess.run([*pip, "wheel", "--no-deps", "-w", str(tmp), str(REPO)], check=True)
-    wheel = next(tmp.glob("etcdrun-*.whl"))
-    tags = [f"--platform=manylinux_2_{n}_{arch}" for n in (28, 17)] + [
-        f"--platform=manylinux2014_{arch}"
-    ]
-    subprocess.run(
-        [
-            *pip,
-            "download",
-            "--only-binary=:all:",
-            f"--python-version={pyver}",
-            "--implementation=cp",
-            *tags,
-            "-d",
-            str(tmp),
-            str(wheel),
-            *([TORCH] if torch else []),
-        ],
-        check=True,
-    )
-    tmp.rename(out)
+    subprocess.run([*pip, "wheel", "--no-deps", "-w", str(out), str(REPO)], check=True)
+    wheel = next(out.glob("etcdrun-*.whl"))
+    tags = [f"--platform=manylinux_2_{n}_{arch}" for n in (28, 17)]
+    tags.append(f"--platform=manylinux2014_{arch}")
+    only = ["--only-binary=:all:", f"--python-version={pyver}", "--implementation=cp", *tags]
+    extra = [TORCH] if torch else []
+    subprocess.run([*pip, "download", *only, "-d", str(out), str(wheel), *extra], check=True)
     names = sorted(p.name for p in out.iterdir())
     log(f"  wheels for Python {pyver} ({time.monotonic() - t0:.1f} s): {', '.join(names)}")
-    return out
 
 
 def agent_image(args: argparse.Namespace) -> str:
+    """Keyed by what goes in (base, Dockerfile, etcdrun's sources, Python, torch, examples),
+    not by the wheels: a wheel built again in a fresh clone differs in its timestamps alone, and
+    a hit must not need pip at all. Dependency versions are fixed when the image is built
+    (pyproject's bounds are part of the key)."""
     base = args.agent_base or debian_base(args)
     pyver = python_version(base, args.cache)
-    wheel_dir = wheels(pyver, args.torch, args.cache)
     examples = sorted((REPO / "examples").glob("*.py"))
     dockerfile = HERE / "agent.Dockerfile"
     key = rootfs.digest(
-        "agent-1",
+        "agent-2",
         base_ref(base),
         dockerfile.read_bytes(),
-        *(f"{p.name}:{rootfs.file_sha(p)}" for p in sorted(wheel_dir.iterdir())),
+        source_key(),
+        pyver,
+        platform.machine(),
+        str(args.torch),
         *(f"{p.name}:{rootfs.file_sha(p)}" for p in examples),
     )
     repo = "etcdrun/agent-torch" if args.torch else "etcdrun/agent"
     tag = f"{repo}:{key}"
     if not cached(tag, f"agent.Dockerfile FROM {base}, Python {pyver}"):
-        with tempfile.TemporaryDirectory() as ctx:
-            shutil.copytree(wheel_dir, Path(ctx) / "wheels")
+        with tempfile.TemporaryDirectory(dir=args.cache) as ctx:
+            wheels(pyver, args.torch, Path(ctx) / "wheels")
             (Path(ctx) / "examples").mkdir()
             for p in examples:
                 shutil.copy2(p, Path(ctx) / "examples" / p.name)
