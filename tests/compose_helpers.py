@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -183,10 +184,12 @@ class RankSampler:
 
 
 def describe(s: Sample) -> str:
-    by = {}
+    """'agent 1: r0@1 r1@1, ...' (RANK@round per container; v1 and v2 container names)."""
+    by: dict[str, list[str]] = {}
     for w in sorted(s.workers, key=lambda w: w.rank):
-        by.setdefault(w.container.rsplit("_", 2)[-2:][-1], []).append(f"r{w.rank}@{w.round}")
-    return ", ".join(f"agent_{k}: {' '.join(v)}" for k, v in sorted(by.items())) or "no workers"
+        number = re.split(r"[-_]", w.container)[-1]
+        by.setdefault(number, []).append(f"r{w.rank}@{w.round}")
+    return ", ".join(f"agent {k}: {' '.join(v)}" for k, v in sorted(by.items())) or "no workers"
 
 
 def full_round(world: int, after: int = 0) -> Callable[[Sample], bool]:
