@@ -37,6 +37,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "allow_leaks: the test may leave threads or child processes behind"
     )
+    config.addinivalue_line(
+        "markers", "compose: runs deploy/docker-compose.yml for real (needs Docker and compose)"
+    )
     # Become a child subreaper: orphans of our children (a worker whose agent was killed -9)
     # are re-parented to the test process instead of init, so the leak check still sees them.
     if sys.platform == "linux":
@@ -112,6 +115,21 @@ def torch_available() -> None:
         if _in_ci():
             pytest.fail(f"{msg} [CI=true: a missing torch is an error]", pytrace=False)
         pytest.skip(msg)
+
+
+@pytest.fixture(scope="session")
+def compose_images() -> dict[str, str]:
+    """Docker, a compose CLI, and the images built by deploy/images/build.py (once a session;
+    the build is keyed by content, so later sessions reuse it). Missing: skip locally, FAIL in
+    CI (where .ci/run installs docker.io and docker-compose and starts dockerd)."""
+    from compose_helpers import build_images, docker_problem
+
+    problem = docker_problem()
+    if problem is not None:
+        if _in_ci():
+            pytest.fail(f"{problem} [CI=true: missing Docker is an error]", pytrace=False)
+        pytest.skip(problem)
+    return build_images()
 
 
 # --- etcd fixtures ----------------------------------------------------------------------------
