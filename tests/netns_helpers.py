@@ -74,6 +74,14 @@ def require_netns() -> None:
     pytest.skip(reason)
 
 
+def print_figures(capsys: pytest.CaptureFixture[str], tag: str, what: str, **secs: float) -> None:
+    """One line of measured figures in the test run's output, past pytest's capture: CI logs
+    then carry them (fence time vs TTL, recovery times) on every run."""
+    shown = ", ".join(f"{k} {v:.2f} s" for k, v in secs.items())
+    with capsys.disabled():
+        print(f"\n[{tag}] {what}: {shown}")
+
+
 class Net:
     """A hub namespace with a bridge, and one namespace per host plugged into it."""
 
