@@ -268,8 +268,9 @@ class NetnsJob(Job):
         self.net = net
         self.on: dict[str, Agent] = {}  # host -> its latest agent
 
-    def start_on(self, host: str, env: dict[str, str] | None = None) -> Agent:
-        script = self.script or (WORKER, str(self.out), "sleep")
+    def start_on(self, host: str, *script: str, env: dict[str, str] | None = None) -> Agent:
+        """One more agent, in ``host``'s namespace; ``script`` defaults to worker.py (sleep)."""
+        script = script or self.script or (WORKER, str(self.out), "sleep")
         argv = [*self.argv(), "--local-addr", self.net.addr(host), *script]
         agent = Agent(
             self.net.exec_argv(host, argv),

@@ -13,6 +13,8 @@ invariants with the checker over etcd's history and every agent's round_accepted
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import time
 from collections.abc import Iterator
@@ -25,6 +27,7 @@ from netns_helpers import Net, NetnsEtcd, NetnsJob, print_figures, require_netns
 TTL = 2
 AGENTS = ("a0", "a1", "a2")
 CONF = f"lease_ttl={TTL},last_call_timeout=1,join_timeout=60"
+GLOO = str(SCRIPTS / "gloo_allreduce.py")
 
 
 class Cluster:
@@ -97,18 +100,19 @@ def assert_master(job: NetnsJob, starts: list[Start], world: int) -> str:
 def test_real_gloo_job_across_namespaces(cluster, torch_available, report):
     """Three hosts, one gloo worker each: every rank all_reduces with the others through
     MASTER_ADDR, which is the node-rank-0 host's own address, and the job ends with exit 0."""
-    job = cluster.job(nnodes="3", nproc=1, script=(str(SCRIPTS / "gloo_allreduce.py"),))
-    job.script = (*job.script, str(job.out))
+    job = cluster.job(nnodes="3", nproc=1)
     t0 = time.time()
     env = clean_env(LOGLEVEL="DEBUG", GLOO_SOCKET_IFNAME="eth0")  # gloo: the host's own NIC
-    agents = [job.start_on(host, env=env) for host in AGENTS]
+    agents = [job.start_on(host, GLOO, str(job.out), env=env) for host in AGENTS]
     codes = [a.wait(120) for a in agents]
     assert codes == [0, 0, 0], job.describe()
     starts = job.starts()
     assert sorted(s.rank for s in starts) == [0, 1, 2]
     assert len({s.round for s in starts}) == 1  # one round: nothing restarted
     assert_master(job, starts, 3)
-    assert len({job.host_of(s) for s in starts}) == 3
+    # Three hosts for real: each rank ran in a network namespace of its own, none the test's.
+    spaces = {json.loads(p.read_text())["netns"] for p in job.out.glob("start_*.json")}
+    assert len(spaces) == 3 and os.readlink("/proc/self/ns/net") not in spaces
     sums = re.findall(r"^\[\d+\]:rank (\d)/3 sum (\d+)$", "".join(a.stdout for a in agents), re.M)
     assert sorted(sums) == [("0", "6"), ("1", "6"), ("2", "6")], job.describe()
     assert job.violations(cluster.etcd, 3, 3) == []
@@ -133,8 +137,11 @@ def test_cut_agent_fences_before_ttl_and_rejoins_as_new_node(cluster, report):
     survivor0 = assert_master(job, smaller, 4)
     assert victim not in {job.host_of(s) for s in smaller}
     assert survivor0 != victim
-    # No RANK was ever held twice: the victim's workers were gone before the new world started.
-    assert t_fenced < min(s.t for s in smaller)
+    # The leader opens the next round once etcd has expired the victim's lease (a watch event
+    # on its agent key): the victim's workers were gone before that, and so before any worker
+    # of the smaller world started — no RANK was ever held twice.
+    t_expired = next(e["time"] for e in job.events("round_started") if e["round"] > first[0].round)
+    assert t_fenced < t_expired < min(s.t for s in smaller)
     assert t_fenced - t_cut < TTL, f"fenced {t_fenced - t_cut:.2f} s after the cut"
     assert agent.proc.poll() is None, job.describe()  # it keeps trying to reach etcd
 
@@ -152,6 +159,7 @@ def test_cut_agent_fences_before_ttl_and_rejoins_as_new_node(cluster, report):
         f"cut {victim} (node rank 0), TTL {TTL} s",
         lease_declared_lost=lost[0]["time"] - t_cut,
         workers_fenced=t_fenced - t_cut,
+        lease_expired_new_round=t_expired - t_cut,
         survivors_running_world4=t_smaller - t_cut,
         restore_to_world6=t_back - t_restore,
     )
