@@ -16,6 +16,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -258,3 +260,30 @@ def test_long_etcd_outage_fences_everyone_and_the_job_comes_back(cluster, report
         assert node_of(job, a.name, back[0].round) != nodes[a.name]
     assert len(job.events("session_lost")) == 3
     assert job.violations(cluster.etcd, 2, 3) == []
+
+
+def test_the_sweep_kills_and_reports_what_is_left_inside_and_leaves_others_alone():
+    """The helper's own promise: a process left in a namespace is killed and reported, the
+    namespaces are gone afterwards, and a namespace of the same name it did not create is
+    neither used nor deleted."""
+    require_netns()
+    net = Net(["h0"])
+    with pytest.raises(AssertionError, match="processes .* still running"):
+        with net:
+            left = subprocess.Popen(net.exec_argv("h0", ["sleep", "60"]))
+            wait_for(lambda: str(left.pid) in ip("netns", "pids", net.ns("h0")), 5, "sleep inside")
+    assert left.wait(5) == -signal.SIGKILL
+    assert not {net.ns("hub"), net.ns("h0")} & set(ip("netns", "list").split())
+
+    theirs = Net(["h0"])
+    ip("netns", "add", theirs.ns("hub"))  # someone else's, by chance under the same name
+    try:
+        with pytest.raises(RuntimeError, match="already exists"):
+            theirs.__enter__()
+        assert theirs.ns("hub") in ip("netns", "list")
+    finally:
+        ip("netns", "del", theirs.ns("hub"))
+
+
+def ip(*args: str) -> str:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, check=True).stdout
