@@ -271,7 +271,9 @@ class NetnsJob(Job):
     def start_on(self, host: str, *script: str, env: dict[str, str] | None = None) -> Agent:
         """One more agent, in ``host``'s namespace; ``script`` defaults to worker.py (sleep)."""
         script = script or self.script or (WORKER, str(self.out), "sleep")
-        argv = [*self.argv(), "--local-addr", self.net.addr(host), *script]
+        # --log-dir: the agent's default is a fresh /tmp/etcdrun_logs_* it never removes.
+        logs = str(self.root / "logs")
+        argv = [*self.argv(), "--local-addr", self.net.addr(host), "--log-dir", logs, *script]
         agent = Agent(
             self.net.exec_argv(host, argv),
             self.root,

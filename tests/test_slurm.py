@@ -43,6 +43,7 @@ class Slurm:
             ETCDRUN_RDZV_CONF="lease_ttl=2,last_call_timeout=1,join_timeout=60",
             ETCDRUN_BIN=etcdrun_bin(),
             LOGLEVEL="DEBUG",  # the agents' events, for the checker
+            ETCDRUN_ARGS=f"--log-dir {self.root / 'logs'}",  # not a /tmp/etcdrun_logs_* each
             **settings,
         )
         argv = ("--nodes=3", "-o", str(out), *sbatch_args, SBATCH, WORKER, str(job.out), "sleep")
