@@ -1,9 +1,10 @@
 """Several hosts on one machine: Linux network namespaces joined by veth pairs and a bridge.
 
-Why namespaces and not containers: no image, no daemon, and the whole network is up in ~0.1 s,
+Why namespaces and not containers: no image, no daemon, and the whole network is up in ~0.2 s,
 so every CI run can afford a real multi-host test — real TCP over real interfaces, each host with
 its own address, and links that can be cut (``tc netem`` has no kernel module here; ``ip link set
-down`` does). Measured here: a hub and four hosts are built and torn down in ~0.1 s.
+down`` does). Measured here: a hub and four hosts built in 0.18 s, etcd inside one ready 0.34 s
+later, everything gone 0.03 s after the end.
 
 Topology: a ``hub`` namespace holds a bridge and, per host, the hub end ``v<tag6><host>`` of a
 veth pair; the host's namespace holds the other end as ``eth0`` (10.91.0.<i>/24) and ``lo``.
@@ -16,7 +17,8 @@ route, so its packets vanish silently — a partition, not a refused connection.
 
 Lifecycle: ``with Net([...]) as net:`` builds everything or nothing, and on exit (failure
 included) kills any process still inside its namespaces (reported: that is a leak), deletes them,
-and checks that none of its namespaces or links is left.
+and checks that none of its namespaces or links is left. Inside it: ``NetnsEtcd`` (one etcd
+member on a host's address) and ``NetnsJob`` (agent_helpers.Job with each agent on a host).
 """
 
 from __future__ import annotations
@@ -233,6 +235,9 @@ class NetnsEtcd:
             )
         try:
             self.net.probe(self.host, "ready", self.endpoint, str(timeout), timeout=timeout + 5)
+        except AssertionError as e:
+            self.stop()
+            raise AssertionError(f"{e}\netcd's log:\n{self.log_tail()}") from None
         except BaseException:
             self.stop()
             raise
@@ -285,8 +290,8 @@ class NetnsJob(Job):
         return agent
 
     def host_of(self, start: Start) -> str:
-        agent = self.agent_of(start)
-        return next(h for h, a in self.on.items() if a is agent)
+        """The host whose agent started this worker (agents are named ``<host>-<n>``)."""
+        return self.agent_of(start).name.rsplit("-", 1)[0]
 
     def events(self, name: str | None = None) -> list[dict[str, Any]]:
         """Every event the agents logged (``name``: only those), in time order."""
