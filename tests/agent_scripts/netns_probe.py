@@ -1,0 +1,59 @@
+"""Looks at an etcd from inside its network namespace; argv: <command> <endpoint> [...].
+
+Why a script: the test process sits in the machine's own namespace and cannot reach an etcd
+listening inside one (tests/netns_helpers.py runs this with ``ip netns exec``). Every answer is
+one JSON document on stdout.
+
+Commands:
+  ready <endpoint> <timeout>                 wait until etcd answers Status with a leader
+  check <endpoint> <run_id> <min> <max>      the checker's violations (round_accepted events,
+                                             a JSON list, on stdin)
+  leases <endpoint>                          keys attached to any lease
+"""
+
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/: the shared helpers
+
+import grpc  # noqa: E402
+from etcd_helpers import list_leases  # noqa: E402
+from rdzv_helpers import violations  # noqa: E402
+
+from etcdrun.proto import etcd_api_pb2 as pb  # noqa: E402
+from etcdrun.proto.etcd_stubs import bind  # noqa: E402
+from etcdrun.rendezvous.localetcd import grpc_channel  # noqa: E402
+
+
+def ready(endpoint: str, timeout: str) -> bool:
+    deadline = time.monotonic() + float(timeout)
+    last = ""
+    while time.monotonic() < deadline:
+        with grpc_channel(endpoint) as ch:
+            try:
+                if bind(ch, "Status")(pb.StatusRequest(), timeout=0.2).leader:
+                    return True
+            except grpc.RpcError as e:
+                last = str(e.code())
+        time.sleep(0.01)
+    sys.exit(f"etcd at {endpoint} not ready after {timeout} s ({last})")
+
+
+def main() -> None:
+    cmd, endpoint, *rest = sys.argv[1:]
+    if cmd == "ready":
+        out = ready(endpoint, *rest)
+    elif cmd == "check":
+        run_id, lo, hi = rest
+        out = violations(endpoint, run_id, int(lo), int(hi), json.load(sys.stdin))
+    elif cmd == "leases":
+        out = sorted(k.decode() for keys in list_leases(endpoint).values() for k in keys)
+    else:
+        sys.exit(f"unknown command {cmd!r}")
+    json.dump(out, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()
