@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 
 from etcdrun.proto import etcdrun_state_pb2 as st
-from etcdrun.rendezvous import codec, lifecycle
+from etcdrun.rendezvous import codec, joining, lifecycle
 from etcdrun.rendezvous._version import __version__
 from etcdrun.rendezvous.api import (
     FailureInfo,
@@ -39,7 +39,7 @@ from etcdrun.rendezvous.client import (
     EtcdPermissionError,
     RetryPolicy,
 )
-from etcdrun.rendezvous.client import txn as t
+from etcdrun.rendezvous.client.errors import NO_SPACE_REMEDY
 from etcdrun.rendezvous.driver import Driver, SessionLost
 from etcdrun.rendezvous.errors import (
     RendezvousClosedError,
@@ -50,9 +50,9 @@ from etcdrun.rendezvous.errors import (
 )
 from etcdrun.rendezvous.etcd_config import EtcdRendezvousConfig
 from etcdrun.rendezvous.events import EventLog
+from etcdrun.rendezvous.joining import Joined
 from etcdrun.rendezvous.keys import RunKeys
 from etcdrun.rendezvous.leader import status_line
-from etcdrun.rendezvous.ports import reserve_free_port
 from etcdrun.rendezvous.protocol import Phase, Round, Settings
 from etcdrun.rendezvous.round_view import RoundView
 from etcdrun.rendezvous.session import Session
@@ -91,6 +91,7 @@ class EtcdRendezvousHandler(RendezvousHandler):
         self._incarnation = 0
         self._tag = os.urandom(3).hex()  # several handlers may share one process
         self._joined: int | None = None  # the round number this session has joined
+        self._saw_round = False  # this node saw the run live (a round key), in any session
         self._shutdown = False
 
     # ---- RendezvousHandler: torch's part -------------------------------------------------------
@@ -140,7 +141,7 @@ class EtcdRendezvousHandler(RendezvousHandler):
         orphaned = sess is not None and sess.orphaned
         ok = self._drop_session()  # the driver first: a leader must not reopen the round
         self.view.wake()  # a next_rendezvous() waiting in another thread ends now
-        if not orphaned:
+        if not orphaned and self.client.reached:  # never reached: nothing of ours to remove
             lifecycle.clean_up_if_none_left(self.client, self.keys, self.events, self.policy)
         if self._own_client:
             self.client.close(revoke_leases=not orphaned)
@@ -206,6 +207,8 @@ class EtcdRendezvousHandler(RendezvousHandler):
     def status(self) -> str:
         """One line for the waiting message; reads only immutable snapshots (never raises)."""
         driver = self._driver
+        if driver is None and not self.client.reached:
+            return f"connecting to etcd at {self.client.endpoints}"
         leader = driver.status if driver is not None else None
         return status_line(self.view.current(), leader, self.settings, time.monotonic())
 
@@ -240,6 +243,12 @@ class EtcdRendezvousHandler(RendezvousHandler):
             if sess.lost.is_set() or self._shutdown:
                 self._drop_session()
                 raise _Reopen()  # a new session, or "shut down"
+            if r is not None:
+                self._saw_round = True
+            elif self._saw_round:  # the run's state vanished while we are in it: aborted
+                raise RendezvousClosedError(
+                    self._why_vanished(), run_id=self.run_id, node=sess.node_id
+                )
             bad = self.view.corruption()
             if bad is not None and r is None:  # nobody knows the last good state: stop
                 raise RendezvousStateError(bad[1], run_id=self.run_id, node=sess.node_id)
@@ -263,56 +272,25 @@ class EtcdRendezvousHandler(RendezvousHandler):
                 )
 
     def _join(self, sess: Session, r: Round) -> bool:
-        """Write this node's join record for ``r``, fenced on the round key as read and on our
-        own agent key. A failed round fence means the round moved on (the watch brings the
-        newer one); a failed own fence means our key was overwritten or removed by someone
-        else — the session is then of no use (the leader does not count us) and is replaced."""
-        rec = st.JoinRecord(
-            node_id=sess.node_id,
-            addr=self.addr,
-            local_world_size=self.params.local_world_size,
-            master_port=reserve_free_port(),
-            agent_create_revision=sess.create_revision,
-        )
-        key = self.keys.join(r.number, sess.node_id)
-        res = self.client.txn(
-            [t.mod_revision(self.keys.round, "==", r.mod_revision), sess.is_owner()],
-            [t.put(key, codec.encode(rec), sess.lease_id)],
-            [t.get(sess.key)],
-        )
-        if res.succeeded:
+        lws = self.params.local_world_size
+        outcome = joining.join(self.client, self.keys, sess, r, self.addr, lws)
+        if outcome is Joined.YES:
             self._joined = r.number
             self.events.emit("node_joined", round=r.number)
-            return True
-        kvs = res.responses[0].response_range.kvs
-        if not sess.owns(kvs[0] if kvs else None):
+        elif outcome is Joined.NOT_OWNER:
             log.error("%s was overwritten or removed by someone else; registering anew", sess.key)
-            self.events.emit("session_replaced", reason="agent key not ours any more")
+            self.events.emit("session_replaced", reason=outcome.value)
             self._drop_session()
             raise _Reopen()
-        return False
+        return outcome is Joined.YES
 
     def _accept(self, sess: Session, r: Round) -> RendezvousInfo:
-        me = r.member(sess.node_id)
-        assert me is not None
+        got = joining.info(self.run_id, sess.node_id, r, self.settings.max_restarts)
         self.view.accept(r)
         self.events.emit(
-            "round_accepted", round=r.number, node_rank=me.node_rank, node_count=len(r.members)
+            "round_accepted", round=r.number, node_rank=got.node_rank, node_count=got.node_count
         )
-        return RendezvousInfo(
-            run_id=self.run_id,
-            round=r.number,
-            node_id=sess.node_id,
-            node_rank=me.node_rank,
-            node_count=len(r.members),
-            first_global_rank=me.first_global_rank,
-            world_size=sum(m.local_world_size for m in r.members),
-            master_addr=r.master_addr,
-            master_port=r.master_port,
-            restart_count=r.restart_count,
-            participants=r.members,
-            max_restarts=self.settings.max_restarts,
-        )
+        return got
 
     # ---- sessions ----------------------------------------------------------------------------
     def _ensure_session(self) -> Session:
@@ -377,6 +355,20 @@ class EtcdRendezvousHandler(RendezvousHandler):
             )
         except EtcdError as e:
             raise self._wrap(e) from None
+
+    def _why_vanished(self) -> str:
+        """The round key is gone while this node is in the run: only an abort (or a hand)
+        removes it then (the last agent out removes it only when no agent is left)."""
+        try:
+            errors = list(self.client.status().errors)
+        except EtcdError:
+            errors = []
+        if any("NOSPACE" in err for err in errors):
+            return f"the run was aborted: {NO_SPACE_REMEDY}"
+        return (
+            f"the run was aborted: its state ({self.keys.round}) was removed from etcd while "
+            "the run was live"
+        )
 
     def _wrap(self, e: EtcdError) -> RendezvousError:
         refused = isinstance(e, (EtcdAuthError, EtcdPermissionError))

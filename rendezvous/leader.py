@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from etcdrun.proto import etcd_api_pb2 as pb
 from etcdrun.proto import etcdrun_state_pb2 as st
 from etcdrun.rendezvous import codec, lifecycle, repair, transitions
-from etcdrun.rendezvous.client import EtcdError, Watch, WatchBatch
+from etcdrun.rendezvous.client import EtcdError, EtcdNoSpaceError, Watch, WatchBatch
 from etcdrun.rendezvous.client import txn as t
 from etcdrun.rendezvous.errors import RendezvousError
 from etcdrun.rendezvous.events import EventLog
@@ -198,6 +198,9 @@ class Leader:
                 return action.until
             try:
                 applied = self._apply(r, action)
+            except EtcdNoSpaceError as e:
+                self._abort(r, e)
+                return None
             except EtcdError as e:
                 self._failures += 1
                 log.warning("leader %s: %s failed: %s; retrying", self._session.node_id, action, e)
@@ -223,6 +226,21 @@ class Leader:
         bad = self._view.corruption()
         if bad is not None:
             repair.repair_round(self._session, self._keys, self._view, self._events, bad)
+
+    def _abort(self, r: Round | None, e: EtcdNoSpaceError) -> None:
+        """etcd takes no more writes (its space quota is exhausted), so no round can open and
+        the run cannot even be closed. Deletes still work: remove the round key — every agent
+        watches it — fenced as usual; an agent that saw the run live and then sees it gone
+        stops with the reason (etcd_rendezvous.py) instead of waiting for a round forever."""
+        log.error("leader %s: %s; the run is aborted", self._session.node_id, e)
+        if r is None:
+            return
+        res = self._client.txn(
+            [t.mod_revision(self._keys.round, "==", r.mod_revision), self._session.is_owner()],
+            [t.delete(self._keys.round), t.delete(self._keys.rounds, prefix=True)],
+        )
+        if res.succeeded:
+            self._events.emit("run_aborted", round=r.number, reason="etcd space quota exhausted")
 
     def _decision_view(self, r: Round | None) -> View | None:
         """The input of ``decide`` from the caches (None until a JOINING round's hint is in)."""

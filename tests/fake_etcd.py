@@ -207,6 +207,17 @@ class FakeEtcd:
     def close(self, revoke_leases: bool = True) -> None:
         pass
 
+    @property
+    def reached(self) -> bool:
+        return True  # an in-memory etcd always answers
+
+    @property
+    def endpoints(self) -> str:
+        return "fake:2379"
+
+    def status(self) -> pb.StatusResponse:
+        return pb.StatusResponse(version="fake")
+
     # ---- etcd's rules ------------------------------------------------------------------------
     @staticmethod
     def in_range(k: bytes, key: bytes, end: bytes) -> bool:

@@ -1,5 +1,12 @@
 """etcdrun's own etcd v3 client (see client.py for why)."""
 
+import os
+
+# gRPC's C core logs at INFO in some builds (e.g. "Handshake failed ..." on stderr); an agent's
+# stderr carries one clear line per problem, ours. Set before anything imports grpc; a user's
+# own setting wins.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
 from etcdrun.rendezvous.client.client import EtcdClient, RangeResult, TxnResult
 from etcdrun.rendezvous.client.config import ClientConfig, Endpoint, parse_endpoints
 from etcdrun.rendezvous.client.errors import (
@@ -7,8 +14,10 @@ from etcdrun.rendezvous.client.errors import (
     EtcdClosedError,
     EtcdCompactedError,
     EtcdConnectionError,
+    EtcdEndpointError,
     EtcdError,
     EtcdLeaseNotFoundError,
+    EtcdNoSpaceError,
     EtcdPermissionError,
     EtcdRequestError,
     EtcdTokenExpiredError,
@@ -25,8 +34,10 @@ __all__ = [
     "EtcdClosedError",
     "EtcdCompactedError",
     "EtcdConnectionError",
+    "EtcdEndpointError",
     "EtcdError",
     "EtcdLeaseNotFoundError",
+    "EtcdNoSpaceError",
     "EtcdPermissionError",
     "EtcdRequestError",
     "EtcdTokenExpiredError",

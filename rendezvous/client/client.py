@@ -196,6 +196,11 @@ class EtcdClient:
         return self._t.policy
 
     @property
+    def reached(self) -> bool:
+        """Whether etcd ever answered a call of this client."""
+        return self._t.answered
+
+    @property
     def endpoints(self) -> str:
         return self._t.endpoints_text()
 

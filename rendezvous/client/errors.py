@@ -19,7 +19,12 @@ class EtcdError(Exception):
 
 
 class EtcdConnectionError(EtcdError):
-    """No endpoint answered within the retry budget (down, unreachable, no leader, TLS refused)."""
+    """No endpoint answered within the retry budget (down, unreachable, no leader)."""
+
+
+class EtcdEndpointError(EtcdConnectionError):
+    """The endpoint answers, but not as configured: a TLS handshake that fails (wrong CA,
+    https:// to a plain etcd) or a server that is no etcd. Retrying cannot fix it."""
 
 
 class EtcdAuthError(EtcdError):
@@ -50,12 +55,35 @@ class EtcdRequestError(EtcdError):
     """etcd rejected the request itself (invalid argument, too large, ...)."""
 
 
+class EtcdNoSpaceError(EtcdRequestError):
+    """etcd's space quota is exhausted: it refuses every write until an operator frees space."""
+
+
+NO_SPACE_REMEDY = (
+    "etcd's space quota is exhausted (mvcc: database space exceeded): it takes no writes until "
+    "an operator frees space: etcdctl compact <current revision>; etcdctl defrag; "
+    "etcdctl alarm disarm"
+)
+
+
 class EtcdClosedError(EtcdError):
     """The client was closed."""
 
 
 # etcd's error strings (server/etcdserver/api/v3rpc/rpctypes) that decide the error's kind.
 _INVALID_TOKEN = ("invalid auth token", "revision of auth store is old", "auth token is expired")
+_NO_SPACE = "database space exceeded"
+# What gRPC says when the far end is not what we are configured to talk to (measured: wrong CA,
+# https:// to a plain etcd, an HTTP/1 server). Only trusted before the first success: afterwards
+# the same words may come from a TLS etcd restarting mid-handshake, which retrying does heal.
+_NOT_AS_CONFIGURED = (
+    "handshake failed",
+    "handshake read failed",
+    "certificate_verify_failed",
+    "wrong_version_number",
+    "failed parsing http/2",
+    "http1.x server",
+)
 _TRANSIENT_CODES = {
     grpc.StatusCode.UNAVAILABLE,
     grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -72,8 +100,16 @@ def is_token_expired(exc: BaseException) -> bool:
 def is_transient(exc: BaseException) -> bool:
     """True when another attempt (maybe on another endpoint) may succeed."""
     if isinstance(exc, grpc.RpcError):
+        if _NO_SPACE in _details(exc):
+            return False
         return exc.code() in _TRANSIENT_CODES and not is_token_expired(exc)
-    return isinstance(exc, EtcdConnectionError)
+    return isinstance(exc, EtcdConnectionError) and not isinstance(exc, EtcdEndpointError)
+
+
+def is_not_as_configured(exc: BaseException) -> bool:
+    """True when the far end answers, but not as configured (TLS, not an etcd)."""
+    details = _details(exc).lower()
+    return any(s in details for s in _NOT_AS_CONFIGURED)
 
 
 def _details(exc: BaseException) -> str:
@@ -89,6 +125,8 @@ def from_rpc_error(exc: grpc.RpcError, endpoint: str | None = None) -> EtcdError
     name = code.name if code is not None else None
     text = f"etcd: {details or name}"
     kw = {"endpoint": endpoint, "code": name}
+    if _NO_SPACE in details:
+        return EtcdNoSpaceError(f"{NO_SPACE_REMEDY} [{details}]", **kw)
     if "permission denied" in details or code == grpc.StatusCode.PERMISSION_DENIED:
         return EtcdPermissionError(text, **kw)
     if "compacted" in details:

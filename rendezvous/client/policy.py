@@ -66,9 +66,16 @@ class RetryPolicy:
         """The budget of one call across endpoints (a caller may ask for less)."""
         return self.retry_timeout if timeout is None else min(timeout, self.retry_timeout)
 
-    def retrying(self, n_endpoints: int, closed: Callable[[], bool], timeout: float | None) -> Any:
+    def retrying(
+        self,
+        n_endpoints: int,
+        closed: Callable[[], bool],
+        timeout: float | None,
+        retryable: Callable[[BaseException], bool] | None = None,
+    ) -> Any:
         """A tenacity loop for one call; built only after the bare first try failed (tenacity
-        costs ~15 ms of CPU to import, and almost every call succeeds the first time)."""
+        costs ~15 ms of CPU to import, and almost every call succeeds the first time).
+        ``retryable`` decides which errors are worth another attempt (default: transient)."""
         import tenacity
 
         from etcdrun.rendezvous.client.errors import is_transient
@@ -85,7 +92,10 @@ class RetryPolicy:
             return closed() or by_time(state)
 
         return tenacity.Retrying(
-            retry=tenacity.retry_if_exception(is_transient), wait=wait, stop=stop, reraise=True
+            retry=tenacity.retry_if_exception(retryable or is_transient),
+            wait=wait,
+            stop=stop,
+            reraise=True,
         )
 
     # ---- the lease keep-alive ----------------------------------------------------------------

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,9 +30,11 @@ from etcdrun.rendezvous.client.config import ClientConfig, Endpoint
 from etcdrun.rendezvous.client.errors import (
     EtcdClosedError,
     EtcdConnectionError,
+    EtcdEndpointError,
     EtcdError,
     EtcdTokenExpiredError,
     from_rpc_error,
+    is_not_as_configured,
     is_token_expired,
     is_transient,
 )
@@ -71,6 +74,8 @@ class Transport:
         self._preferred = 0
         self._token: str | None = None
         self._closed = False
+        self._answered = False  # some call succeeded: the configuration is known to be right
+        self._outage: float | None = None  # monotonic start of the current outage, if any
         self._credentials = None
         if config.tls or any(ep.secure for ep in config.endpoints):
             self._credentials = grpc.ssl_channel_credentials(
@@ -159,10 +164,10 @@ class Transport:
         local Range, and almost every call succeeds the first time."""
         idx = self._preferred
         try:
-            return attempt(idx)
+            return self._answer(attempt(idx))
         except grpc.RpcError as e:
-            if not is_transient(e):
-                raise from_rpc_error(e, str(self.endpoint(idx))) from None
+            if not self._retryable(e):
+                raise self._final(e, idx) from None
             self.fail_over(idx)
         except ValueError as e:  # grpc raises it for calls on a closed channel
             raise self._closed_or(e) from None
@@ -171,8 +176,9 @@ class Transport:
     def _retry(self, attempt, timeout: float | None) -> Any:
         """The retries after a failed first try, as the policy says (failover, backoff)."""
         n = len(self.config.endpoints)
-        retryer = self.policy.retrying(n, lambda: self._closed, timeout)
+        retryer = self.policy.retrying(n, lambda: self._closed, timeout, self._retryable)
         last_index = [self._preferred]
+        self._outage_begins(timeout)
 
         def one() -> Any:
             idx = self._preferred
@@ -185,17 +191,63 @@ class Transport:
                 raise
 
         try:
-            return retryer(one)
+            return self._answer(retryer(one))
         except grpc.RpcError as e:
-            if is_transient(e):
+            if self._retryable(e):
+                detail = e.details() or e.code().name
+                hint = (
+                    "; if that etcd serves TLS, use https:// and give its CA (cacert)"
+                    if "socket closed" in detail.lower() and not self.config.tls
+                    else ""
+                )
                 raise EtcdConnectionError(
-                    f"etcd unreachable at {self.endpoints_text()} "
-                    f"(last error: {e.details() or e.code().name})",
+                    f"etcd unreachable at {self.endpoints_text()} (last error: {detail}){hint}",
                     code=e.code().name,
                 ) from None
-            raise from_rpc_error(e, str(self.endpoint(last_index[0]))) from None
+            raise self._final(e, last_index[0]) from None
         except ValueError as e:
             raise self._closed_or(e) from None
+
+    def _retryable(self, e: grpc.RpcError) -> bool:
+        """Transient, unless the far end answered as something we are not configured to talk
+        to before any call ever succeeded (TLS refused, not an etcd): that does not heal."""
+        return is_transient(e) and (self._answered or not is_not_as_configured(e))
+
+    def _final(self, e: grpc.RpcError, idx: int) -> EtcdError:
+        if is_transient(e) and is_not_as_configured(e):
+            return EtcdEndpointError(
+                f"etcd at {self.endpoint(idx)} does not answer as configured: "
+                f"{e.details() or e.code().name} (check the endpoint's scheme, http:// or "
+                "https://, and the TLS files: cacert, cert, key)",
+                code=e.code().name,
+            )
+        return from_rpc_error(e, str(self.endpoint(idx)))
+
+    @property
+    def answered(self) -> bool:
+        """Whether any call ever succeeded (so the endpoint and the TLS setup are right)."""
+        return self._answered
+
+    def _answer(self, resp: Any) -> Any:
+        if self._outage is not None:
+            log.warning(
+                "etcd at %s reachable again after %.1f s",
+                self.endpoints_text(),
+                time.monotonic() - self._outage,
+            )
+            self._outage = None
+        self._answered = True
+        return resp
+
+    def _outage_begins(self, timeout: float | None) -> None:
+        """Say once per outage what is happening and until when we retry."""
+        if self._outage is not None:
+            return
+        self._outage = time.monotonic()
+        until = time.strftime(
+            "%H:%M:%S", time.localtime(time.time() + self.policy.call_timeout(timeout))
+        )
+        log.warning("etcd at %s unreachable; retrying until %s", self.endpoints_text(), until)
 
     def _closed_or(self, e: ValueError) -> EtcdError:
         if self._closed:

@@ -1,0 +1,74 @@
+"""Joining a round: the join record a node writes, and what it learns from a frozen round.
+
+Why apart from the handler: these are the two steps of a node's part in each round, each one
+call or none, over objects the handler lends (client, keys, session). The handler keeps the loop
+that waits between them.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from etcdrun.proto import etcdrun_state_pb2 as st
+from etcdrun.rendezvous import codec
+from etcdrun.rendezvous.api import RendezvousInfo
+from etcdrun.rendezvous.client import EtcdClient
+from etcdrun.rendezvous.client import txn as t
+from etcdrun.rendezvous.keys import RunKeys
+from etcdrun.rendezvous.ports import reserve_free_port
+from etcdrun.rendezvous.protocol import Round
+from etcdrun.rendezvous.session import Session
+
+
+class Joined(enum.Enum):
+    YES = "joined"
+    ROUND_MOVED = "the round moved on"  # the watch brings the newer one
+    NOT_OWNER = "our agent key is not ours any more"  # overwritten or removed by someone else
+
+
+def join(
+    client: EtcdClient, keys: RunKeys, sess: Session, r: Round, addr: str, local_world_size: int
+) -> Joined:
+    """Write this node's join record for ``r``, fenced on the round key as read and on our own
+    agent key (a node whose key is not its own any more is not counted by the leader: its
+    session is of no use and must be replaced)."""
+    rec = st.JoinRecord(
+        node_id=sess.node_id,
+        addr=addr,
+        local_world_size=local_world_size,
+        master_port=reserve_free_port(),
+        agent_create_revision=sess.create_revision,
+    )
+    res = client.txn(
+        [t.mod_revision(keys.round, "==", r.mod_revision), sess.is_owner()],
+        [t.put(keys.join(r.number, sess.node_id), codec.encode(rec), sess.lease_id)],
+        [t.get(sess.key)],
+    )
+    if res.succeeded:
+        return Joined.YES
+    kvs = res.responses[0].response_range.kvs
+    return Joined.ROUND_MOVED if sess.owns(kvs[0] if kvs else None) else Joined.NOT_OWNER
+
+
+def info(run_id: str, node_id: str, r: Round, max_restarts: int) -> RendezvousInfo:
+    """What this node runs with in the frozen round ``r`` (it must be a member)."""
+    me = r.member(node_id)
+    if me is None:
+        raise ValueError(f"node {node_id} is not in round {r.number}")
+    return RendezvousInfo(
+        run_id=run_id,
+        round=r.number,
+        node_id=node_id,
+        node_rank=me.node_rank,
+        node_count=len(r.members),
+        first_global_rank=me.first_global_rank,
+        world_size=sum(m.local_world_size for m in r.members),
+        master_addr=r.master_addr,
+        master_port=r.master_port,
+        restart_count=r.restart_count,
+        participants=r.members,
+        max_restarts=max_restarts,
+    )
+
+
+__all__ = ["Joined", "info", "join"]

@@ -1,0 +1,133 @@
+"""Bad input gets one clear line and a non-zero exit, and loses nothing (issue 11): an etcd that
+is unreachable or not what the flags say, and an etcd whose space quota is exhausted.
+
+Measured before: a dead port, a blackhole, an HTTP server and ``https://`` against a plain etcd
+each gave a line only after ~32 s, with a misleading "waiting for the first round" meanwhile and
+the noise line "could not remove the run's keys"; a full quota was called "unreachable" after
+30.6 s, and a running job that then lost a node hung silently. The bounds asserted here are
+behaviour ("at once" vs "after the retry budget"), not performance targets.
+"""
+
+from __future__ import annotations
+
+import http.server
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from rdzv_helpers import crash, handler, new_run_id, rendezvous, shutdown_all
+from test_agent_e2e import assert_one_clear_line, etcd_argv, run_cli
+from tlsgen import generate
+
+from etcdrun.rendezvous.client import EtcdClient, EtcdError
+from etcdrun.rendezvous.errors import RendezvousClosedError
+from etcdrun.rendezvous.localetcd import LocalEtcd
+
+PATIENT = "retry_timeout=60,request_timeout=0.5"  # "at once" must not mean "after the budget"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def http_server() -> Iterator[str]:
+    """An HTTP/1 server where etcd was expected (a wrong port in the flags)."""
+
+    class Quiet(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    th = threading.Thread(target=srv.serve_forever)
+    th.start()
+    try:
+        yield f"127.0.0.1:{srv.server_address[1]}"
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        th.join()
+
+
+def test_a_dead_port_says_until_when_it_retries_then_one_line():
+    port = free_port()
+    proc = run_cli(*etcd_argv(f"127.0.0.1:{port}", "retry_timeout=2,request_timeout=0.5"))
+    assert_one_clear_line(proc, f"127.0.0.1:{port}", "unreachable", "Connection refused")
+    retrying = [ln for ln in proc.stderr.splitlines() if "retrying until" in ln]
+    assert len(retrying) == 1, proc.stderr  # said once, with the deadline
+    assert "could not remove the run's keys" not in proc.stderr  # nothing to remove: never met
+
+
+def test_an_http_server_instead_of_etcd_fails_at_once(http_server):
+    t0 = time.monotonic()
+    proc = run_cli(*etcd_argv(http_server, PATIENT))
+    assert time.monotonic() - t0 < 30
+    assert_one_clear_line(proc, http_server, "does not answer as configured")
+
+
+def test_https_against_a_plain_etcd_fails_at_once(etcd):
+    plain = etcd.endpoints.split(",")[0].removeprefix("http://")
+    t0 = time.monotonic()
+    proc = run_cli(*etcd_argv(f"https://{plain}", PATIENT))
+    assert time.monotonic() - t0 < 30
+    assert_one_clear_line(proc, "does not answer as configured", "https://")
+
+
+def test_a_wrong_ca_fails_at_once(etcd_tls, tmp_path):
+    other = generate(tmp_path)  # a CA that did not sign the server's certificate
+    t0 = time.monotonic()
+    proc = run_cli(*etcd_argv(etcd_tls.endpoints, f"{PATIENT},cacert={other.ca_file}"))
+    assert time.monotonic() - t0 < 30
+    assert_one_clear_line(proc, "does not answer as configured", "CERTIFICATE_VERIFY_FAILED")
+
+
+@pytest.fixture
+def small_etcd(etcd_bin) -> Iterator[LocalEtcd]:
+    """An etcd with a 2 MB space quota, so that a test can fill it."""
+    with LocalEtcd(etcd_bin=etcd_bin, extra_args=["--quota-backend-bytes", str(2 << 20)]) as e:
+        yield e
+
+
+def fill(endpoints: str) -> None:
+    """Write until etcd raises its NOSPACE alarm."""
+    with EtcdClient(endpoints) as c:
+        for n in range(1000):
+            try:
+                c.put(f"/filler/{n}", b"x" * 100_000)
+            except EtcdError as e:
+                assert "space quota" in str(e), e
+                return
+    raise AssertionError("etcd never filled up")
+
+
+def test_an_agent_meeting_a_full_etcd_says_so_at_once_with_the_remedy(small_etcd):
+    fill(small_etcd.endpoints)
+    t0 = time.monotonic()
+    proc = run_cli(*etcd_argv(small_etcd.endpoints, PATIENT))
+    assert time.monotonic() - t0 < 30
+    assert_one_clear_line(proc, "space quota is exhausted", "etcdctl defrag")
+
+
+def test_a_running_job_that_loses_a_node_on_a_full_etcd_fails_clearly(small_etcd):
+    """No round can open and the run cannot even be closed (no writes), so the leader removes
+    the round key (deletes still work); the survivors stop with the reason, promptly."""
+    run = new_run_id()
+    hs = [handler(small_etcd.endpoints, run, 1, 3, lease_ttl=2, last_call_timeout=0)]
+    hs += [handler(small_etcd.endpoints, run, 1, 3, lease_ttl=2) for _ in range(2)]
+    try:
+        infos = rendezvous(hs)
+        fill(small_etcd.endpoints)
+        victim = next(h for h, i in zip(hs, infos, strict=True) if i.node_rank == 2)
+        crash(victim)
+        rest = [h for h in hs if h is not victim]
+        for h in rest:
+            assert h.membership_changed.wait(15)  # well within retry_timeout (30 s)
+        for h in rest:
+            with pytest.raises(RendezvousClosedError, match="space quota is exhausted"):
+                h.next_rendezvous()
+    finally:
+        shutdown_all(hs)
