@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from etcdrun.rendezvous.api import check_node_range
+from etcdrun.rendezvous.api import check_node_range, check_run_id
 
 
 @dataclass
@@ -78,6 +78,8 @@ class LaunchConfig:
             )
         if not self.run_id:
             self.run_id = "none"
+        # Ours: the id names etcd keys and a folder under log_dir.
+        check_run_id(self.run_id)
         # Ours.
         if self.stop_grace is not None and self.stop_grace < 0:
             raise ValueError(f"stop_grace ({self.stop_grace}) must be non-negative")

@@ -26,6 +26,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+from etcdrun.rendezvous.api import check_run_id
+
 from . import _spawn
 from ._proc import WorkerProc
 from .api import EntrypointKind, RunResult, Worker, WorkerSpec, WorkerState
@@ -158,6 +160,7 @@ class WorkerGroup:
         self._attempt = max(info.round, self._next_attempt) if attempt is None else attempt
         self._next_attempt = self._attempt + 1
         root = spec.log_dir or self.log_root()
+        check_run_id(info.run_id)  # a name: the folder stays under the log dir
         self._attempt_dir = os.path.join(root, info.run_id, f"attempt_{self._attempt}")
         procs = []
         for local_rank in range(lws):

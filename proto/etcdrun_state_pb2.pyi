@@ -29,7 +29,7 @@ FAILED: Outcome
 ABORTED: Outcome
 
 class AgentInfo(_message.Message):
-    __slots__ = ("schema_version", "node_id", "host", "addr", "pid", "local_world_size", "version", "started_unix_ms", "lease_id")
+    __slots__ = ("schema_version", "node_id", "host", "addr", "pid", "local_world_size", "version", "started_unix_ms", "lease_id", "min_nodes", "max_nodes", "max_restarts")
     SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
@@ -39,6 +39,9 @@ class AgentInfo(_message.Message):
     VERSION_FIELD_NUMBER: _ClassVar[int]
     STARTED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    MIN_NODES_FIELD_NUMBER: _ClassVar[int]
+    MAX_NODES_FIELD_NUMBER: _ClassVar[int]
+    MAX_RESTARTS_FIELD_NUMBER: _ClassVar[int]
     schema_version: int
     node_id: str
     host: str
@@ -48,7 +51,10 @@ class AgentInfo(_message.Message):
     version: str
     started_unix_ms: int
     lease_id: int
-    def __init__(self, schema_version: _Optional[int] = ..., node_id: _Optional[str] = ..., host: _Optional[str] = ..., addr: _Optional[str] = ..., pid: _Optional[int] = ..., local_world_size: _Optional[int] = ..., version: _Optional[str] = ..., started_unix_ms: _Optional[int] = ..., lease_id: _Optional[int] = ...) -> None: ...
+    min_nodes: int
+    max_nodes: int
+    max_restarts: int
+    def __init__(self, schema_version: _Optional[int] = ..., node_id: _Optional[str] = ..., host: _Optional[str] = ..., addr: _Optional[str] = ..., pid: _Optional[int] = ..., local_world_size: _Optional[int] = ..., version: _Optional[str] = ..., started_unix_ms: _Optional[int] = ..., lease_id: _Optional[int] = ..., min_nodes: _Optional[int] = ..., max_nodes: _Optional[int] = ..., max_restarts: _Optional[int] = ...) -> None: ...
 
 class JoinRecord(_message.Message):
     __slots__ = ("schema_version", "node_id", "addr", "local_world_size", "master_port", "agent_create_revision")
@@ -105,7 +111,7 @@ class Failure(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., host: _Optional[str] = ..., global_rank: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal_name: _Optional[str] = ..., message: _Optional[str] = ..., timestamp_ms: _Optional[int] = ..., traceback: _Optional[str] = ..., local_rank: _Optional[int] = ..., pid: _Optional[int] = ...) -> None: ...
 
 class RoundState(_message.Message):
-    __slots__ = ("schema_version", "number", "phase", "participants", "master_addr", "master_port", "restart_count", "last_call_deadline_unix_ms", "reason", "decided_by", "outcome", "failure", "world_size")
+    __slots__ = ("schema_version", "number", "phase", "participants", "master_addr", "master_port", "restart_count", "last_call_deadline_unix_ms", "reason", "decided_by", "outcome", "failure", "world_size", "closed_unix_ms")
     SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
     NUMBER_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
@@ -119,6 +125,7 @@ class RoundState(_message.Message):
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     FAILURE_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    CLOSED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     schema_version: int
     number: int
     phase: Phase
@@ -132,4 +139,5 @@ class RoundState(_message.Message):
     outcome: Outcome
     failure: Failure
     world_size: int
-    def __init__(self, schema_version: _Optional[int] = ..., number: _Optional[int] = ..., phase: _Optional[_Union[Phase, str]] = ..., participants: _Optional[_Iterable[_Union[Participant, _Mapping]]] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., restart_count: _Optional[int] = ..., last_call_deadline_unix_ms: _Optional[int] = ..., reason: _Optional[str] = ..., decided_by: _Optional[str] = ..., outcome: _Optional[_Union[Outcome, str]] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ..., world_size: _Optional[int] = ...) -> None: ...
+    closed_unix_ms: int
+    def __init__(self, schema_version: _Optional[int] = ..., number: _Optional[int] = ..., phase: _Optional[_Union[Phase, str]] = ..., participants: _Optional[_Iterable[_Union[Participant, _Mapping]]] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., restart_count: _Optional[int] = ..., last_call_deadline_unix_ms: _Optional[int] = ..., reason: _Optional[str] = ..., decided_by: _Optional[str] = ..., outcome: _Optional[_Union[Outcome, str]] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ..., world_size: _Optional[int] = ..., closed_unix_ms: _Optional[int] = ...) -> None: ...

@@ -7,6 +7,7 @@ names and meanings match torch.distributed.elastic.rendezvous so a user maps the
 from __future__ import annotations
 
 import abc
+import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -63,6 +64,23 @@ class FailureInfo:
     timestamp: float = 0.0
     local_rank: int = -1
     pid: int = 0
+
+
+_RUN_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
+
+
+def check_run_id(run_id: str) -> None:
+    """A run id is a name: 1-128 letters, digits, '.', '_' or '-', and not '.' or '..'.
+
+    Why: it is a key segment in etcd and a folder under log_dir. Measured before: ``..`` wrote
+    attempt folders outside log_dir, ``"a b"`` and ``" "`` were accepted, and a 300-character id
+    ended in an OSError traceback.
+    """
+    if not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id) or run_id in (".", ".."):
+        raise ValueError(
+            f"invalid run id {run_id!r}: use 1-128 letters, digits, '.', '_' or '-' "
+            "(and not '.' or '..')"
+        )
 
 
 def check_node_range(min_nodes: int, max_nodes: int) -> None:

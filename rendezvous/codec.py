@@ -8,6 +8,7 @@ an AttributeError deep inside a decision.
 from __future__ import annotations
 
 import threading
+import time
 from typing import TypeVar
 
 from google.protobuf.message import DecodeError, Message
@@ -153,6 +154,7 @@ def round_to(
         reason=reason,
         decided_by=decided_by,
         outcome=outcome,
+        closed_unix_ms=int(time.time() * 1000) if r.phase is Phase.CLOSED else 0,
         world_size=sum(m.local_world_size for m in r.members) if r.phase is Phase.FROZEN else 0,
         participants=[
             st.Participant(
@@ -176,13 +178,11 @@ def round_message(value: bytes, key: str, run_id: str | None = None) -> st.Round
     return decode(st.RoundState, key, value, run_id)
 
 
-def agent_from(
-    key: bytes | str, value: bytes, create_revision: int, run_id: str | None, lease: int
-) -> Agent:
-    """An agent, from its key under agents/ — only when the key's ``lease`` is the one its value
-    names (an agent of an older version, which names none, must at least hold a lease). Anything
-    else was not written by its agent (an ``etcdctl put`` strips the lease) and must not count:
-    such a key would outlive every agent and hold the run forever."""
+def agent_info(key: bytes | str, value: bytes, run_id: str | None, lease: int) -> st.AgentInfo:
+    """An agent's published record, from its key under agents/ — only when the key's ``lease``
+    is the one its value names (an agent of an older version, which names none, must at least
+    hold a lease). Anything else was not written by its agent (an ``etcdctl put`` strips the
+    lease) and must not count: such a key would outlive every agent and hold the run forever."""
     msg = decode(st.AgentInfo, key, value, run_id)
     if lease == 0 or (msg.lease_id and msg.lease_id != lease):
         k = key.decode(errors="replace") if isinstance(key, bytes) else key
@@ -191,6 +191,13 @@ def agent_from(
             f"lease {msg.lease_id:x} (written by something other than its etcdrun agent?)",
             run_id=run_id,
         )
+    return msg
+
+
+def agent_from(
+    key: bytes | str, value: bytes, create_revision: int, run_id: str | None, lease: int
+) -> Agent:
+    msg = agent_info(key, value, run_id, lease)
     return Agent(msg.node_id, create_revision, msg.local_world_size, msg.addr)
 
 

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 
 from etcdrun.proto import etcdrun_state_pb2 as st
-from etcdrun.rendezvous import codec, joining, lifecycle
+from etcdrun.rendezvous import codec, job_settings, joining, lifecycle
 from etcdrun.rendezvous._version import __version__
 from etcdrun.rendezvous.api import (
     FailureInfo,
@@ -39,7 +39,6 @@ from etcdrun.rendezvous.client import (
     EtcdPermissionError,
     RetryPolicy,
 )
-from etcdrun.rendezvous.client.errors import NO_SPACE_REMEDY
 from etcdrun.rendezvous.driver import Driver, SessionLost
 from etcdrun.rendezvous.errors import (
     RendezvousClosedError,
@@ -73,6 +72,12 @@ class EtcdRendezvousHandler(RendezvousHandler):
     """
 
     def __init__(self, params: RendezvousParameters, client: EtcdClient | None = None) -> None:
+        if params.run_id in ("", "none"):  # torchrun's and the reference's default id
+            raise ValueError(
+                "the etcd backend needs a run id that every node of the job passes, and no "
+                "other job uses (--rdzv-id job42): with the default 'none' strangers' jobs "
+                "would meet in one run"
+            )
         self.params = params
         self.cfg = EtcdRendezvousConfig.from_conf(params.config)
         self.settings = Settings(
@@ -91,7 +96,7 @@ class EtcdRendezvousHandler(RendezvousHandler):
         self._incarnation = 0
         self._tag = os.urandom(3).hex()  # several handlers may share one process
         self._joined: int | None = None  # the round number this session has joined
-        self._saw_round = False  # this node saw the run live (a round key), in any session
+        self._saw_live = False  # this node saw the run live (a round not CLOSED), in any session
         self._shutdown = False
 
     # ---- RendezvousHandler: torch's part -------------------------------------------------------
@@ -200,6 +205,8 @@ class EtcdRendezvousHandler(RendezvousHandler):
 
     def closed_failure(self) -> FailureInfo | None:
         msg = self.view.closed_state()
+        if not self._saw_live:
+            return None  # a run that ended before we came: its failure is not ours to report
         if msg is None or msg.outcome != st.FAILED:
             return None
         return codec.failure_from(msg.failure)
@@ -243,18 +250,18 @@ class EtcdRendezvousHandler(RendezvousHandler):
             if sess.lost.is_set() or self._shutdown:
                 self._drop_session()
                 raise _Reopen()  # a new session, or "shut down"
-            if r is not None:
-                self._saw_round = True
-            elif self._saw_round:  # the run's state vanished while we are in it: aborted
-                raise RendezvousClosedError(
-                    self._why_vanished(), run_id=self.run_id, node=sess.node_id
-                )
+            if r is not None and r.phase is not Phase.CLOSED:
+                self._saw_live = True
+            elif r is None and self._saw_live:  # the run's state vanished while in it: aborted
+                why = lifecycle.describe_vanished(self.client, self.keys)
+                raise RendezvousClosedError(why, run_id=self.run_id, node=sess.node_id)
             bad = self.view.corruption()
             if bad is not None and r is None:  # nobody knows the last good state: stop
                 raise RendezvousStateError(bad[1], run_id=self.run_id, node=sess.node_id)
             if r is not None and r.phase is Phase.CLOSED:
+                why = "the run is closed" if self._saw_live else self._ran_before()
                 raise RendezvousClosedError(
-                    "the run is closed", run_id=self.run_id, round=r.number, node=sess.node_id
+                    why, run_id=self.run_id, round=r.number, node=sess.node_id
                 )
             if r is not None and r.phase is Phase.JOINING and self._joined != r.number:
                 if self._join(sess, r):
@@ -310,8 +317,17 @@ class EtcdRendezvousHandler(RendezvousHandler):
             local_world_size=self.params.local_world_size,
             version=__version__,
             started_unix_ms=int(time.time() * 1000),
+            min_nodes=self.settings.min_nodes,
+            max_nodes=self.settings.max_nodes,
+            max_restarts=self.settings.max_restarts,
         )
+        job_settings.check(self.client, self.keys, info)  # before: never disturb a running job
         sess = Session.open(self.client, self.keys, info, self.cfg.lease_ttl)
+        try:
+            job_settings.check(self.client, self.keys, info)  # after: two first nodes racing
+        except RendezvousError:
+            sess.close()
+            raise
         self._session, self._joined = sess, None
         self.events.node = node_id
         driver = Driver(
@@ -356,19 +372,9 @@ class EtcdRendezvousHandler(RendezvousHandler):
         except EtcdError as e:
             raise self._wrap(e) from None
 
-    def _why_vanished(self) -> str:
-        """The round key is gone while this node is in the run: only an abort (or a hand)
-        removes it then (the last agent out removes it only when no agent is left)."""
-        try:
-            errors = list(self.client.status().errors)
-        except EtcdError:
-            errors = []
-        if any("NOSPACE" in err for err in errors):
-            return f"the run was aborted: {NO_SPACE_REMEDY}"
-        return (
-            f"the run was aborted: its state ({self.keys.round}) was removed from etcd while "
-            "the run was live"
-        )
+    def _ran_before(self) -> str:
+        """A closed run met at our first look: an earlier job under the same id."""
+        return lifecycle.describe_closed(self.client, self.keys, self.view.message())
 
     def _wrap(self, e: EtcdError) -> RendezvousError:
         refused = isinstance(e, (EtcdAuthError, EtcdPermissionError))

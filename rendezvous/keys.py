@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from etcdrun.rendezvous.api import check_run_id
+
 _ROUND_DIGITS = 10
 
 
@@ -18,8 +20,7 @@ class RunKeys:
     run_id: str
 
     def __post_init__(self) -> None:
-        if not self.run_id or "/" in self.run_id:
-            raise ValueError(f"invalid run id {self.run_id!r}: non-empty, without '/'")
+        check_run_id(self.run_id)
 
     @property
     def root(self) -> str:

@@ -19,6 +19,7 @@ from etcdrun.proto import etcdrun_state_pb2 as st
 from etcdrun.rendezvous import codec, transitions
 from etcdrun.rendezvous.api import FailureInfo
 from etcdrun.rendezvous.client import EtcdClient, EtcdError, RetryPolicy
+from etcdrun.rendezvous.client.errors import NO_SPACE_REMEDY
 from etcdrun.rendezvous.errors import RendezvousError
 from etcdrun.rendezvous.events import EventLog
 from etcdrun.rendezvous.keys import RunKeys
@@ -141,6 +142,41 @@ def exit_barrier(
             return False
 
 
+def describe_closed(client: EtcdClient, keys: RunKeys, msg: st.RoundState | None) -> str:
+    """Why a node cannot join a run that ended before it came, and how to reuse the id."""
+    outcome = st.Outcome.Name(msg.outcome) if msg is not None and msg.outcome else "CLOSED"
+    when, cause = "", ""
+    if msg is not None and msg.closed_unix_ms:
+        when = " at " + time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(msg.closed_unix_ms / 1e3))
+    if msg is not None and msg.HasField("failure"):
+        f = msg.failure
+        cause = f" (root cause: rank {f.global_rank} on {f.host}: {f.message or f.exit_code})"
+    expires = ""
+    try:
+        kv = client.get(keys.round)
+        if kv is not None and kv.lease:
+            expires = f" in {client.lease_ttl(kv.lease).TTL} s"
+    except EtcdError:
+        pass
+    return (
+        f"run {keys.run_id} already ran: it ended {outcome}{when}{cause}. Use a new --rdzv-id, or "
+        f"reuse this one once its record expires{expires} (or after: etcdctl del --prefix "
+        f"{keys.root})"
+    )
+
+
+def describe_vanished(client: EtcdClient, keys: RunKeys) -> str:
+    """The round key is gone while this node is in the run: only an abort (or a hand) removes
+    it then — the last agent out removes it only when no agent is left."""
+    try:
+        errors = list(client.status().errors)
+    except EtcdError:
+        errors = []
+    if any("NOSPACE" in err for err in errors):
+        return f"the run was aborted: {NO_SPACE_REMEDY}"
+    return f"the run was aborted: its state ({keys.round}) was removed from etcd while it ran"
+
+
 def clean_up_if_none_left(
     client: EtcdClient, keys: RunKeys, events: EventLog, policy: RetryPolicy
 ) -> None:
@@ -158,6 +194,8 @@ def clean_up_if_none_left(
 
 __all__ = [
     "clean_up_if_none_left",
+    "describe_closed",
+    "describe_vanished",
     "close_run",
     "exit_barrier",
     "read_round",

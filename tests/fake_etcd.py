@@ -131,6 +131,7 @@ class FakeEtcd:
         count_only=False,
         sort=None,
         max_create_revision=0,
+        min_create_revision=0,
         timeout=None,
         **_kw,
     ):
@@ -144,6 +145,7 @@ class FakeEtcd:
                 keys_only=keys_only,
                 count_only=count_only,
                 max_create_revision=max_create_revision,
+                min_create_revision=min_create_revision,
             )
             if sort:
                 req.sort_target = pb.RangeRequest.SortTarget.Value(sort[0].upper())
@@ -229,6 +231,8 @@ class FakeEtcd:
         kvs = [kv for k, kv in sorted(self.kvs.items()) if self.in_range(k, req.key, req.range_end)]
         if req.max_create_revision:
             kvs = [kv for kv in kvs if kv.create_revision <= req.max_create_revision]
+        if req.min_create_revision:
+            kvs = [kv for kv in kvs if kv.create_revision >= req.min_create_revision]
         if req.sort_order:
             field = pb.RangeRequest.SortTarget.Name(req.sort_target).lower()
             attr = {"create": "create_revision", "mod": "mod_revision"}.get(field, field)

@@ -11,6 +11,7 @@ behaviour ("at once" vs "after the retry budget"), not performance targets.
 from __future__ import annotations
 
 import http.server
+import re
 import socket
 import threading
 import time
@@ -22,7 +23,7 @@ from test_agent_e2e import assert_one_clear_line, etcd_argv, run_cli
 from tlsgen import generate
 
 from etcdrun.rendezvous.client import EtcdClient, EtcdError
-from etcdrun.rendezvous.errors import RendezvousClosedError
+from etcdrun.rendezvous.errors import RendezvousClosedError, RendezvousStateError
 from etcdrun.rendezvous.localetcd import LocalEtcd
 
 PATIENT = "retry_timeout=60,request_timeout=0.5"  # "at once" must not mean "after the budget"
@@ -131,3 +132,79 @@ def test_a_running_job_that_loses_a_node_on_a_full_etcd_fails_clearly(small_etcd
                 h.next_rendezvous()
     finally:
         shutdown_all(hs)
+
+
+@pytest.mark.parametrize("bad", ["..", ".", "a b", " ", "x" * 129, "a/b", "jöb"])
+def test_a_run_id_that_is_not_a_name_is_one_line(bad, tmp_path):
+    proc = run_cli("--log-dir", str(tmp_path), "--rdzv-id", bad, "x.py")
+    assert proc.returncode == 2
+    assert_one_clear_line(proc, "invalid run id")
+    assert not any(tmp_path.parent.glob("attempt_*"))  # nothing written outside log_dir
+
+
+def test_the_etcd_backend_requires_a_run_id(etcd):
+    argv = etcd_argv(etcd.endpoints, "lease_ttl=2")
+    i = argv.index("--rdzv-id")
+    proc = run_cli(*argv[:i], *argv[i + 2 :])  # no --rdzv-id: torchrun's default 'none'
+    assert proc.returncode == 2
+    assert_one_clear_line(proc, "--rdzv-id", "strangers")
+
+
+@pytest.mark.parametrize(
+    "theirs, mine, says",
+    [
+        ((1, 2, 0), (3, 3, 0), "--nnodes 3:3 here, 1:2 in the job"),
+        ((1, 2, 0), (1, 2, 4), "--max-restarts 4 here, 0 in the job"),
+    ],
+)
+def test_a_newcomer_with_other_job_settings_is_refused_without_disturbing_the_job(
+    etcd, theirs, mine, says
+):
+    run = new_run_id()
+    lo, hi, restarts = theirs
+    job = [handler(etcd.endpoints, run, lo, hi, max_restarts=restarts) for _ in range(2)]
+    lo2, hi2, restarts2 = mine
+    stranger = handler(etcd.endpoints, run, lo2, hi2, max_restarts=restarts2)
+    try:
+        infos = rendezvous(job)
+        with pytest.raises(RendezvousStateError, match=re.escape(says)):
+            stranger.next_rendezvous()
+        assert not any(h.membership_changed.is_set() for h in job)  # the job never noticed
+        assert [i.round for i in infos] == [1, 1]
+        with EtcdClient(etcd.endpoints) as c:  # and the stranger left no key behind
+            assert len(c.get_prefix(f"/etcdrun/{run}/agents/").kvs) == 2
+    finally:
+        shutdown_all([*job, stranger])
+
+
+def test_nodes_that_differ_only_in_what_a_node_may_choose_run_together(etcd):
+    run = new_run_id()
+    hs = [
+        handler(etcd.endpoints, run, 2, 2, lws=1, lease_ttl=2),
+        handler(etcd.endpoints, run, 2, 2, lws=3, lease_ttl=5, join_timeout=40),
+    ]
+    try:
+        assert sorted(i.world_size for i in rendezvous(hs)) == [4, 4]
+    finally:
+        shutdown_all(hs)
+
+
+def test_a_finished_runs_id_is_refused_clearly_and_its_failure_never_replayed(etcd, tmp_path):
+    """After a failed run, a new job under the same id (the script fixed) used to print the old
+    run's failure under the new script's name. Now: one line saying the id was used, how and
+    when that run ended, and how to reuse the id."""
+    from agent_helpers import WORKER, Job
+
+    old = Job(etcd.endpoints, tmp_path / "old", nnodes="1", nproc=1, conf="lease_ttl=2")
+    try:
+        failed = old.start(WORKER, str(old.out), "fail", "0")
+        assert failed.wait(60) == 1  # boom from rank 0, budget 0: the run closes FAILED
+    finally:
+        old.close()
+    argv = etcd_argv(etcd.endpoints, "lease_ttl=2")
+    argv[argv.index("--rdzv-id") + 1] = old.run_id
+    argv[-2] = str(tmp_path)  # the fixed script: it would exit 0
+    proc = run_cli(*argv)
+    line = assert_one_clear_line(proc, f"run {old.run_id} already ran", "FAILED", "etcdctl del")
+    assert "boom" in line and "root cause: rank 0" in line  # how it ended, said as history
+    assert "ChildFailedError" not in proc.stderr and "Root Cause" not in proc.stderr

@@ -68,6 +68,7 @@ class EtcdClient:
         serializable: bool = False,
         sort: tuple[str, str] | None = None,
         max_create_revision: int = 0,
+        min_create_revision: int = 0,
         timeout: float | None = None,
     ) -> RangeResult:
         """Read a key or range. ``sort=("create", "descend")`` and friends order the result."""
@@ -81,6 +82,7 @@ class EtcdClient:
             count_only=count_only,
             serializable=serializable,
             max_create_revision=max_create_revision,
+            min_create_revision=min_create_revision,
         )
         if sort:
             req.sort_target = pb.RangeRequest.SortTarget.Value(sort[0].upper())
