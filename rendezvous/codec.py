@@ -80,6 +80,7 @@ def round_and_message(
         msg.master_port,
         mod_revision,
         failure,
+        msg.run_lease,
     )
     with _round_cache_lock:
         if len(_round_cache) >= _ROUND_CACHE_SIZE:
@@ -155,6 +156,7 @@ def round_to(
         decided_by=decided_by,
         outcome=outcome,
         closed_unix_ms=int(time.time() * 1000) if r.phase is Phase.CLOSED else 0,
+        run_lease=r.run_lease,
         world_size=sum(m.local_world_size for m in r.members) if r.phase is Phase.FROZEN else 0,
         participants=[
             st.Participant(

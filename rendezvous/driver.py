@@ -82,6 +82,7 @@ class Driver:
         events: EventLog,
         *,
         closed_ttl: float,
+        run_ttl: int,
     ) -> None:
         self._session = session
         self._keys = keys
@@ -89,6 +90,7 @@ class Driver:
         self._view = view
         self._events = events
         self._closed_ttl = closed_ttl
+        self._run_ttl = run_ttl
         self._policy = session.client.policy
         self._mailbox: queue.SimpleQueue[Message] = queue.SimpleQueue()
         self._round_watch = RoundWatch(
@@ -193,6 +195,7 @@ class Driver:
             self._view,
             self._events,
             closed_ttl=self._closed_ttl,
+            run_ttl=self._run_ttl,
             deliver=lambda b: self.post(LeaderEvents(b)),
         )
         self._leader = leader  # before start(): its first batches may arrive at once

@@ -107,6 +107,13 @@ class EtcdRendezvousConfig:
     password: str | None = field(default=None, repr=False)
     max_restarts: int = 0  # job-wide worker-failure budget (the launcher passes it)
 
+    @property
+    def run_lease_ttl(self) -> int:
+        """How long a run's round key and hints outlive its last agent: long enough to ride out
+        a leader failover (the next leader adopts the lease within about one lease_ttl), short
+        enough that a job whose every agent was killed leaves nothing for long."""
+        return max(10, 6 * self.lease_ttl)
+
     def client_config(self, endpoints: str) -> ClientConfig:
         """How this backend reaches etcd: the endpoints plus the TLS, auth and timeout keys."""
         from etcdrun.rendezvous.client.config import ClientConfig

@@ -331,7 +331,13 @@ class EtcdRendezvousHandler(RendezvousHandler):
         self._session, self._joined = sess, None
         self.events.node = node_id
         driver = Driver(
-            sess, self.keys, self.settings, self.view, self.events, closed_ttl=self.cfg.join_timeout
+            sess,
+            self.keys,
+            self.settings,
+            self.view,
+            self.events,
+            closed_ttl=self.cfg.join_timeout,
+            run_ttl=self.cfg.run_lease_ttl,
         )
         sess.on_lost(lambda s: self._on_lost(s, driver))
         self._driver = driver

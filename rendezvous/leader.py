@@ -21,7 +21,14 @@ from dataclasses import dataclass, replace
 from etcdrun.proto import etcd_api_pb2 as pb
 from etcdrun.proto import etcdrun_state_pb2 as st
 from etcdrun.rendezvous import codec, lifecycle, repair, transitions
-from etcdrun.rendezvous.client import EtcdError, EtcdNoSpaceError, Watch, WatchBatch
+from etcdrun.rendezvous.client import (
+    EtcdError,
+    EtcdLeaseNotFoundError,
+    EtcdNoSpaceError,
+    Lease,
+    Watch,
+    WatchBatch,
+)
 from etcdrun.rendezvous.client import txn as t
 from etcdrun.rendezvous.errors import RendezvousError
 from etcdrun.rendezvous.events import EventLog
@@ -100,6 +107,7 @@ class Leader:
         events: EventLog,
         *,
         closed_ttl: float,
+        run_ttl: int,
         deliver: Callable[[WatchBatch], None],
     ) -> None:
         self._session = session
@@ -109,6 +117,8 @@ class Leader:
         self._view = view
         self._events = events
         self._closed_ttl = closed_ttl  # how long a failed run's marker stays
+        self._run_ttl = run_ttl  # the run lease's TTL: how long the run outlives its last agent
+        self._run_lease: Lease | None = None  # kept alive by this term
         self._deliver = deliver
         self.agents: dict[str, Agent] = {}
         self.joins: dict[int, dict[str, Join]] = {}
@@ -134,6 +144,9 @@ class Leader:
                     prefix, prefix=True, start_revision=res.revision + 1, callback=self._deliver
                 )
             )
+        r = self._view.current()
+        if r is not None and r.run_lease:
+            self._run_lease_for(r)  # take over its keep-alive at once, not at the next write
         self._events.emit("leader_elected", agents=len(self.agents))
 
     def on_batch(self, batch: WatchBatch) -> None:
@@ -225,7 +238,9 @@ class Leader:
                 log.error("leader %s: removed %s, which is no agent", self._session.node_id, key)
         bad = self._view.corruption()
         if bad is not None:
-            repair.repair_round(self._session, self._keys, self._view, self._events, bad)
+            good = self._view.current()
+            lease = self._run_lease_for(good) if good is not None else 0
+            repair.repair_round(self._session, self._keys, self._view, self._events, bad, lease)
 
     def _abort(self, r: Round | None, e: EtcdNoSpaceError) -> None:
         """etcd takes no more writes (its space quota is exhausted), so no round can open and
@@ -241,6 +256,25 @@ class Leader:
         )
         if res.succeeded:
             self._events.emit("run_aborted", round=r.number, reason="etcd space quota exhausted")
+
+    def _run_lease_for(self, r: Round | None) -> int:
+        """The run lease the next write goes under: the one this term keeps alive; else the
+        round's, adopted (an earlier leader granted it); else, for the first round, or when the
+        round's is gone or was never set (an older etcdrun), a new one."""
+        held = self._run_lease
+        if held is not None and not held.lost.is_set():
+            if r is None or r.run_lease in (0, held.id):
+                return held.id
+        if r is not None and r.run_lease:
+            try:
+                self._run_lease = self._client.keep_alive(r.run_lease)
+                return self._run_lease.id
+            except EtcdLeaseNotFoundError:
+                log.warning(
+                    "leader %s: the run lease %x expired", self._session.node_id, r.run_lease
+                )
+        self._run_lease = self._client.lease(self._run_ttl)
+        return self._run_lease.id
 
     def _decision_view(self, r: Round | None) -> View | None:
         """The input of ``decide`` from the caches (None until a JOINING round's hint is in)."""
@@ -284,9 +318,17 @@ class Leader:
                 failed_rank=action.failure.global_rank,
             )
             return True
+        run_lease = self._run_lease_for(r)
         if isinstance(action, StartRound):
             new, (guard, ops) = transitions.start_round(
-                self._keys, r, action.number, action.hint, action.restart_count, action.reason, me
+                self._keys,
+                r,
+                action.number,
+                action.hint,
+                action.restart_count,
+                action.reason,
+                me,
+                run_lease=run_lease,
             )
         else:
             assert isinstance(action, Freeze) and r is not None
@@ -298,6 +340,7 @@ class Leader:
                 action.master_port,
                 action.restart_count,
                 me,
+                run_lease=run_lease,
             )
         res = self._client.txn([*guard, fence], ops)
         if not res.succeeded:
@@ -342,9 +385,14 @@ class Leader:
         )
 
     def stop(self) -> None:
+        """End the term: the watches go; the run lease is let go, not revoked — the next leader
+        adopts it (or it expires after run_ttl when no agent is left to lead)."""
         for w in self._watches:
             w.cancel()
         self._watches.clear()
+        if self._run_lease is not None:
+            self._run_lease.orphan()
+            self._run_lease = None
 
 
 __all__ = ["Leader", "LeaderStatus", "status_line"]

@@ -107,6 +107,7 @@ def request_restart(
         reason,
         by,
         failure=failure,
+        run_lease=running.run_lease,
     )
     if not client.txn(guard, ops).succeeded:
         return False
@@ -187,6 +188,8 @@ def clean_up_if_none_left(
         cur = read_round(client, keys, timeout=policy.parting_timeout)
         guard, ops = transitions.clean_up_if_none_left(keys, cur)
         if client.txn(guard, ops, timeout=policy.parting_timeout).succeeded:
+            if cur is not None and cur.run_lease:
+                client.revoke(cur.run_lease, timeout=policy.parting_timeout)
             events.emit("run_cleaned")
     except (EtcdError, RendezvousError) as e:
         log.warning("could not remove the run's keys: %s", e)

@@ -61,6 +61,9 @@ class Round:
     # JOINING: a worker failure opened this round; the restart is charged at the freeze (or the
     # run closes as failed), unless a previous member is gone — then a death caused it.
     failure: FailureInfo | None = None
+    # The lease of the round key and the hints (not of CLOSED: that has its marker), which the
+    # leader keeps alive; 0 for a round written by an older etcdrun. Never part of a decision.
+    run_lease: int = 0
 
     def member(self, node_id: str) -> Member | None:
         return next((m for m in self.members if m.node_id == node_id), None)

@@ -33,6 +33,7 @@ def repair_round(
     view: RoundView,
     events: EventLog,
     bad: tuple[int, str],
+    run_lease: int,
 ) -> bool:
     """Overwrite the unreadable round key (at revision ``bad[0]``) with the last good state;
     True when this call did. False when no good state is known or the fence failed."""
@@ -42,7 +43,7 @@ def repair_round(
         return False
     fence = [t.mod_revision(keys.round, "==", revision), session.is_owner()]
     value = msg.SerializeToString() if msg is not None else codec.round_to(good)
-    res = session.client.txn(fence, [t.put(keys.round, value)])
+    res = session.client.txn(fence, [t.put(keys.round, value, run_lease)])
     if not res.succeeded:
         return False
     view.apply(replace(good, mod_revision=res.revision), msg)

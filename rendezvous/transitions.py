@@ -35,15 +35,17 @@ def start_round(
     reason: str,
     by: str,
     failure: FailureInfo | None = None,
+    run_lease: int = 0,
 ) -> tuple[Round, Txn]:
     """Open round ``number`` for joining; drop every older round's records in the same Txn.
     The hint (the previous participants, for rank stability) goes to its own key, read by the
-    leader alone: the round key every agent watches stays a few bytes until the freeze."""
-    new = Round(number, Phase.JOINING, (), restart_count, failure=failure)
+    leader alone: the round key every agent watches stays a few bytes until the freeze. Both
+    live under ``run_lease`` (0: none), so that they cannot outlive every agent forever."""
+    new = Round(number, Phase.JOINING, (), restart_count, failure=failure, run_lease=run_lease)
     ops = [
-        t.put(keys.round, codec.round_to(new, reason=reason, decided_by=by)),
+        t.put(keys.round, codec.round_to(new, reason=reason, decided_by=by), run_lease),
         t.delete(keys.rounds, end=keys.round_dir(number)),
-        t.put(keys.hint(number), codec.hint_to(number, hint)),
+        t.put(keys.hint(number), codec.hint_to(number, hint), run_lease),
     ]
     return new, ([fence(keys, current)], ops)
 
@@ -56,9 +58,19 @@ def freeze(
     master_port: int,
     restart_count: int,
     by: str,
+    run_lease: int = 0,
 ) -> tuple[Round, Txn]:
-    new = Round(current.number, Phase.FROZEN, members, restart_count, master_addr, master_port)
-    return new, ([fence(keys, current)], [t.put(keys.round, codec.round_to(new, decided_by=by))])
+    new = Round(
+        current.number,
+        Phase.FROZEN,
+        members,
+        restart_count,
+        master_addr,
+        master_port,
+        run_lease=run_lease,
+    )
+    value = codec.round_to(new, decided_by=by)
+    return new, ([fence(keys, current)], [t.put(keys.round, value, run_lease)])
 
 
 def close(
@@ -69,12 +81,14 @@ def close(
     lease_id: int,
     by: str,
 ) -> tuple[Round, Txn]:
-    """CLOSED under a lease: the marker outlives the agents, then expires by itself."""
+    """CLOSED under a lease: the marker outlives the agents, then expires by itself. It keeps
+    naming the run lease (the hints still live under it), for the last agent out to revoke."""
     new = Round(
         current.number if current else 1,
         Phase.CLOSED,
         current.members if current else (),
         current.restart_count if current else 0,
+        run_lease=current.run_lease if current else 0,
     )
     value = codec.round_to(new, decided_by=by, outcome=outcome, failure=failure)
     return new, ([fence(keys, current)], [t.put(keys.round, value, lease_id)])
@@ -84,7 +98,7 @@ def clean_up_if_none_left(keys: RunKeys, current: Round | None) -> Txn:
     """Remove the run's keys when no agent key is left. Run by every agent right after it
     revoked its own lease, so that of agents leaving together, whichever goes last succeeds
     (a compare over an empty range matches a zero create revision). A CLOSED marker stays: it
-    expires with its lease."""
+    expires with its lease. After it succeeds, the caller revokes the run lease."""
     guard = [t.create_revision(keys.agents, "==", 0, prefix=True)]
     ops = [t.delete(keys.rounds, prefix=True)]
     if current is None or current.phase is not Phase.CLOSED:

@@ -206,6 +206,18 @@ class FakeEtcd:
         self._deliver(batches)
         return w
 
+    def keep_alive(self, lease_id: int) -> FakeLease:
+        with self._lock:
+            lease = self.leases.get(lease_id)
+        if lease is None:
+            raise EtcdLeaseNotFoundError(f"etcd lease {lease_id:x} has expired")
+        lease.orphaned = False
+        return lease
+
+    def revoke(self, lease_id: int, timeout: float | None = None) -> bool:
+        self.drop_lease(lease_id, "revoked")
+        return True
+
     def close(self, revoke_leases: bool = True) -> None:
         pass
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 
+from etcd_helpers import assert_no_leases
 from rdzv_helpers import (
     accepted_events,
     crash,
@@ -129,3 +130,47 @@ def test_garbage_in_the_round_key_is_repaired_and_the_job_goes_on(etcd):
         finally:
             shutdown_all(hs)
     assert violations(etcd.endpoints, run, 2, 3, acc) == []
+
+
+def test_nothing_a_run_writes_outlives_it_and_failover_keeps_it_alive(etcd):
+    """The round key and the hints live under the run lease, which only the leader of the day
+    keeps alive: a new leader adopts it (so a failover loses nothing), and once every agent was
+    killed it expires — before, `round` and `rounds/<n>/hint` stayed forever, leaseless."""
+    run = new_run_id()
+    conf = dict(lease_ttl=1, last_call_timeout=0)
+    run_ttl = 10  # max(10, 6 x lease_ttl)
+    hs = [handler(etcd.endpoints, run, 1, 3, **conf) for _ in range(3)]
+    with accepted_events(hs) as acc:
+        try:
+            infos = rendezvous(hs)
+            leader = next(h for h, i in zip(hs, infos, strict=True) if i.node_rank == 0)
+            crash(leader)
+            rest = [h for h in hs if h is not leader]
+            for h in rest:
+                assert h.membership_changed.wait(10)
+            again = rendezvous(rest)
+            assert [i.node_count for i in again] == [2, 2]
+            key = f"/etcdrun/{run}/round"
+            with EtcdClient(etcd.endpoints) as c:
+                kv = c.get(key)
+                assert kv.lease  # under the run lease
+                w = c.watch(key, start_revision=kv.mod_revision + 1)
+                try:
+                    # Past its TTL nothing happens to it: the new leader keeps it alive.
+                    assert w.get(timeout=run_ttl + 2) is None
+                finally:
+                    w.cancel()
+                assert not any(h.membership_changed.is_set() for h in rest)
+                w = c.watch(key, start_revision=kv.mod_revision + 1)
+                try:
+                    for h in rest:
+                        crash(h)  # kill -9 of every agent left: nobody cleans up
+                    batch = w.get(timeout=run_ttl + 3)  # the run lease expires and takes it
+                    assert batch is not None and batch.events[0].type == 1  # DELETE
+                finally:
+                    w.cancel()
+                assert not c.get_prefix(f"/etcdrun/{run}/").kvs  # the hints went with it
+                assert_no_leases(etcd.endpoints, within=2)
+        finally:
+            shutdown_all(hs)
+    assert violations(etcd.endpoints, run, 1, 3, acc) == []

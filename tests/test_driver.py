@@ -41,7 +41,11 @@ def node(fake: FakeEtcd, name: str, settings: Settings) -> Node:
     log.subscribe(got.append)
     log.subscribe(lambda e: elected.set() if e["event"] == "leader_elected" else None)
     return Node(
-        Driver(session, KEYS, settings, view, log, closed_ttl=600), session, view, got, elected
+        Driver(session, KEYS, settings, view, log, closed_ttl=600, run_ttl=30),
+        session,
+        view,
+        got,
+        elected,
     )
 
 

@@ -56,6 +56,7 @@ class World:
             self.view,
             self.events,
             closed_ttl=600,
+            run_ttl=30,
             deliver=self.batches.append,
         )
         self.leader.start()

@@ -137,6 +137,16 @@ class EtcdClient:
         """Grant a lease; by default keep it alive until revoked, lost, or the client closes."""
         return self._leases.grant(ttl, keepalive)
 
+    def keep_alive(self, lease_id: int) -> Lease:
+        """Keep alive a lease another client granted (until revoked, orphaned, lost, or this
+        client closes — closing revokes what it keeps: ``orphan()`` a lease meant to outlive
+        this client)."""
+        return self._leases.adopt(lease_id)
+
+    def revoke(self, lease_id: int, timeout: float | None = None) -> bool:
+        """Revoke a lease by id (its keys vanish at once); True when gone (or already gone)."""
+        return self._leases.revoke(lease_id, timeout)
+
     def lease_ttl(self, lease: int | Lease) -> pb.LeaseTimeToLiveResponse:
         return self._t.call("LeaseTimeToLive", pb.LeaseTimeToLiveRequest(ID=_lid(lease)))
 

@@ -128,16 +128,36 @@ class LeaseKeeper:
         granted = int(resp.TTL)
         lease = Lease(self, resp.ID, granted, sent, self._t.policy.keepalive_interval(granted))
         if keepalive:
-            with self._cv:
-                self._leases[lease.id] = lease
-                if self._thread is None or not self._thread.is_alive():
-                    self._stopping = False
-                    self._thread = threading.Thread(
-                        target=self._run, name="etcd-lease-keepalive", daemon=True
-                    )
-                    self._thread.start()
-                self._cv.notify_all()
+            self._keep(lease)
         return lease
+
+    def adopt(self, lease_id: int) -> Lease:
+        """Keep alive a lease granted elsewhere (by an earlier holder): etcd lets any client
+        refresh any lease. Its expiry is taken from the server, conservatively (the remaining
+        TTL counted from before we asked); raises EtcdLeaseNotFoundError when it is gone."""
+        from etcdrun.rendezvous.client.errors import EtcdLeaseNotFoundError
+
+        sent = time.monotonic()
+        resp = self._t.call("LeaseTimeToLive", pb.LeaseTimeToLiveRequest(ID=lease_id))
+        if resp.TTL <= 0:
+            raise EtcdLeaseNotFoundError(f"etcd lease {lease_id:x} has expired")
+        granted = int(resp.grantedTTL) or int(resp.TTL)
+        interval = self._t.policy.keepalive_interval(granted)
+        lease = Lease(self, lease_id, granted, sent - (granted - int(resp.TTL)), interval)
+        lease._next_at = sent  # refresh it now: it may have gone unrefreshed for a while
+        self._keep(lease)
+        return lease
+
+    def _keep(self, lease: Lease) -> None:
+        with self._cv:
+            self._leases[lease.id] = lease
+            if self._thread is None or not self._thread.is_alive():
+                self._stopping = False
+                self._thread = threading.Thread(
+                    target=self._run, name="etcd-lease-keepalive", daemon=True
+                )
+                self._thread.start()
+            self._cv.notify_all()
 
     def forget(self, lease: Lease) -> None:
         with self._cv:
