@@ -184,11 +184,26 @@ def _setup_logging() -> None:
     )
 
 
+def _check_script(config: LaunchConfig, entrypoint: str, args: list[str]) -> None:
+    """A script that is not there is one line, before anything starts (torchrun starts every
+    worker to find out, and each one prints a traceback). Modules and executables are found by
+    the worker, on its own path: they are not checked here."""
+    if config.entrypoint_kind == "run_path":
+        script = entrypoint
+    elif entrypoint == os.environ.get("PYTHON_EXEC", sys.executable) and "-m" not in args[:2]:
+        script = args[1] if len(args) > 1 else ""
+    else:
+        return
+    if not os.path.isfile(script):
+        raise UsageError(f"no such script: {script}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The console script: parse, then run this node's agent until the job ends."""
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         config, entrypoint, args = parse_args(argv)
+        _check_script(config, entrypoint, args)
     except UsageError as exc:
         return _fail(exc, 2)
 

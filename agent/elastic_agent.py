@@ -82,11 +82,16 @@ class ElasticAgent:
     # ---- public --------------------------------------------------------------------------
     def run(self) -> RunResult:
         unsubscribe = self._h.on_membership_change(self._wake.set)
+        result: RunResult | None = None
         try:
-            return self._run_with_signals()
+            result = self._run_with_signals()
+            return result
         finally:
             unsubscribe()
             self._group.close()
+            kept = self._group.settle_logs(result is not None and not result.is_failed())
+            if kept is not None:
+                log.info("worker logs and error files are in %s", kept)
 
     @property
     def group(self) -> WorkerGroup:
@@ -138,7 +143,7 @@ class ElasticAgent:
             return loop.Joined(self._rendezvous())
         except RendezvousClosedError as exc:
             self._closed_error = exc
-            return loop.RunClosed(self._h.closed_failure())
+            return loop.RunClosed(self._h.closed_failure(), exc.succeeded)
 
     def _start(self, action: loop.StartWorkers) -> loop.Event:
         info = action.info

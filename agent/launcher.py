@@ -133,13 +133,19 @@ def launch_agent(
         spec = _worker_spec(config, rdzv_handler, entrypoint, args)
         from etcdrun.agent.elastic_agent import ElasticAgent
 
+        nodes = (
+            f"{config.min_nodes}"
+            if config.min_nodes == config.max_nodes
+            else f"{config.min_nodes}..{config.max_nodes}"
+        )
         logger.info(
-            "starting %s: run %s, %d..%d nodes x %d workers, backend %s",
+            "starting %s: run %s, %s node%s x %d worker%s, backend %s",
             entrypoint_name(entrypoint, args),
             config.run_id,
-            config.min_nodes,
-            config.max_nodes,
+            nodes,
+            "" if config.max_nodes == 1 else "s",
             config.nproc_per_node,
+            "" if config.nproc_per_node == 1 else "s",
             config.rdzv_backend,
         )
         result = ElasticAgent(spec).run()

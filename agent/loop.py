@@ -23,7 +23,7 @@ import logging
 import signal
 from dataclasses import dataclass, replace
 
-from etcdrun.agent.api import RunResult
+from etcdrun.agent.api import RunResult, WorkerState
 from etcdrun.agent.errors import root_cause
 from etcdrun.rendezvous.api import FailureInfo, RendezvousInfo
 
@@ -70,9 +70,11 @@ class Joined:
 
 @dataclass(frozen=True)
 class RunClosed:
-    """next_rendezvous() raised RendezvousClosedError; ``failure`` is ``closed_failure()``."""
+    """next_rendezvous() raised RendezvousClosedError; ``failure`` is ``closed_failure()``;
+    ``succeeded``: the run this node was part of closed as SUCCEEDED (the error says so)."""
 
     failure: FailureInfo | None
+    succeeded: bool = False
 
 
 @dataclass(frozen=True)
@@ -249,6 +251,9 @@ def _joining(state: State, event: Event) -> Step | None:
     if not isinstance(event, RunClosed):
         return None
     done = replace(state, phase=Phase.DONE)
+    if event.failure is None and event.succeeded:  # a hot spare, or a node rejoining late
+        note = "the job finished (SUCCEEDED) without needing this node"
+        return Step(done, ReturnResult(RunResult(WorkerState.SUCCEEDED), note=note))
     if event.failure is None:
         return Step(done, RaiseClosed())
     ours = state.our_failure
@@ -285,16 +290,25 @@ def _stopping(state: State, event: Event) -> Step | None:
             return Step(done, FailWithRemoteRootCause(event.closed_failure, note=note))
         return Step(replace(stopped, phase=Phase.JOINING), Join(note=note))
     if state.then is Then.FINISH:
-        note = f"round {info.round}: workers succeeded; waiting for the other nodes"
+        note = f"round {info.round}: workers succeeded"
+        if info.node_count > 1:
+            note += "; waiting for the other nodes"
         return Step(replace(stopped, phase=Phase.BARRIER), ExitBarrier(note=note))
     if state.then is Then.RESTART:
         # One path for every backend: the rendezvous owns the budget. It grants the restart or
         # closes the run with this failure (the next join then reports it), and with etcd a
         # failure caused by a peer's death costs nothing.
         failure, what = failure_of(info, event.result)
+        left = info.max_restarts - info.restart_count
         note = (
-            f"round {info.round}: {what}; asking for a restart "
-            f"({info.restart_count} of {info.max_restarts} spent)"
+            f"round {info.round}: {what}; asking the rendezvous for a new round (restarts used "
+            f"{info.restart_count} of {info.max_restarts}: "
+            + (
+                f"{left} left"
+                if left > 0
+                else "none left, so unless a lost node caused this failure, the job fails"
+            )
+            + ")"
         )
         restarting = replace(
             stopped, phase=Phase.RESTARTING, our_failure=(info.node_id, event.result)

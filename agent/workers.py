@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -32,6 +31,7 @@ from . import _spawn
 from ._proc import WorkerProc
 from .api import EntrypointKind, RunResult, Worker, WorkerSpec, WorkerState
 from .errors import ProcessFailure
+from .logdir import LogDir
 from .reactor import Reactor
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -63,7 +63,7 @@ class WorkerGroup:
         on_exit: Callable[[Worker], None] | None = None,
         host: str | None = None,
     ) -> None:
-        self._log_dir = log_dir
+        self._logs = LogDir(log_dir)
         self._console = (console_out, console_err)
         self._on_exit = on_exit
         self.host = host or socket.gethostname()
@@ -125,9 +125,13 @@ class WorkerGroup:
         return {p.worker.local_rank: p.worker.pid for p in self._procs if p.worker.pid}
 
     def log_root(self) -> str:
-        if self._log_dir is None:
-            self._log_dir = tempfile.mkdtemp(prefix="etcdrun_logs_")
-        return self._log_dir
+        return self._logs.root()
+
+    def settle_logs(self, succeeded: bool) -> str | None:
+        """After the last attempt: remove a log folder the group made itself when nothing in it
+        is worth keeping; else return its path (see logdir.py)."""
+        to_files = any(mode != "console" for p in self._procs for mode in p.modes)
+        return self._logs.settle(succeeded, to_files)
 
     # ---- start ---------------------------------------------------------------------------------
 

@@ -37,7 +37,15 @@ class RendezvousError(Exception):
 
 
 class RendezvousClosedError(RendezvousError):
-    """The run is closed (finished or failed for good): joiners must not wait."""
+    """The run is closed (finished or failed for good): joiners must not wait.
+
+    ``succeeded`` is True when the run this node was part of closed as SUCCEEDED: a node that
+    had nothing (left) to do — a hot spare, a node rejoining while the others finished — exits
+    cleanly then, not as a failure."""
+
+    def __init__(self, message: str, *, succeeded: bool = False, **context) -> None:
+        self.succeeded = succeeded
+        super().__init__(message, **context)
 
 
 class RendezvousTimeoutError(RendezvousError):

@@ -25,7 +25,6 @@ from collections.abc import Callable
 
 from etcdrun.proto import etcdrun_state_pb2 as st
 from etcdrun.rendezvous import codec, job_settings, joining, lifecycle
-from etcdrun.rendezvous._version import __version__
 from etcdrun.rendezvous.api import (
     FailureInfo,
     RendezvousHandler,
@@ -51,7 +50,7 @@ from etcdrun.rendezvous.etcd_config import EtcdRendezvousConfig
 from etcdrun.rendezvous.events import EventLog
 from etcdrun.rendezvous.joining import Joined
 from etcdrun.rendezvous.keys import RunKeys
-from etcdrun.rendezvous.leader import status_line
+from etcdrun.rendezvous.leader_status import status_line
 from etcdrun.rendezvous.protocol import Phase, Round, Settings
 from etcdrun.rendezvous.round_view import RoundView
 from etcdrun.rendezvous.session import Session
@@ -97,6 +96,7 @@ class EtcdRendezvousHandler(RendezvousHandler):
         self._tag = os.urandom(3).hex()  # several handlers may share one process
         self._joined: int | None = None  # the round number this session has joined
         self._saw_live = False  # this node saw the run live (a round not CLOSED), in any session
+        self._fresh_run_noted: int | None = None  # said once: waiting to retry a failed run
         self._shutdown = False
 
     # ---- RendezvousHandler: torch's part -------------------------------------------------------
@@ -250,26 +250,19 @@ class EtcdRendezvousHandler(RendezvousHandler):
             if sess.lost.is_set() or self._shutdown:
                 self._drop_session()
                 raise _Reopen()  # a new session, or "shut down"
-            if r is not None and r.phase is not Phase.CLOSED:
-                self._saw_live = True
-            elif r is None and self._saw_live:  # the run's state vanished while in it: aborted
-                why = lifecycle.describe_vanished(self.client, self.keys)
-                raise RendezvousClosedError(why, run_id=self.run_id, node=sess.node_id)
-            bad = self.view.corruption()
-            if bad is not None and r is None:  # nobody knows the last good state: stop
-                raise RendezvousStateError(bad[1], run_id=self.run_id, node=sess.node_id)
-            if r is not None and r.phase is Phase.CLOSED:
-                why = "the run is closed" if self._saw_live else self._ran_before()
-                raise RendezvousClosedError(
-                    why, run_id=self.run_id, round=r.number, node=sess.node_id
-                )
+            self._check_run(sess, r)
             if r is not None and r.phase is Phase.JOINING and self._joined != r.number:
                 if self._join(sess, r):
                     continue  # joined: wait for the freeze; else wait for the newer round
             elif r is not None and r.phase is Phase.FROZEN and r.member(sess.node_id):
                 if self.view.is_fresh(r):
                     return self._accept(sess, r)
+            spare = r is not None and r.phase is Phase.FROZEN and not r.member(sess.node_id)
+            if spare:  # a hot spare (or a newcomer about to be let in): join_timeout bounds a
+                deadline = time.monotonic() + self.cfg.join_timeout  # round that gathers
             if not self.view.wait(r, deadline, stop=lambda: sess.lost.is_set() or self._shutdown):
+                if spare:
+                    continue  # the job runs on without us: keep waiting for a place
                 raise RendezvousTimeoutError(
                     f"no round with this node completed within join_timeout="
                     f"{self.cfg.join_timeout:g}s ({self.status()})",
@@ -277,6 +270,28 @@ class EtcdRendezvousHandler(RendezvousHandler):
                     round=r.number if r else None,
                     node=sess.node_id,
                 )
+
+    def _check_run(self, sess: Session, r: Round | None) -> None:
+        """Raise when this node cannot take part in the run as etcd holds it now: closed (or
+        run before by another job), removed while live (aborted), or unreadable with no good
+        state known. A failed run's id waits: the leader starts it afresh (protocol.py)."""
+        if r is not None and r.phase is not Phase.CLOSED:
+            self._saw_live = True
+        elif r is None and self._saw_live:  # the run's state vanished while in it: aborted
+            why = lifecycle.describe_vanished(self.client, self.keys)
+            raise RendezvousClosedError(why, run_id=self.run_id, node=sess.node_id)
+        bad = self.view.corruption()
+        if bad is not None and r is None:  # nobody knows the last good state: stop
+            raise RendezvousStateError(bad[1], run_id=self.run_id, node=sess.node_id)
+        if r is not None and r.phase is Phase.CLOSED and (self._saw_live or not r.failure):
+            why = "the run is closed" if self._saw_live else self._ran_before()
+            ok = self._saw_live and r.failure is None
+            raise RendezvousClosedError(
+                why, succeeded=ok, run_id=self.run_id, round=r.number, node=sess.node_id
+            )
+        if r is not None and r.phase is Phase.CLOSED and self._fresh_run_noted != r.number:
+            self._fresh_run_noted = r.number  # a failed run's id: the leader starts afresh
+            log.warning("%s; starting it afresh once its last agent has left", self._ran_before())
 
     def _join(self, sess: Session, r: Round) -> bool:
         lws = self.params.local_world_size
@@ -309,25 +324,10 @@ class EtcdRendezvousHandler(RendezvousHandler):
         self._drop_session()
         self._incarnation += 1
         node_id = f"{self.host}-{os.getpid()}-{self._tag}.{self._incarnation}"
-        info = st.AgentInfo(
-            node_id=node_id,
-            host=self.host,
-            addr=self.addr,
-            pid=os.getpid(),
-            local_world_size=self.params.local_world_size,
-            version=__version__,
-            started_unix_ms=int(time.time() * 1000),
-            min_nodes=self.settings.min_nodes,
-            max_nodes=self.settings.max_nodes,
-            max_restarts=self.settings.max_restarts,
+        info = joining.agent_info(
+            node_id, self.host, self.addr, self.params.local_world_size, self.settings
         )
-        job_settings.check(self.client, self.keys, info)  # before: never disturb a running job
-        sess = Session.open(self.client, self.keys, info, self.cfg.lease_ttl)
-        try:
-            job_settings.check(self.client, self.keys, info)  # after: two first nodes racing
-        except RendezvousError:
-            sess.close()
-            raise
+        sess = job_settings.open_session(self.client, self.keys, info, self.cfg.lease_ttl)
         self._session, self._joined = sess, None
         self.events.node = node_id
         driver = Driver(
@@ -384,10 +384,13 @@ class EtcdRendezvousHandler(RendezvousHandler):
 
     def _wrap(self, e: EtcdError) -> RendezvousError:
         refused = isinstance(e, (EtcdAuthError, EtcdPermissionError))
-        what = f"etcd refused access to {self.keys.root}" if refused else "etcd error"
+        text = str(e).removeprefix("etcd: ")
+        message = f"etcd refused access to {self.keys.root}: {text}" if refused else text
+        if not message.startswith("etcd"):
+            message = f"etcd: {message}"
         r = self.view.current()
         return RendezvousConnectionError(
-            f"{what}: {e}",
+            message,
             run_id=self.run_id,
             round=r.number if r else None,
             node=self.node_id,

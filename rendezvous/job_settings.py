@@ -16,6 +16,7 @@ from etcdrun.rendezvous import codec
 from etcdrun.rendezvous.client import EtcdClient
 from etcdrun.rendezvous.errors import RendezvousError, RendezvousStateError
 from etcdrun.rendezvous.keys import RunKeys
+from etcdrun.rendezvous.session import Session
 
 PAGE = 8  # agents read at a time while looking for the oldest valid one
 
@@ -73,4 +74,17 @@ def check(client: EtcdClient, keys: RunKeys, mine: st.AgentInfo) -> None:
         )
 
 
-__all__ = ["check", "differences", "oldest_agent"]
+def open_session(client: EtcdClient, keys: RunKeys, info: st.AgentInfo, ttl: int) -> Session:
+    """Register this agent only when the job agrees on its settings: checked before (so a
+    running job never sees a stranger) and right after (two first nodes starting together)."""
+    check(client, keys, info)
+    sess = Session.open(client, keys, info, ttl)
+    try:
+        check(client, keys, info)
+    except RendezvousError:
+        sess.close()
+        raise
+    return sess
+
+
+__all__ = ["check", "differences", "oldest_agent", "open_session"]

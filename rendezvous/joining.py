@@ -8,15 +8,18 @@ that waits between them.
 from __future__ import annotations
 
 import enum
+import os
+import time
 
 from etcdrun.proto import etcdrun_state_pb2 as st
 from etcdrun.rendezvous import codec
+from etcdrun.rendezvous._version import __version__
 from etcdrun.rendezvous.api import RendezvousInfo
 from etcdrun.rendezvous.client import EtcdClient
 from etcdrun.rendezvous.client import txn as t
 from etcdrun.rendezvous.keys import RunKeys
 from etcdrun.rendezvous.ports import reserve_free_port
-from etcdrun.rendezvous.protocol import Round
+from etcdrun.rendezvous.protocol import Round, Settings
 from etcdrun.rendezvous.session import Session
 
 
@@ -24,6 +27,24 @@ class Joined(enum.Enum):
     YES = "joined"
     ROUND_MOVED = "the round moved on"  # the watch brings the newer one
     NOT_OWNER = "our agent key is not ours any more"  # overwritten or removed by someone else
+
+
+def agent_info(
+    node_id: str, host: str, addr: str, local_world_size: int, settings: Settings
+) -> st.AgentInfo:
+    """What this node publishes in its agent key (the session adds the lease id)."""
+    return st.AgentInfo(
+        node_id=node_id,
+        host=host,
+        addr=addr,
+        pid=os.getpid(),
+        local_world_size=local_world_size,
+        version=__version__,
+        started_unix_ms=int(time.time() * 1000),
+        min_nodes=settings.min_nodes,
+        max_nodes=settings.max_nodes,
+        max_restarts=settings.max_restarts,
+    )
 
 
 def join(
@@ -71,4 +92,4 @@ def info(run_id: str, node_id: str, r: Round, max_restarts: int) -> RendezvousIn
     )
 
 
-__all__ = ["Joined", "info", "join"]
+__all__ = ["Joined", "agent_info", "info", "join"]

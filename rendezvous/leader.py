@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from etcdrun.proto import etcd_api_pb2 as pb
 from etcdrun.proto import etcdrun_state_pb2 as st
@@ -33,6 +33,7 @@ from etcdrun.rendezvous.client import txn as t
 from etcdrun.rendezvous.errors import RendezvousError
 from etcdrun.rendezvous.events import EventLog
 from etcdrun.rendezvous.keys import RunKeys
+from etcdrun.rendezvous.leader_status import LeaderStatus, status_line
 from etcdrun.rendezvous.protocol import (
     Action,
     Agent,
@@ -53,45 +54,6 @@ from etcdrun.rendezvous.session import Session
 
 log = logging.getLogger(__name__)
 MAX_STEPS = 4  # decisions in a row without a new event: each write changes the view
-
-
-@dataclass(frozen=True)
-class LeaderStatus:
-    """What the leader knew at its last decision. Immutable: readers never see it half made."""
-
-    round: int | None = None
-    phase: Phase | None = None
-    live: int = 0  # agents whose key exists (their lease is alive)
-    joined: int = 0  # live agents with a join record for the current round
-    waiting: int = 0  # live agents outside the frozen round: newcomers and hot spares
-    last_call_deadline: float | None = None  # leader-local monotonic time, first round only
-    decision: str = ""  # the last Wait's reason, or the action applied
-
-    def last_call_left(self, now: float) -> float | None:
-        if self.last_call_deadline is None:
-            return None
-        return max(0.0, self.last_call_deadline - now)
-
-
-def status_line(
-    r: Round | None, leader: LeaderStatus | None, settings: Settings, now: float
-) -> str:
-    """Where the rendezvous stands, in one line: the round, and while it gathers nodes, what the
-    leader counts (only the leader knows; the others say the round and its phase)."""
-    if r is None:
-        return "waiting for the first round"
-    s = f"round {r.number} {r.phase.name.lower()}"
-    if leader is not None and leader.round == r.number and r.phase is Phase.JOINING:
-        s += (
-            f": {leader.joined}/{leader.live} live nodes joined "
-            f"(min {settings.min_nodes}, max {settings.max_nodes})"
-        )
-        left = leader.last_call_left(now)
-        if left is not None:
-            s += f", last call in {left:.0f} s"
-    elif r.phase is Phase.FROZEN:
-        s += f" with {len(r.members)} nodes"
-    return s
 
 
 class Leader:
@@ -145,7 +107,7 @@ class Leader:
                 )
             )
         r = self._view.current()
-        if r is not None and r.run_lease:
+        if r is not None and r.run_lease and r.phase is not Phase.CLOSED:
             self._run_lease_for(r)  # take over its keep-alive at once, not at the next write
         self._events.emit("leader_elected", agents=len(self.agents))
 
@@ -265,8 +227,8 @@ class Leader:
         if held is not None and not held.lost.is_set():
             if r is None or r.run_lease in (0, held.id):
                 return held.id
-        if r is not None and r.run_lease:
-            try:
+        if r is not None and r.run_lease and r.phase is not Phase.CLOSED:  # a closed run's
+            try:  # lease was revoked by its last agent: a fresh run gets a new one
                 self._run_lease = self._client.keep_alive(r.run_lease)
                 return self._run_lease.id
             except EtcdLeaseNotFoundError:
@@ -345,7 +307,10 @@ class Leader:
         res = self._client.txn([*guard, fence], ops)
         if not res.succeeded:
             return False
-        self._view.apply(replace(new, failure=None, mod_revision=res.revision))
+        # With its message (ops[0] writes the round key), so that this node too can say why
+        # the round opened — its watch event brings the same bytes a moment later.
+        msg = st.RoundState.FromString(ops[0].request_put.value)
+        self._view.apply(replace(new, failure=None, mod_revision=res.revision), msg)
         self._applied(action, res.revision)
         return True
 
@@ -395,4 +360,4 @@ class Leader:
             self._run_lease = None
 
 
-__all__ = ["Leader", "LeaderStatus", "status_line"]
+__all__ = ["Leader"]

@@ -159,6 +159,8 @@ def describe_closed(client: EtcdClient, keys: RunKeys, msg: st.RoundState | None
             expires = f" in {client.lease_ttl(kv.lease).TTL} s"
     except EtcdError:
         pass
+    if msg is not None and msg.outcome == st.FAILED:
+        return f"run {keys.run_id} already ran: it ended {outcome}{when}{cause}"
     return (
         f"run {keys.run_id} already ran: it ended {outcome}{when}{cause}. Use a new --rdzv-id, or "
         f"reuse this one once its record expires{expires} (or after: etcdctl del --prefix "

@@ -163,6 +163,12 @@ def decide(view: View, settings: Settings, now: float) -> Action:
     if r is None:
         return StartRound(1, "first agent", (), 0)
     if r.phase is Phase.CLOSED:
+        # A failed run's id is tried again (a Kubernetes Job retry, a Slurm requeue): a fresh
+        # run opens once every live agent came after the close — an agent of the failed run
+        # itself must never start it over, or its restart budget would mean nothing.
+        fresh = agents and all(a.create_revision > r.mod_revision for a in agents.values())
+        if r.failure is not None and fresh:
+            return StartRound(r.number + 1, "a fresh run after a failed one", (), 0)
         return Wait("run closed")
     if r.phase is Phase.FROZEN:
         gone = [m.node_id for m in r.members if m.node_id not in agents]

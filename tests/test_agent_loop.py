@@ -116,9 +116,7 @@ def test_static_restart_through_the_rendezvous_then_success(tmp_path, caplog):
     assert values == {0: 1, 1: 1}  # both ran again, with TORCHELASTIC_RESTART_COUNT=1
     attempts = sorted(p.name for p in (tmp_path / "restart-once").glob("attempt_*"))
     assert attempts == ["attempt_0", "attempt_1"]
-    assert (
-        "worker rank 1 on " in caplog.text and "asking for a restart (0 of 1 spent)" in caplog.text
-    )
+    assert "worker rank 1 on " in caplog.text and "restarts used 0 of 1: 1 left" in caplog.text
 
 
 def test_static_budget_spent_reports_our_root_cause(tmp_path, caplog):

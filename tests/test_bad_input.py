@@ -189,22 +189,65 @@ def test_nodes_that_differ_only_in_what_a_node_may_choose_run_together(etcd):
         shutdown_all(hs)
 
 
-def test_a_finished_runs_id_is_refused_clearly_and_its_failure_never_replayed(etcd, tmp_path):
+def _same_id(endpoints: str, run_id: str, out: str, mode: str) -> list[str]:
+    argv = etcd_argv(endpoints, "lease_ttl=2")
+    argv[argv.index("--rdzv-id") + 1] = run_id
+    argv[-2:] = [out, mode]
+    return argv
+
+
+def test_a_failed_runs_id_runs_afresh_and_its_failure_is_never_replayed(etcd, tmp_path):
     """After a failed run, a new job under the same id (the script fixed) used to print the old
-    run's failure under the new script's name. Now: one line saying the id was used, how and
-    when that run ended, and how to reuse the id."""
+    run's failure under the new script's name. A retry of a failed job (a Kubernetes Job retry,
+    a Slurm requeue) now starts a fresh run once the failed run's agents are gone."""
     from agent_helpers import WORKER, Job
 
     old = Job(etcd.endpoints, tmp_path / "old", nnodes="1", nproc=1, conf="lease_ttl=2")
     try:
-        failed = old.start(WORKER, str(old.out), "fail", "0")
-        assert failed.wait(60) == 1  # boom from rank 0, budget 0: the run closes FAILED
+        assert old.start(WORKER, str(old.out), "fail", "0").wait(60) == 1  # boom, budget 0
     finally:
         old.close()
-    argv = etcd_argv(etcd.endpoints, "lease_ttl=2")
-    argv[argv.index("--rdzv-id") + 1] = old.run_id
-    argv[-2] = str(tmp_path)  # the fixed script: it would exit 0
-    proc = run_cli(*argv)
-    line = assert_one_clear_line(proc, f"run {old.run_id} already ran", "FAILED", "etcdctl del")
-    assert "boom" in line and "root cause: rank 0" in line  # how it ended, said as history
-    assert "ChildFailedError" not in proc.stderr and "Root Cause" not in proc.stderr
+    proc = run_cli(*_same_id(etcd.endpoints, old.run_id, str(tmp_path), "exit"))
+    assert proc.returncode == 0, proc.stderr
+    said = [ln for ln in proc.stderr.splitlines() if "boom" in ln]
+    assert len(said) == 1 and f"run {old.run_id} already ran: it ended FAILED" in said[0], said
+    assert len(list(tmp_path.glob("start_*.json"))) == 1  # the fixed script really ran
+
+
+def test_a_succeeded_runs_id_is_refused_with_when_it_frees_up(etcd, tmp_path):
+    from agent_helpers import WORKER, Job
+
+    old = Job(etcd.endpoints, tmp_path / "old", nnodes="1", nproc=1, conf="lease_ttl=2")
+    try:
+        assert old.start(WORKER, str(old.out), "exit").wait(60) == 0
+    finally:
+        old.close()
+    proc = run_cli(*_same_id(etcd.endpoints, old.run_id, str(tmp_path), "exit"))
+    line = assert_one_clear_line(proc, f"run {old.run_id} already ran", "SUCCEEDED")
+    assert "record expires in" in line and f"etcdctl del --prefix /etcdrun/{old.run_id}/" in line
+    assert "Root Cause" not in proc.stderr and not list(tmp_path.glob("start_*.json"))
+
+
+@pytest.mark.parametrize("how", [(), ("--run-path",)])
+def test_a_missing_script_is_one_line_before_anything_starts(tmp_path, how):
+    """It was 16 lines (a FAILED report with a hint about @record) after starting workers."""
+    missing = str(tmp_path / "no_such_script.py")
+    proc = run_cli("--standalone", "--log-dir", str(tmp_path / "logs"), *how, missing)
+    assert proc.returncode == 2
+    assert_one_clear_line(proc, "no such script", missing)
+    assert not (tmp_path / "logs").exists()  # nothing started, nothing written
+
+
+def test_a_run_without_log_dir_leaves_no_temp_folder_and_a_failed_one_says_where(tmp_path):
+    """Every run used to leave a /tmp/etcdrun_logs_* folder (1,200 on one machine)."""
+    from agent_helpers import WORKER, clean_env
+
+    env = clean_env(TMPDIR=str(tmp_path))
+    ok = run_cli("--standalone", WORKER, str(tmp_path), "exit", env=env)
+    assert ok.returncode == 0, ok.stderr
+    assert not list(tmp_path.glob("etcdrun_logs_*"))
+    bad = run_cli("--standalone", WORKER, str(tmp_path), "fail", "0", env=env)
+    assert bad.returncode == 1
+    kept = list(tmp_path.glob("etcdrun_logs_*"))
+    assert len(kept) == 1 and f"worker logs and error files are in {kept[0]}" in bad.stderr
+    assert list(kept[0].rglob("error.json"))  # the failure's record is what it kept

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import signal
+from dataclasses import replace
 
 import pytest
 
@@ -98,12 +99,23 @@ def test_failure_reports_the_root_cause_and_asks_for_a_restart():
     assert isinstance(ask, loop.RequestRestart) and ask.level == logging.WARNING
     assert ask.reason == "worker rank 1 on h failed (exit code 3)"
     assert ask.note == (
-        "round 3: worker rank 1 on h failed (exit code 3); asking for a restart (1 of 2 spent)"
+        "round 3: worker rank 1 on h failed (exit code 3); asking the rendezvous for a new "
+        "round (restarts used 1 of 2: 1 left)"
     )
     assert (ask.failure.node_id, ask.failure.global_rank, ask.failure.exit_code) == ("n1", 1, 3)
     assert steps[-1].state.our_failure == ("n1", result)
     rejoin = next_step(steps[-1].state, loop.RestartRequested())
     assert rejoin.action == loop.Join() and rejoin.state.phase is Phase.JOINING
+    spent = walk(
+        State(), loop.Joined(info(restarts=2)), loop.WorkersFailed(), loop.WorkersStopped(result)
+    )[-1].action
+    assert "restarts used 2 of 2: none left, so unless a lost node caused" in spent.note
+
+
+def test_a_single_node_does_not_say_it_waits_for_other_nodes():
+    alone = replace(info(), node_count=1)
+    steps = walk(State(), loop.Joined(alone), loop.WorkersSucceeded(), loop.WorkersStopped(OK))
+    assert steps[-1].action.note == "round 3: workers succeeded"
 
 
 def test_the_run_closed_by_our_failure_returns_our_result():

@@ -239,3 +239,19 @@ def test_exhaustive_invariants(mn, mx):
                     if a.until is not None:
                         assert not hint and len(live_joined) >= mn
     assert checked > 100
+
+
+def test_a_failed_runs_id_opens_a_fresh_run_once_only_newcomers_are_alive():
+    """A Kubernetes Job retry or a Slurm requeue reuses the id of a failed run: it starts over
+    — but only once no agent of the failed run is alive (they registered before the close)."""
+    boom = FailureInfo("a", "h", 1, 1, message="boom")
+    closed = Round(4, Phase.CLOSED, failure=boom, mod_revision=50)
+    old = {"a": Agent("a", 10), "b": Agent("b", 60)}  # a registered before the close
+    assert decide(View(closed, old), Settings(1, 2), 0.0) == Wait("run closed")
+    new = {"b": Agent("b", 60), "c": Agent("c", 61)}
+    action = decide(View(closed, new), Settings(1, 2), 0.0)
+    assert isinstance(action, StartRound) and action.number == 5
+    assert (action.hint, action.restart_count) == ((), 0)  # a new run: no survivors, no restarts
+    ok = Round(4, Phase.CLOSED, mod_revision=50)  # a run that succeeded stays closed
+    assert decide(View(ok, new), Settings(1, 2), 0.0) == Wait("run closed")
+    assert decide(View(closed, {}), Settings(1, 2), 0.0) == Wait("run closed")
