@@ -25,7 +25,8 @@ from etcdrun.rendezvous.election import Election
 from etcdrun.rendezvous.errors import RendezvousError
 from etcdrun.rendezvous.events import EventLog
 from etcdrun.rendezvous.keys import RunKeys
-from etcdrun.rendezvous.leader import Leader, LeaderStatus
+from etcdrun.rendezvous.leader import Leader
+from etcdrun.rendezvous.leader_status import LeaderStatus
 from etcdrun.rendezvous.protocol import Settings
 from etcdrun.rendezvous.round_view import RoundView
 from etcdrun.rendezvous.round_watch import RoundWatch

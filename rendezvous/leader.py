@@ -33,7 +33,7 @@ from etcdrun.rendezvous.client import txn as t
 from etcdrun.rendezvous.errors import RendezvousError
 from etcdrun.rendezvous.events import EventLog
 from etcdrun.rendezvous.keys import RunKeys
-from etcdrun.rendezvous.leader_status import LeaderStatus, status_line
+from etcdrun.rendezvous.leader_status import LeaderStatus
 from etcdrun.rendezvous.protocol import (
     Action,
     Agent,

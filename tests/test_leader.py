@@ -19,7 +19,8 @@ from etcdrun.rendezvous.api import FailureInfo
 from etcdrun.rendezvous.client import EtcdConnectionError, RetryPolicy
 from etcdrun.rendezvous.events import EventLog
 from etcdrun.rendezvous.keys import RunKeys
-from etcdrun.rendezvous.leader import Leader, LeaderStatus
+from etcdrun.rendezvous.leader import Leader
+from etcdrun.rendezvous.leader_status import LeaderStatus
 from etcdrun.rendezvous.protocol import Phase, Round, Settings
 from etcdrun.rendezvous.round_view import RoundView
 from etcdrun.rendezvous.round_watch import RoundWatch
