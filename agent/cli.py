@@ -199,8 +199,13 @@ def _check_script(config: LaunchConfig, entrypoint: str, args: list[str]) -> Non
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The console script: parse, then run this node's agent until the job ends."""
+    """The console script: parse, then run this node's agent until the job ends.
+    ``etcdrun status ...`` shows a run instead (agent/status_cmd.py)."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["status"]:
+        from etcdrun.agent import status_cmd
+
+        return status_cmd.main(argv[1:])
     try:
         config, entrypoint, args = parse_args(argv)
         _check_script(config, entrypoint, args)

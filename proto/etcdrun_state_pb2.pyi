@@ -111,7 +111,7 @@ class Failure(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., host: _Optional[str] = ..., global_rank: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal_name: _Optional[str] = ..., message: _Optional[str] = ..., timestamp_ms: _Optional[int] = ..., traceback: _Optional[str] = ..., local_rank: _Optional[int] = ..., pid: _Optional[int] = ...) -> None: ...
 
 class RoundState(_message.Message):
-    __slots__ = ("schema_version", "number", "phase", "participants", "master_addr", "master_port", "restart_count", "last_call_deadline_unix_ms", "reason", "decided_by", "outcome", "failure", "world_size", "closed_unix_ms", "run_lease")
+    __slots__ = ("schema_version", "number", "phase", "participants", "master_addr", "master_port", "restart_count", "last_call_deadline_unix_ms", "reason", "decided_by", "outcome", "failure", "world_size", "closed_unix_ms", "run_lease", "departed", "arrived")
     SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
     NUMBER_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
@@ -127,6 +127,8 @@ class RoundState(_message.Message):
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     CLOSED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     RUN_LEASE_FIELD_NUMBER: _ClassVar[int]
+    DEPARTED_FIELD_NUMBER: _ClassVar[int]
+    ARRIVED_FIELD_NUMBER: _ClassVar[int]
     schema_version: int
     number: int
     phase: Phase
@@ -142,4 +144,6 @@ class RoundState(_message.Message):
     world_size: int
     closed_unix_ms: int
     run_lease: int
-    def __init__(self, schema_version: _Optional[int] = ..., number: _Optional[int] = ..., phase: _Optional[_Union[Phase, str]] = ..., participants: _Optional[_Iterable[_Union[Participant, _Mapping]]] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., restart_count: _Optional[int] = ..., last_call_deadline_unix_ms: _Optional[int] = ..., reason: _Optional[str] = ..., decided_by: _Optional[str] = ..., outcome: _Optional[_Union[Outcome, str]] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ..., world_size: _Optional[int] = ..., closed_unix_ms: _Optional[int] = ..., run_lease: _Optional[int] = ...) -> None: ...
+    departed: _containers.RepeatedScalarFieldContainer[str]
+    arrived: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, schema_version: _Optional[int] = ..., number: _Optional[int] = ..., phase: _Optional[_Union[Phase, str]] = ..., participants: _Optional[_Iterable[_Union[Participant, _Mapping]]] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., restart_count: _Optional[int] = ..., last_call_deadline_unix_ms: _Optional[int] = ..., reason: _Optional[str] = ..., decided_by: _Optional[str] = ..., outcome: _Optional[_Union[Outcome, str]] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ..., world_size: _Optional[int] = ..., closed_unix_ms: _Optional[int] = ..., run_lease: _Optional[int] = ..., departed: _Optional[_Iterable[str]] = ..., arrived: _Optional[_Iterable[str]] = ...) -> None: ...

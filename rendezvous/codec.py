@@ -145,6 +145,8 @@ def round_to(
     decided_by: str = "",
     outcome: int = 0,
     failure: st.Failure | None = None,
+    departed: tuple[str, ...] = (),
+    arrived: tuple[str, ...] = (),
 ) -> bytes:
     msg = st.RoundState(
         number=r.number,
@@ -157,6 +159,8 @@ def round_to(
         outcome=outcome,
         closed_unix_ms=int(time.time() * 1000) if r.phase is Phase.CLOSED else 0,
         run_lease=r.run_lease,
+        departed=list(departed),
+        arrived=list(arrived),
         world_size=sum(m.local_world_size for m in r.members) if r.phase is Phase.FROZEN else 0,
         participants=[
             st.Participant(

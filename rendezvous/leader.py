@@ -291,6 +291,8 @@ class Leader:
                 action.reason,
                 me,
                 run_lease=run_lease,
+                departed=action.departed,
+                arrived=action.arrived,
             )
         else:
             assert isinstance(action, Freeze) and r is not None

@@ -109,6 +109,8 @@ class StartRound:
     reason: str
     hint: tuple[Member, ...]
     restart_count: int
+    departed: tuple[str, ...] = ()  # who left (the reason, as data: etcdrun status reads it)
+    arrived: tuple[str, ...] = ()  # who came
 
 
 @dataclass(frozen=True)
@@ -175,7 +177,11 @@ def decide(view: View, settings: Settings, now: float) -> Action:
         if gone:
             survivors = tuple(m for m in r.members if m.node_id in agents)
             return StartRound(
-                r.number + 1, f"node(s) left: {', '.join(gone)}", survivors, r.restart_count
+                r.number + 1,
+                f"node(s) left: {', '.join(gone)}",
+                survivors,
+                r.restart_count,
+                departed=tuple(gone),
             )
         waiting = sorted(
             (a for a in agents.values() if r.member(a.node_id) is None),
@@ -187,6 +193,7 @@ def decide(view: View, settings: Settings, now: float) -> Action:
                 f"node(s) joined: {', '.join(a.node_id for a in waiting)}",
                 r.members,
                 r.restart_count,
+                arrived=tuple(a.node_id for a in waiting),
             )
         if waiting:
             return Wait(f"{len(waiting)} hot spare(s) waiting for a place")

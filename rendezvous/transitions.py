@@ -36,6 +36,8 @@ def start_round(
     by: str,
     failure: FailureInfo | None = None,
     run_lease: int = 0,
+    departed: tuple[str, ...] = (),
+    arrived: tuple[str, ...] = (),
 ) -> tuple[Round, Txn]:
     """Open round ``number`` for joining; drop every older round's records in the same Txn.
     The hint (the previous participants, for rank stability) goes to its own key, read by the
@@ -43,7 +45,11 @@ def start_round(
     live under ``run_lease`` (0: none), so that they cannot outlive every agent forever."""
     new = Round(number, Phase.JOINING, (), restart_count, failure=failure, run_lease=run_lease)
     ops = [
-        t.put(keys.round, codec.round_to(new, reason=reason, decided_by=by), run_lease),
+        t.put(
+            keys.round,
+            codec.round_to(new, reason=reason, decided_by=by, departed=departed, arrived=arrived),
+            run_lease,
+        ),
         t.delete(keys.rounds, end=keys.round_dir(number)),
         t.put(keys.hint(number), codec.hint_to(number, hint), run_lease),
     ]

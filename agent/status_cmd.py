@@ -1,0 +1,182 @@
+"""``etcdrun status``: a run as etcd holds it, for people (text) and scripts (``--json``).
+
+Why a subcommand of etcdrun: the operator already has it wherever the job runs, with the same
+``--rdzv-endpoint``/``--rdzv-id``/``--rdzv-conf`` (TLS and auth exactly like the agent's, from
+the conf or from etcdctl's environment variables). ``--watch`` redraws on every change of the
+run's keys, driven by a watch from the revision it read — never polling — so a lease countdown
+moves only when something happens.
+
+A script that is literally called ``status`` must be given as ``./status`` to be run as a job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+from etcdrun.agent.flags import UsageError, parse_rdzv_conf
+
+CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear screen: --watch redraws in place
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # one line, not usage + message
+        raise UsageError(message)
+
+
+def _parser() -> argparse.ArgumentParser:
+    import os
+
+    p = _Parser(
+        prog="etcdrun status",
+        description="Show a run as etcd holds it: its round, nodes, restarts and outcome.",
+        allow_abbrev=False,
+    )
+    p.add_argument("--rdzv-endpoint", "--rdzv_endpoint", default=os.environ.get(
+        "PET_RDZV_ENDPOINT", ""), help="etcd endpoints, as for the job")  # fmt: skip
+    p.add_argument("--rdzv-id", "--rdzv_id", default=os.environ.get("PET_RDZV_ID", ""),
+                   help="the job's run id")  # fmt: skip
+    p.add_argument("--rdzv-conf", "--rdzv_conf", default=os.environ.get("PET_RDZV_CONF", ""),
+                   help="prefix, TLS and auth keys, as for the job")  # fmt: skip
+    p.add_argument("--watch", action="store_true", help="redraw on every change (a watch)")
+    p.add_argument("--json", action="store_true", help="one JSON object (one per change)")
+    return p
+
+
+def _keys_and_client(ns: argparse.Namespace) -> tuple[Any, Any]:
+    from etcdrun.rendezvous.etcd_config import EtcdRendezvousConfig
+    from etcdrun.rendezvous.keys import RunKeys
+
+    if not ns.rdzv_endpoint.strip() or not ns.rdzv_id.strip():
+        raise UsageError("status needs --rdzv-endpoint and --rdzv-id (the job's own)")
+    conf = parse_rdzv_conf(ns.rdzv_conf)
+    cfg = EtcdRendezvousConfig.from_conf(conf)
+    keys = RunKeys(cfg.prefix, ns.rdzv_id)
+    from etcdrun.rendezvous.client import EtcdClient
+
+    return keys, EtcdClient(cfg.client_config(ns.rdzv_endpoint))
+
+
+def render(s: Any) -> str:
+    """The text view of a RunStatus: the facts an operator asks for first, one per line."""
+    if not s.exists:
+        return f"run {s.run_id}: nothing in etcd under {s.prefix}"
+    job = _job_line(s)
+    lines = [job]
+    if s.reason and s.phase != "CLOSED":
+        lines.append(f"  opened because: {s.reason}")
+    if s.phase == "CLOSED":
+        lines += _closed_lines(s)
+    if s.participants:
+        lines.append(f"  master: {s.master_addr}:{s.master_port}" if s.master_port else "")
+        lines.append(
+            "  rank  node                                host            pid  workers  lease"
+        )
+        for n in s.participants:
+            left = "gone" if n.lease_ttl_left is None and n.node_id in s.missing else (
+                f"{n.lease_ttl_left} s" if n.lease_ttl_left is not None else "?"
+            )  # fmt: skip
+            lines.append(
+                f"  {n.node_rank:>4}  {n.node_id[:34]:<34}  {n.host[:14]:<14} {n.pid:>6}"
+                f"  {n.local_world_size:>7}  {left}"
+            )
+    if s.previous:
+        ranks = ", ".join(f"{n.node_rank}: {n.node_id}" for n in s.previous)
+        lines.append(f"  last round's nodes (rank: node): {ranks}")
+    for node in s.missing:
+        lines.append(f"  MISSING: {node} (its agent is gone: the next round goes on without it)")
+    for n in s.joining:
+        lines.append(f"  {'joined' if n.joined else 'not yet joined'}: {n.node_id} on {n.host}")
+    if s.waiting:
+        room = s.max_nodes is not None and len(s.participants) >= s.max_nodes
+        what = "hot spare (the job is at max)" if room else "newcomer"
+        for n in s.waiting:
+            lines.append(f"  waiting: {n.node_id} on {n.host} — {what}")
+    for key in s.unreadable:
+        lines.append(f"  UNREADABLE: {key} (not written by etcdrun?)")
+    return "\n".join(line for line in lines if line)
+
+
+def _job_line(s: Any) -> str:
+    size = "" if s.min_nodes is None else f" (nodes {s.min_nodes}..{s.max_nodes})"
+    budget = "" if s.max_restarts is None else f"/{s.max_restarts}"
+    if s.round is None:
+        return f"run {s.run_id}: agents registered, no round yet{size}"
+    nodes = f", {len(s.participants)} nodes, world size {s.world_size}" if s.participants else ""
+    return (
+        f"run {s.run_id}: round {s.round} {s.phase}{nodes}{size}, "
+        f"restarts {s.restart_count}{budget}"
+    )
+
+
+def _closed_lines(s: Any) -> list[str]:
+    when = ""
+    if s.closed_unix_ms:
+        when = " at " + time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(s.closed_unix_ms / 1e3))
+    lines = [f"  ended: {s.outcome or 'CLOSED'}{when}"]
+    c = s.root_cause
+    if c is not None:
+        how = f"signal {c.signal}" if c.signal else f"exit code {c.exit_code}"
+        lines.append(
+            f"  root cause: rank {c.global_rank} (local {c.local_rank}) on {c.host}: {how}"
+            + (f": {c.message}" if c.message else "")
+        )
+    return lines
+
+
+def _show(s: Any, as_json: bool, out: TextIO, redraw: bool) -> None:
+    if as_json:
+        out.write(json.dumps(s.to_json(), sort_keys=True) + "\n")
+    else:
+        out.write((CLEAR if redraw else "") + render(s) + "\n")
+    out.flush()
+
+
+def run(argv: Sequence[str], out: TextIO = sys.stdout) -> int:
+    """Show the run; with ``--watch``, again after every change, until interrupted."""
+    from etcdrun.rendezvous import status
+
+    ns = _parser().parse_args(list(argv))
+    keys, client = _keys_and_client(ns)
+    with client:
+        s = status.read(client, keys)
+        if not s.exists and not ns.watch:
+            raise LookupError(f"no run {keys.run_id} in etcd at {client.endpoints} "
+                              f"(nothing under {keys.root})")  # fmt: skip
+        _show(s, ns.json, out, redraw=ns.watch and not ns.json)
+        if not ns.watch:
+            return 0
+        w = client.watch(keys.root, prefix=True, start_revision=s.revision + 1)
+        try:
+            while True:
+                if w.get(timeout=None) is not None:
+                    _show(status.read(client, keys), ns.json, out, redraw=not ns.json)
+        finally:
+            w.cancel()
+
+
+def main(argv: Sequence[str]) -> int:
+    """Exit codes: 0 shown; 1 the run is unknown or etcd failed (one line); 2 a usage error."""
+    from etcdrun.rendezvous.client import EtcdError
+    from etcdrun.rendezvous.errors import RendezvousError
+
+    try:
+        return run(argv)
+    except UsageError as exc:
+        print(f"etcdrun status: error: {exc}", file=sys.stderr)
+        return 2
+    except (LookupError, EtcdError, RendezvousError) as exc:
+        print(f"etcdrun status: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 1
+    except ValueError as exc:  # a bad --rdzv-conf key or value
+        print(f"etcdrun status: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 0
+
+
+__all__ = ["main", "render", "run"]
