@@ -21,7 +21,8 @@ torch's calls, mapped:
   or arrived while below max, or our lease is lost), else 0 — read from the round-key watch,
   no etcd request. Hot spares beyond max open no round, so they never make torchrun restart.
 - ``shutdown()`` closes the run, then leaves (lease revoked), as torch's own backends close it:
-  torchrun calls it when its agent ends, for good or with a failure (not on a signal).
+  torchrun calls it when its agent ends, for good or with a failure (not on a signal). A node
+  that never ran in a round (a hot spare whose wait timed out) only leaves.
 - ``is_closed``, ``set_closed``, ``get_run_id``: ours. ``use_agent_store``: False (no TCPStore
   hosted by the agent). Our errors become torch's of the same name.
 
@@ -69,6 +70,7 @@ class EtcdV3RendezvousHandler(tapi.RendezvousHandler):
 
     def __init__(self, inner: EtcdRendezvousHandler) -> None:
         self.inner = inner
+        self._took_part = False  # this node has run in a round
 
     def get_backend(self) -> str:
         return BACKEND
@@ -87,6 +89,7 @@ class EtcdV3RendezvousHandler(tapi.RendezvousHandler):
             info = self.inner.next_rendezvous()
         except ours.RendezvousError as e:
             raise torch_error(e) from e
+        self._took_part = True
         return tapi.RendezvousInfo(
             self._store(info),
             info.node_rank,
@@ -111,10 +114,14 @@ class EtcdV3RendezvousHandler(tapi.RendezvousHandler):
             raise torch_error(e) from e
 
     def shutdown(self) -> bool:
-        """Close the run (torch's backends do), then leave; True when both went cleanly."""
+        """Close the run (torch's backends do), then leave; True when both went cleanly.
+
+        A node that never ran in a round only leaves: a hot spare whose wait timed out, or a
+        node that failed before its first round, must not end the job the others run."""
         closed = True
         try:
-            self.inner.set_closed()
+            if self._took_part:
+                self.inner.set_closed()
         except ours.RendezvousError as e:
             log.warning("etcd-v3: could not close the run at shutdown: %s", e)
             closed = False

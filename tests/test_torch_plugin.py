@@ -165,14 +165,14 @@ class _Call(threading.Thread):
         return self.result
 
 
-def _handlers(etcd, n: int, **conf: str) -> list[Any]:
+def _handlers(etcd, n: int, nodes: tuple[int, int] = (2, 2), **conf: str) -> list[Any]:
     from torch.distributed.elastic.rendezvous import RendezvousParameters
 
     from etcdrun.rendezvous.torch_plugin import create_handler
 
     conf = {"timeout": "30", "lease_ttl": "2", "last_call_timeout": "0", **conf}
     return [
-        create_handler(RendezvousParameters("etcd-v3", etcd.endpoints, "inproc", 2, 2, **conf))
+        create_handler(RendezvousParameters("etcd-v3", etcd.endpoints, "inproc", *nodes, **conf))
         for _ in range(n)
     ]
 
@@ -223,6 +223,23 @@ def test_spares_restarts_and_a_death_as_torchruns_agent_sees_them(etcd, torch_av
         assert h1.shutdown() and spare.is_closed()  # torchrun's shutdown closes the run
         with pytest.raises(RendezvousClosedError):
             spare.next_rendezvous()
+    finally:
+        for h in hs:
+            h.inner.shutdown()
+
+
+def test_a_spare_that_gives_up_leaves_without_closing_the_run(etcd, torch_available):
+    """torchrun shuts its handler down when next_rendezvous raises: a hot spare whose wait
+    timed out must not close the run the others are running (torch's backends would)."""
+    from torch.distributed.elastic.rendezvous import RendezvousTimeoutError
+
+    running, spare = hs = _handlers(etcd, 2, nodes=(1, 1), timeout="2")
+    try:
+        running.next_rendezvous()
+        with pytest.raises(RendezvousTimeoutError, match="join_timeout=2s"):
+            spare.next_rendezvous()
+        assert spare.shutdown()
+        assert not running.is_closed() and running.num_nodes_waiting() == 0
     finally:
         for h in hs:
             h.inner.shutdown()
