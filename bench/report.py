@@ -217,18 +217,22 @@ def verdict(scenario: str, setting: str, runs: list[dict]) -> tuple[str, str]:
     return ("PASS" if ok else "MISS"), "; ".join(reasons)
 
 
+def _kind(run: dict) -> str:
+    return "torchrun + etcd-v3" if run["backend"] == "etcd-v3" else run["kind"]
+
+
 def _setting_label(scenario: str, setting: str, runs: list[dict]) -> str:
     if setting == "default":
         return "default"
     parts = []
-    for kind in ("etcdrun", "torchrun"):
+    for kind in ("etcdrun", "torchrun", "torchrun + etcd-v3"):
         confs = sorted(
             {
                 r["label"].split("(", 1)[1].split(")", 1)[0]
                 for r in runs
                 if r["scenario"] == scenario
                 and r["setting"] == setting
-                and r["kind"] == kind
+                and _kind(r) == kind
                 and "(" in r["label"]
             }
         )
