@@ -25,7 +25,7 @@ class Launcher:
     key: str  # stable id used in results
     label: str  # what the tables show
     kind: str  # ETCDRUN or TORCHRUN
-    backend: str  # etcd (etcdrun), c10d or etcd-v2 (torchrun)
+    backend: str  # etcd (etcdrun), c10d, etcd-v2 or etcd-v3 (torchrun; etcd-v3 is our plugin)
     conf: str = ""  # --rdzv-conf
     tuned: bool = False
     env: dict[str, str] = field(default_factory=dict)
@@ -33,7 +33,7 @@ class Launcher:
 
     @property
     def needs_etcd(self) -> bool:
-        return self.backend in ("etcd", "etcd-v2")
+        return self.backend in ("etcd", "etcd-v2", "etcd-v3")
 
     def with_env(self, key: str, label: str, **env: str) -> Launcher:
         return Launcher(
@@ -113,6 +113,18 @@ LAUNCHERS = {
         _TORCH_TUNED,
         tuned=True,
         env=NO_SHARE,
+        last_call=1.0,
+    ),
+    # Plain torchrun on etcdrun's rendezvous (the torchrun plugin): the same torchrun flags as
+    # the other torchrun columns, one word changed. No store to share: nothing to turn off.
+    "etcd-v3": Launcher("etcd-v3", "torchrun + etcd-v3", TORCHRUN, "etcd-v3"),
+    "etcd-v3-tuned": Launcher(
+        "etcd-v3-tuned",
+        f"torchrun + etcd-v3 ({_TORCH_TUNED})",
+        TORCHRUN,
+        "etcd-v3",
+        _TORCH_TUNED,
+        tuned=True,
         last_call=1.0,
     ),
 }

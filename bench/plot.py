@@ -32,6 +32,7 @@ SERIES = (
     ("etcdrun", "etcdrun", "#1f77b4"),
     ("c10d", "torchrun c10d", "#d62728"),
     ("etcd-v2", "torchrun etcd-v2", "#ff7f0e"),
+    ("etcd-v3", "torchrun + etcd-v3", "#2ca02c"),
 )
 
 
@@ -120,13 +121,13 @@ def recovery_plot(res: dict, path: Path) -> None:
         g for g in GROUPS if any(r["scenario"] == g[0] and r["setting"] == g[1] for r in runs)
     ]
     fig, ax = plt.subplots(figsize=(10, 0.9 * max(len(groups), 2) + 1.5))
-    h = 0.26
+    h = 0.8 / len(SERIES)
     for gi, (s, setting, _) in enumerate(groups):
         for si, (col, _, color) in enumerate(SERIES):
             run = _find(runs, s, setting, col)
             if run is None:
                 continue
-            y = gi + (si - 1) * h
+            y = gi + (si - (len(SERIES) - 1) / 2) * h
             if not _draw_recovered(ax, y, h, color, run["trials"]):
                 _draw_unrecovered(ax, y, h, color, run["trials"])
     _decorate(ax, groups, res["meta"])

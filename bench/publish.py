@@ -167,7 +167,8 @@ README_HEAD = "## Benchmarks vs torchrun"
 CELLS_NOTE = (
     'Cells: median (min–max) ×trials. "never (timeout X s)": no recovery within the '
     'bound; "job died": every agent exited. Ratio: torchrun\'s best median / '
-    "etcdrun's."
+    "etcdrun's, over torchrun's own backends; \"torchrun + etcd-v3\" is plain torchrun on "
+    "etcdrun's rendezvous (its plugin), shown beside them."
 )
 
 

@@ -36,7 +36,17 @@ TITLES = {
     "6": "6. Agent peak RSS (VmHWM) while running a {n}-node job",
     "8": "8. Idle: etcd requests/s per agent, job running unchanged",
 }
-COLS = (("etcdrun", "etcdrun"), ("c10d", "torchrun c10d"), ("etcd-v2", "torchrun etcd-v2"))
+COLS = (
+    ("etcdrun", "etcdrun"),
+    ("c10d", "torchrun c10d"),
+    ("etcd-v2", "torchrun etcd-v2"),
+    ("etcd-v3", "torchrun + etcd-v3"),  # plain torchrun on our rendezvous (the plugin)
+)
+# A row: scenario, settings, one cell per column, then these. The ratio compares etcdrun with
+# torchrun's own backends (c10d, etcd-v2); the plugin's column is shown beside them.
+RATIO = 2 + len(COLS)
+TARGET, VERDICT, WHY = RATIO + 1, RATIO + 2, RATIO + 3
+_DASHES = ["—"] * (RATIO - 2)  # the cells after etcdrun's, and the ratio, of a row of ours alone
 BOUNDS = {"default": 6.0, "tuned": 3.0}
 ORDER = ("1", "1s", "2", "3", "3i", "4", "5", "6", "7", "8")
 TIMED = ("1", "1s", "2", "3", "3i", "4", "5")  # scenarios with a "ready" figure too
@@ -207,18 +217,22 @@ def verdict(scenario: str, setting: str, runs: list[dict]) -> tuple[str, str]:
     return ("PASS" if ok else "MISS"), "; ".join(reasons)
 
 
+def _kind(run: dict) -> str:
+    return "torchrun + etcd-v3" if run["backend"] == "etcd-v3" else run["kind"]
+
+
 def _setting_label(scenario: str, setting: str, runs: list[dict]) -> str:
     if setting == "default":
         return "default"
     parts = []
-    for kind in ("etcdrun", "torchrun"):
+    for kind in ("etcdrun", "torchrun", "torchrun + etcd-v3"):
         confs = sorted(
             {
                 r["label"].split("(", 1)[1].split(")", 1)[0]
                 for r in runs
                 if r["scenario"] == scenario
                 and r["setting"] == setting
-                and r["kind"] == kind
+                and _kind(r) == kind
                 and "(" in r["label"]
             }
         )
@@ -240,6 +254,7 @@ def _help_row(res: dict) -> list[list[str]]:
             "default",
             f"{e:.3f} s",
             f"{t:.3f} s",
+            "(same binary)",
             "(same binary)",
             f"{ratio:.1f}x",
             TARGETS["6h"],
@@ -305,9 +320,7 @@ def _scale_rows(scale: dict) -> list[list[str]]:
                 title,
                 "—",
                 f"not run: {scale['error']}",
-                "—",
-                "—",
-                "—",
+                *_DASHES,
                 TARGETS["7"],
                 "MISS",
                 scale["error"],
@@ -330,19 +343,8 @@ def _scale_rows(scale: dict) -> list[list[str]]:
         problems = [p for r in rs for p in r["problems"]]
         if problems:
             v, why = "MISS", "; ".join(problems)[:200]
-        out.append(
-            [
-                f"{title}: {label}",
-                "lease_ttl 5",
-                "; ".join(parts),
-                "—",
-                "—",
-                "—",
-                TARGETS["7"] if rnd == "round1" else "O(N) writes",
-                v,
-                why,
-            ]
-        )
+        target = TARGETS["7"] if rnd == "round1" else "O(N) writes"
+        out.append([f"{title}: {label}", "lease_ttl 5", "; ".join(parts), *_DASHES, target, v, why])
     return out
 
 
@@ -352,6 +354,7 @@ HEAD = [
     "etcdrun",
     "torchrun c10d",
     "torchrun etcd-v2",
+    "torchrun + etcd-v3",
     "torchrun/etcdrun",
     "target (etcdrun)",
     "verdict",
@@ -360,11 +363,11 @@ HEAD = [
 
 
 def markdown_table(res: dict, which: str = RUNNING) -> str:
-    head = HEAD[:-1] if which == RUNNING else HEAD[:6]
+    head = HEAD[:-1] if which == RUNNING else HEAD[: RATIO + 1]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows(res, which):
-        v = r[7] + (f": {r[8]}" if r[8] else "")
-        cols = [*r[:7], v] if which == RUNNING else r[:6]
+        v = r[VERDICT] + (f": {r[WHY]}" if r[WHY] else "")
+        cols = [*r[:VERDICT], v] if which == RUNNING else r[: RATIO + 1]
         lines.append("| " + " | ".join(cols).replace("\n", " ") + " |")
     return "\n".join(lines)
 
@@ -375,12 +378,12 @@ def console(res: dict) -> str:
         out.append(f"== to workers {which} ==")
         for r in rows(res, which):
             out.append(f"{r[0]}  [{r[1]}]")
-            for (_, name), c in zip(COLS, r[2:5], strict=True):
-                out.append(f"    {name:<17} {c}")
+            for (_, name), c in zip(COLS, r[2:RATIO], strict=True):
+                out.append(f"    {name:<18} {c}")
             out.append(
-                f"    torchrun/etcdrun {r[5]}"
+                f"    torchrun/etcdrun {r[RATIO]}"
                 + (
-                    f"; target {r[6]}: {r[7]}" + (f" — {r[8]}" if r[8] else "")
+                    f"; target {r[TARGET]}: {r[VERDICT]}" + (f" — {r[WHY]}" if r[WHY] else "")
                     if which == RUNNING
                     else ""
                 )

@@ -27,10 +27,11 @@ from procs import TAG_VAR, become_subreaper, sweep
 
 ALL = ("1", "1s", "2", "3", "3i", "4", "5", "6", "7", "8")
 ALL_SIX = ("etcdrun", "c10d", "etcd-v2", "etcdrun-tuned", "c10d-tuned", "etcd-v2-tuned")
+PLUGIN = ("etcd-v3", "etcd-v3-tuned")  # torchrun + etcd-v3: plain torchrun on our rendezvous
 
 
 def _trials(args: argparse.Namespace, launcher: Launcher) -> int:
-    slow = launcher.kind == TORCHRUN and not launcher.tuned
+    slow = launcher.kind == TORCHRUN and not launcher.tuned and launcher.backend != "etcd-v3"
     return args.slow_trials if slow else args.trials
 
 
@@ -144,7 +145,7 @@ class _Plan:
 
 def _first_round(plan: _Plan, s: str) -> None:
     a = plan.args
-    for k in ("etcdrun", "c10d", "etcd-v2"):
+    for k in ("etcdrun", "c10d", "etcd-v2", "etcd-v3"):
         plan.series(
             s,
             k,
@@ -156,7 +157,7 @@ def _first_round(plan: _Plan, s: str) -> None:
 
 def _double(plan: _Plan, s: str) -> None:
     n = plan.args.n
-    for k in ALL_SIX:
+    for k in ALL_SIX + PLUGIN:
         trials = _trials(plan.args, LAUNCHERS[k])
         plan.series("2", k, trials, lambda c, la, nm: sc.first_round(c, la, n, 2 * n, nm), n=n)
 
@@ -165,10 +166,10 @@ def _kill(plan: _Plan, s: str) -> None:
     n, which = plan.args.n, "rank0" if s == "4" else "member"
     mode = "idle" if s == "3i" else "allreduce"
     keys = ("etcdrun", "etcdrun-tuned", "c10d-tuned") if s == "3i" else ALL_SIX
-    for k in keys:
+    for k in keys + PLUGIN:
         la = LAUNCHERS[k]
         c, trials = plan.ctx, _trials(plan.args, la)
-        if s == "3i" and la.kind == TORCHRUN:
+        if s == "3i" and la.kind == TORCHRUN and la.backend != "etcd-v3":
             c, trials = plan.never, 1
         setting = "tuned" if la.tuned else "default"
         fn = lambda c, la, nm, w=which, m=mode: sc.kill_node(c, la, n, w, m, nm)  # noqa: E731
@@ -177,7 +178,7 @@ def _kill(plan: _Plan, s: str) -> None:
 
 def _scale_up(plan: _Plan, s: str) -> None:
     n = plan.args.n
-    for k in ALL_SIX:
+    for k in ALL_SIX + PLUGIN:
         trials = _trials(plan.args, LAUNCHERS[k])
         plan.series("5", k, trials, lambda c, la, nm: sc.scale_up(c, la, n, nm), n=n)
 
@@ -189,7 +190,7 @@ def _help_and_rss(plan: _Plan, s: str) -> None:
         "  [6] --help: "
         + ", ".join(f"{k} {sorted(v)[len(v) // 2]:.3f} s" for k, v in plan.help_out.items())
     )
-    for k in ("etcdrun", "c10d", "etcd-v2"):
+    for k in ("etcdrun", "c10d", "etcd-v2", "etcd-v3"):
         fn = lambda c, la, nm: sc.agent_rss(c, la, n, nm)  # noqa: E731
         plan.series("6", k, plan.args.trials, fn, unit="MB", n=n)
 
@@ -200,7 +201,7 @@ def _rendezvous_scale(plan: _Plan, s: str) -> None:
 
 def _idle(plan: _Plan, s: str) -> None:
     n = plan.args.n
-    for k in ("etcdrun", "etcdrun-tuned", "etcd-v2", "etcd-v2-tuned"):
+    for k in ("etcdrun", "etcdrun-tuned", "etcd-v2", "etcd-v2-tuned", *PLUGIN):
         fn = lambda c, la, nm: sc.idle_requests(c, la, n, nm)  # noqa: E731
         plan.series("8", k, 2, fn, unit="req/s", n=n)
 

@@ -210,7 +210,8 @@ def idle_requests(ctx: Ctx, launcher: Launcher, n: int, name: str) -> Trial:
                 per[m] = per.get(m, 0.0) + d
         secs = t2 - t1
         total = sum(per.values()) / secs / n
-        keep = per.get("LeaseKeepAlive", 0.0) / secs / n if launcher.kind == ETCDRUN else 0.0
+        ours = launcher.kind == ETCDRUN or launcher.backend == "etcd-v3"  # our client's leases
+        keep = per.get("LeaseKeepAlive", 0.0) / secs / n if ours else 0.0
         return Trial(
             total,
             extra={

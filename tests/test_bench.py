@@ -105,7 +105,7 @@ def test_a_run_that_never_recovers_is_a_miss_and_an_infinite_ratio():
     table = report.rows(_results(runs))
     row = next(r for r in table if r[0].startswith("3. "))
     assert row[2].startswith("1.00 s") and row[3] == "never (timeout 75 s) ×1"
-    assert row[5] == "∞ (torchrun: never)"
+    assert row[report.RATIO] == "∞ (torchrun: never)"
 
 
 def test_published_tables_running_with_targets_ready_without():

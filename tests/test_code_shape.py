@@ -8,7 +8,8 @@ fails when it stops holding. What is measured:
 - nesting: block statements inside a function (if, for, while, with, try, match), ``elif``
   counted as the ``if`` it continues; a nested function, class or lambda is measured on its own.
 
-Generated code (``*_pb2.py``) is left out.
+Generated code (``*_pb2.py``) is left out, and so are hidden folders: bench/compare.py creates
+its venv as bench/.venv-torch, whose installed packages are not ours.
 """
 
 from __future__ import annotations
@@ -87,7 +88,8 @@ def all_offenders() -> dict[str, str]:
     found: dict[str, str] = {}
     for folder in FOLDERS:
         for path in sorted((ROOT / folder).rglob("*.py")):
-            if not path.name.endswith("_pb2.py"):
+            hidden = any(p.startswith(".") for p in path.relative_to(ROOT).parts)
+            if not path.name.endswith("_pb2.py") and not hidden:
                 found.update(offenders(path))
     return found
 
