@@ -7,6 +7,11 @@ through ``SHIM``: a ``python -I -S -c`` one-liner (~8 ms, no site import) that s
 signal, checks that the agent still is its parent (closing the fork→prctl race), then execs the
 real command with the same pid. A callable entrypoint does the same first thing in Python.
 
+What runs *after* the user's code lives apart, in ``_site/sitecustomize.py``: every worker
+interpreter the agent starts imports it at start-up (``_spawn.exit_hook_env``), so that a script,
+a module and a spawned callable alike let gloo's threads finish before Python finalizes (else
+SIGABRT at exit; figures there). Fork/forkserver children end with ``os._exit`` and need none.
+
 Keep this module import-light: spawned workers import it before the user's code.
 """
 

@@ -27,6 +27,10 @@ if TYPE_CHECKING:  # pragma: no cover
 # Where a stream goes: console only (torchrun's default), file only (redirect), or both (tee).
 CONSOLE, FILE, TEE = "console", "file", "tee"
 
+# The worker interpreter's exit hook (why, and what it fixes: agent/_site/sitecustomize.py).
+SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_site")
+USER_PYTHONPATH = "ETCDRUN_USER_PYTHONPATH"  # the same name as the hook's USER_PATH_VAR
+
 
 @dataclass(frozen=True)
 class WorkerFiles:
@@ -94,6 +98,22 @@ def worker_env(
     if "OMP_NUM_THREADS" not in os.environ and spec.local_world_size > 1:
         env["OMP_NUM_THREADS"] = "1"
     return env
+
+
+def exit_hook_env(env: Mapping[str, str]) -> dict[str, str]:
+    """What makes every Python a worker command runs import the exit hook before anything else.
+
+    Why through ``PYTHONPATH``: the hook must be registered in the worker's own interpreter
+    before the user's code (atexit runs it last), and a script, a ``-m`` module or a
+    ``--no-python`` wrapper is run by the interpreter itself, with no code of ours around it;
+    ``site`` imports the first ``sitecustomize`` on the path. The user's value rides along and
+    the hook puts it back, so the worker's ``os.environ`` and ``sys.path`` are as torchrun's.
+    """
+    user = env.get("PYTHONPATH", "")
+    return {
+        "PYTHONPATH": SITE_DIR + os.pathsep + user if user else SITE_DIR,
+        USER_PYTHONPATH: user,
+    }
 
 
 def stream_modes(spec: WorkerSpec, worker: Worker) -> tuple[str, str]:
@@ -205,6 +225,7 @@ def launch(
     """Start one worker in its own session, with the parent-death signal armed."""
     agent_pid = os.getpid()
     full_env = {**os.environ, **env}
+    full_env.update(exit_hook_env(full_env))  # fork/forkserver children never finalize: not them
     if kind is not EntrypointKind.CALLABLE and kind is not EntrypointKind.RUN_PATH:
         argv = _boot.shim_argv(agent_pid, command_for(spec, kind))
         return Handle(_popen(argv, full_env, stdout, stderr), via_mp=False, forkserver=False)
