@@ -27,8 +27,8 @@ EXAMPLE = str(Path(__file__).resolve().parents[1] / "examples" / "ddp_elastic.py
 # after etcdrun's "[<rank>]:" prefix (torchrun prints none).
 LINE = re.compile(r"^(?:\[\d+\]:)?ddp_elastic (?:(resume|checkpoint|done) )?(.*)$", re.MULTILINE)
 CKPT = re.compile(r"^ckpt_(\d{8})\.pt$")
-# Rounding is all that may differ between world sizes (the sum of the gradients is taken in
-# another order); measured: at most 2e-7 relative over 100 steps at world 1, 2, 3 and 4.
+# Rounding is all that may differ between world sizes (the gradients are summed in another
+# order); measured against world size 1: at most 7.2e-7 relative over 100 steps at 2, 3 and 4.
 RTOL = 1e-4
 
 
@@ -124,9 +124,17 @@ class CheckpointLog:
         return [step for step, (_, ns) in self.first.items() if ns / 1e9 < t]
 
 
-def reference_losses(root: Path, steps: int, args: tuple[str, ...]) -> dict[int, float]:
-    """The loss of every step in one process (world size 1), given torchrun's environment by
-    hand: the curve every elastic run must follow, whatever its world sizes and restarts."""
+@dataclass
+class Reference:
+    """A one-process run (world size 1, every checkpoint kept): the loss of every step, the
+    curve every elastic run must follow whatever its world sizes and restarts."""
+
+    losses: dict[int, float]
+    ckpt_dir: Path
+
+
+def reference_run(root: Path, steps: int, args: tuple[str, ...]) -> Reference:
+    """Run the example in one process, given torchrun's environment by hand."""
     from etcdrun.rendezvous.ports import reserve_free_port
 
     env = clean_env(
@@ -137,12 +145,13 @@ def reference_losses(root: Path, steps: int, args: tuple[str, ...]) -> dict[int,
         MASTER_PORT=str(reserve_free_port()),
         OMP_NUM_THREADS="1",
     )
-    argv = [sys.executable, EXAMPLE, "--steps", str(steps), "--checkpoint-dir", str(root), *args]
+    ckpt = root / "ckpt"
+    argv = [sys.executable, EXAMPLE, "--steps", str(steps), "--checkpoint-dir", str(ckpt), *args]
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     (seg,) = segments({"reference": done.stdout})
     assert seg.done and seg.step_numbers == list(range(1, steps + 1)), done.stdout[-2000:]
-    return {s: loss for s, _, loss in seg.steps}
+    return Reference({s: loss for s, _, loss in seg.steps}, ckpt)
 
 
 @dataclass
@@ -182,7 +191,6 @@ def check_exact(
     assert segs, "no rank-0 output at all"
     log.poll()
     assert not log.rewritten, f"checkpoints written twice: steps {sorted(log.rewritten)}"
-    assert segs[0].resume == 0, f"the first process resumed from {segs[0].resume}, not 0"
     worst, printed_ckpt = 0.0, 0
     for seg in segs:
         worst = max(worst, _check_segment(seg, reference))
@@ -199,7 +207,7 @@ def check_exact(
     if done:
         assert last.done and last.step_numbers[-1:] == [steps], f"the last process: {last}"
         assert [seg.done for seg in segs].count(True) == 1, "done more than once"
-        assert printed == list(range(1, steps + 1)), f"steps printed: {printed}"
+        assert printed == list(range(segs[0].resume + 1, steps + 1)), f"steps: {printed}"
     else:
         assert not any(seg.done for seg in segs), "a failed run printed done"
     loss = {s: value for seg in segs for s, _, value in seg.steps}  # the last run of each step
@@ -252,6 +260,33 @@ def worker_pids(agent_pid: int) -> list[int]:
         except OSError:
             continue
     return kids
+
+
+ABORT = "terminate called without an active exception"
+ROUND_START = re.compile(r"^\[etcdrun [^\]]*\] round \d+: node rank ")
+WORKER_LINE = re.compile(r"^\[(\d+)\]:(.*)$")
+
+
+def aborts(stderr: str) -> list[tuple[int, bool]]:
+    """(rank, had it raised first?) for every worker of an agent that aborted in C++ at exit
+    ("terminate called without an active exception": torch 2.13 + gloo, issue 10 part 1).
+
+    Why tell them apart: a worker that raised (a peer died under it, or it was made to fail)
+    was failing anyway, and the abort only changes how it dies; a worker that aborts after
+    finishing its work turns a success into a failure, which a test must never let pass.
+    """
+    raised: set[int] = set()
+    found = []
+    for line in stderr.splitlines():
+        if ROUND_START.match(line):
+            raised.clear()  # a new round: new worker processes
+            continue
+        m = WORKER_LINE.match(line)
+        if m and "Traceback (most recent call last)" in m.group(2):
+            raised.add(int(m.group(1)))
+        elif m and ABORT in m.group(2):
+            found.append((int(m.group(1)), int(m.group(1)) in raised))
+    return found
 
 
 NODE_RANK = re.compile(r"round (\d+): node rank (\d+) of (\d+)")
