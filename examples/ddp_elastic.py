@@ -3,8 +3,9 @@
 Why this shape: an elastic launcher (etcdrun, torchrun) restarts *every* worker whenever the
 membership changes or a worker fails, so a job that keeps its progress must store it outside the
 workers and pick it up on start. This is the standard pattern, with nothing launcher-specific in
-it: only torchrun's environment is read (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT through
-``init_process_group``, TORCHELASTIC_RESTART_COUNT), so it runs unmodified under both.
+it: only torchrun's environment is read (RANK, WORLD_SIZE, MASTER_ADDR/PORT through
+``init_process_group``, TORCHELASTIC_RESTART_COUNT; LOCAL_RANK would pick a GPU, and there is
+none here), so it runs unmodified under both.
 
 - Checkpoints: every ``--checkpoint-every`` steps (and after the last), rank 0 writes model,
   optimizer and step to ``ckpt_<step>.pt.tmp``, fsyncs it, ``os.replace``s it to
@@ -17,14 +18,16 @@ it: only torchrun's environment is read (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_AD
   by (seed, s), and rank r takes the r-th slice of it. The loss is scaled so that DDP's average
   of the ranks' gradients is the full batch's gradient. So the run repeats no step beyond the
   last checkpoint, loses none, and follows the same loss curve whatever the world size (equal to
-  a one-process run's to float rounding; tests/test_ddp_elastic.py checks it within 1e-4).
+  a one-process run's to float rounding: tests/test_ddp_elastic.py checks it within 1e-4 and
+  sees at most 7.2e-7 at world sizes 2, 3 and 4).
 
 Rank 0 prints one line per step, ``ddp_elastic step=<s> world=<W> loss=<mean over the batch>``,
 plus ``resume``, ``checkpoint`` and ``done`` lines in the same ``key=value`` form.
 ``--fail-rank/--fail-at-step`` make one rank raise, to exercise the launcher's restart budget;
 ``--fail-attempts`` limits it to the first N attempts (by TORCHELASTIC_RESTART_COUNT).
 
-Measured here (2 shared cores, defaults): a step takes 15-30 ms at world size 3.
+Measured here (2 shared cores, load 4-6, defaults, OMP_NUM_THREADS=1): a step takes 12-20 ms at
+world size 3; a worker's start (Python, ``import torch``, the gloo init) takes 3-7 s.
 """
 
 from __future__ import annotations
