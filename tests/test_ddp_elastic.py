@@ -15,8 +15,11 @@ test's 10-22 s is worker start-up; the file takes about 2 minutes.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import shutil
+import signal
 import sys
 import time
 from importlib.util import find_spec
@@ -140,10 +143,20 @@ class Run:
         )
 
     def close(self) -> None:
+        """Kill what still runs. torchrun's workers do not die with it (no PR_SET_PDEATHSIG, as
+        etcdrun's have): a hung torchrun's workers once outlived a failed test by an hour."""
+        orphans = []
         for a in self.agents:  # the job's agents, and a torchrun the job does not know
             if a.proc.poll() is None:
+                orphans += worker_pids(a.pid)
                 a.proc.kill()
             a.proc.wait()
+        for pid in orphans:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for pid in orphans:  # they come to us (a child subreaper): reap them
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
         self.job.close()
 
 
