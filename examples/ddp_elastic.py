@@ -26,7 +26,7 @@ plus ``resume``, ``checkpoint`` and ``done`` lines in the same ``key=value`` for
 ``--fail-rank/--fail-at-step`` make one rank raise, to exercise the launcher's restart budget;
 ``--fail-attempts`` limits it to the first N attempts (by TORCHELASTIC_RESTART_COUNT).
 
-Measured here (2 shared cores, load 4-6, defaults, OMP_NUM_THREADS=1): a step takes 12-20 ms at
+Measured here (2 shared cores, load 4-6, defaults, OMP_NUM_THREADS=1): a step takes 11-20 ms at
 world size 3; a worker's start (Python, ``import torch``, the gloo init) takes 3-7 s.
 """
 
