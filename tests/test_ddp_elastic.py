@@ -8,9 +8,9 @@ does not depend on the world size) — that the loss went down, and that the job
 ``STEPS`` (ddp_helpers.check_exact). Each prints its figures as ``[ddp] ...`` lines (``-s``
 shows them). Marker ``ddp``.
 
-Measured on 2 shared cores (load 4-6): a step takes ~17 ms at world size 3; a worker needs 3-7 s
-from its start to its first step (Python, ``import torch``, the gloo init), so most of each
-test's 10-22 s is worker start-up; the file takes about 2 minutes.
+Measured on 2 shared cores (load 4-6, nine runs): a step takes 11-20 ms at world size 3; a worker
+needs 3-7 s from its start to its first step (Python, ``import torch``, the gloo init), so most of
+each test's 7-22 s is worker start-up; the file takes 60-122 s.
 """
 
 from __future__ import annotations
