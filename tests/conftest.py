@@ -40,6 +40,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "compose: runs deploy/docker-compose.yml for real (needs Docker and compose)"
     )
+    config.addinivalue_line(
+        "markers", "ddp: examples/ddp_elastic.py under real agents and torchrun (needs torch)"
+    )
     # Become a child subreaper: orphans of our children (a worker whose agent was killed -9)
     # are re-parented to the test process instead of init, so the leak check still sees them.
     if sys.platform == "linux":
