@@ -288,6 +288,8 @@ def _stopping(state: State, event: Event) -> Step | None:
         if event.closed_failure is not None:  # the run failed elsewhere meanwhile
             done = replace(stopped, phase=Phase.DONE)
             return Step(done, FailWithRemoteRootCause(event.closed_failure, note=note))
+        if event.result.real_failures():  # ours had failed already: it may be the root cause
+            return _restart(stopped, info, event.result)
         return Step(replace(stopped, phase=Phase.JOINING), Join(note=note))
     if state.then is Then.FINISH:
         note = f"round {info.round}: workers succeeded"
@@ -295,26 +297,24 @@ def _stopping(state: State, event: Event) -> Step | None:
             note += "; waiting for the other nodes"
         return Step(replace(stopped, phase=Phase.BARRIER), ExitBarrier(note=note))
     if state.then is Then.RESTART:
-        # One path for every backend: the rendezvous owns the budget. It grants the restart or
-        # closes the run with this failure (the next join then reports it), and with etcd a
-        # failure caused by a peer's death costs nothing.
-        failure, what = failure_of(info, event.result)
-        left = info.max_restarts - info.restart_count
-        note = (
-            f"round {info.round}: {what}; asking the rendezvous for a new round (restarts used "
-            f"{info.restart_count} of {info.max_restarts}: "
-            + (
-                f"{left} left"
-                if left > 0
-                else "none left, so unless a lost node caused this failure, the job fails"
-            )
-            + ")"
-        )
-        restarting = replace(
-            stopped, phase=Phase.RESTARTING, our_failure=(info.node_id, event.result)
-        )
-        return Step(restarting, RequestRestart(what, failure, note=note, level=logging.WARNING))
+        return _restart(stopped, info, event.result)
     return None
+
+
+def _restart(stopped: State, info: RendezvousInfo, result: RunResult) -> Step:
+    """One path for every backend: the rendezvous owns the budget. It grants the restart or
+    closes the run with this failure (the next join then reports it), and with etcd a failure
+    caused by a peer's death costs nothing; a report earlier than the one the next round
+    already carries replaces it (the root cause is the first failure, not the first report)."""
+    failure, what = failure_of(info, result)
+    left = info.max_restarts - info.restart_count
+    spent = "none left, so unless a lost node caused this failure, the job fails"
+    note = (
+        f"round {info.round}: {what}; asking the rendezvous for a new round (restarts used "
+        f"{info.restart_count} of {info.max_restarts}: {f'{left} left' if left > 0 else spent})"
+    )
+    restarting = replace(stopped, phase=Phase.RESTARTING, our_failure=(info.node_id, result))
+    return Step(restarting, RequestRestart(what, failure, note=note, level=logging.WARNING))
 
 
 def _restarting(state: State, event: Event) -> Step | None:

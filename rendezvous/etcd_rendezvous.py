@@ -43,7 +43,6 @@ from etcdrun.rendezvous.errors import (
     RendezvousClosedError,
     RendezvousConnectionError,
     RendezvousError,
-    RendezvousStateError,
     RendezvousTimeoutError,
 )
 from etcdrun.rendezvous.etcd_config import EtcdRendezvousConfig
@@ -53,6 +52,7 @@ from etcdrun.rendezvous.keys import RunKeys
 from etcdrun.rendezvous.leader_status import status_line
 from etcdrun.rendezvous.protocol import Phase, Round, Settings
 from etcdrun.rendezvous.round_view import RoundView
+from etcdrun.rendezvous.run_gate import RunGate
 from etcdrun.rendezvous.session import Session
 
 log = logging.getLogger(__name__)
@@ -95,8 +95,7 @@ class EtcdRendezvousHandler(RendezvousHandler):
         self._incarnation = 0
         self._tag = os.urandom(3).hex()  # several handlers may share one process
         self._joined: int | None = None  # the round number this session has joined
-        self._saw_live = False  # this node saw the run live (a round not CLOSED), in any session
-        self._fresh_run_noted: int | None = None  # said once: waiting to retry a failed run
+        self._gate = RunGate(self.client, self.keys, self.view)
         self._shutdown = False
 
     # ---- RendezvousHandler: torch's part -------------------------------------------------------
@@ -205,7 +204,7 @@ class EtcdRendezvousHandler(RendezvousHandler):
 
     def closed_failure(self) -> FailureInfo | None:
         msg = self.view.closed_state()
-        if not self._saw_live:
+        if not self._gate.saw_live:
             return None  # a run that ended before we came: its failure is not ours to report
         if msg is None or msg.outcome != st.FAILED:
             return None
@@ -250,7 +249,7 @@ class EtcdRendezvousHandler(RendezvousHandler):
             if sess.lost.is_set() or self._shutdown:
                 self._drop_session()
                 raise _Reopen()  # a new session, or "shut down"
-            self._check_run(sess, r)
+            self._gate.check(r, sess.node_id)
             if r is not None and r.phase is Phase.JOINING and self._joined != r.number:
                 if self._join(sess, r):
                     continue  # joined: wait for the freeze; else wait for the newer round
@@ -270,28 +269,6 @@ class EtcdRendezvousHandler(RendezvousHandler):
                     round=r.number if r else None,
                     node=sess.node_id,
                 )
-
-    def _check_run(self, sess: Session, r: Round | None) -> None:
-        """Raise when this node cannot take part in the run as etcd holds it now: closed (or
-        run before by another job), removed while live (aborted), or unreadable with no good
-        state known. A failed run's id waits: the leader starts it afresh (protocol.py)."""
-        if r is not None and r.phase is not Phase.CLOSED:
-            self._saw_live = True
-        elif r is None and self._saw_live:  # the run's state vanished while in it: aborted
-            why = lifecycle.describe_vanished(self.client, self.keys)
-            raise RendezvousClosedError(why, run_id=self.run_id, node=sess.node_id)
-        bad = self.view.corruption()
-        if bad is not None and r is None:  # nobody knows the last good state: stop
-            raise RendezvousStateError(bad[1], run_id=self.run_id, node=sess.node_id)
-        if r is not None and r.phase is Phase.CLOSED and (self._saw_live or not r.failure):
-            why = "the run is closed" if self._saw_live else self._ran_before()
-            ok = self._saw_live and r.failure is None
-            raise RendezvousClosedError(
-                why, succeeded=ok, run_id=self.run_id, round=r.number, node=sess.node_id
-            )
-        if r is not None and r.phase is Phase.CLOSED and self._fresh_run_noted != r.number:
-            self._fresh_run_noted = r.number  # a failed run's id: the leader starts afresh
-            log.warning("%s; starting it afresh once its last agent has left", self._ran_before())
 
     def _join(self, sess: Session, r: Round) -> bool:
         lws = self.params.local_world_size
@@ -366,7 +343,7 @@ class EtcdRendezvousHandler(RendezvousHandler):
     # ---- the run's end -------------------------------------------------------------------------
     def _close(self, outcome: int, failure: st.Failure | None) -> None:
         try:
-            lifecycle.set_closed(
+            done = lifecycle.set_closed(
                 self.client,
                 self.keys,
                 self.events,
@@ -377,10 +354,8 @@ class EtcdRendezvousHandler(RendezvousHandler):
             )
         except EtcdError as e:
             raise self._wrap(e) from None
-
-    def _ran_before(self) -> str:
-        """A closed run met at our first look: an earlier job under the same id."""
-        return lifecycle.describe_closed(self.client, self.keys, self.view.message())
+        if done is not None:
+            self.view.apply(*done)  # our own write, known at once
 
     def _wrap(self, e: EtcdError) -> RendezvousError:
         refused = isinstance(e, (EtcdAuthError, EtcdPermissionError))

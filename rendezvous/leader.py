@@ -259,27 +259,7 @@ class Leader:
         fence = self._session.is_owner()  # S4: a leader whose lease was lost cannot write
         me = self._session.node_id
         if isinstance(action, CloseFailed):
-            closed = lifecycle.close_run(
-                self._client,
-                self._keys,
-                r,
-                st.FAILED,
-                codec.failure_to(action.failure),
-                ttl=self._closed_ttl,
-                by=me,
-                fence=[fence],
-            )
-            if closed is None:
-                return False
-            self._view.apply(closed)
-            self._events.emit(
-                "run_closed",
-                round=action.number,
-                outcome="FAILED",
-                restart_count=action.restart_count,
-                failed_rank=action.failure.global_rank,
-            )
-            return True
+            return self._close_failed(r, action)
         run_lease = self._run_lease_for(r)
         if isinstance(action, StartRound):
             new, (guard, ops) = transitions.start_round(
@@ -309,11 +289,35 @@ class Leader:
         res = self._client.txn([*guard, fence], ops)
         if not res.succeeded:
             return False
-        # With its message (ops[0] writes the round key), so that this node too can say why
-        # the round opened — its watch event brings the same bytes a moment later.
-        msg = st.RoundState.FromString(ops[0].request_put.value)
+        # With its message, so that this node too can say why the round opened at once — its
+        # watch event brings the same bytes a moment later.
+        msg = lifecycle.written(ops)
         self._view.apply(replace(new, failure=None, mod_revision=res.revision), msg)
         self._applied(action, res.revision)
+        return True
+
+    def _close_failed(self, r: Round | None, action: CloseFailed) -> bool:
+        """The budget is spent: close the run with the root cause every node will report."""
+        closed = lifecycle.close_run(
+            self._client,
+            self._keys,
+            r,
+            st.FAILED,
+            codec.failure_to(action.failure),
+            ttl=self._closed_ttl,
+            by=self._session.node_id,
+            fence=[self._session.is_owner()],
+        )
+        if closed is None:
+            return False
+        self._view.apply(*closed)  # with its message: our agent asks for the root cause next
+        self._events.emit(
+            "run_closed",
+            round=action.number,
+            outcome="FAILED",
+            restart_count=action.restart_count,
+            failed_rank=action.failure.global_rank,
+        )
         return True
 
     def _applied(self, action: StartRound | Freeze, revision: int) -> None:

@@ -19,6 +19,7 @@ from etcdrun.proto import etcdrun_state_pb2 as st
 from etcdrun.rendezvous import codec, transitions
 from etcdrun.rendezvous.api import FailureInfo
 from etcdrun.rendezvous.client import EtcdClient, EtcdError, RetryPolicy
+from etcdrun.rendezvous.client import txn as t
 from etcdrun.rendezvous.client.errors import NO_SPACE_REMEDY
 from etcdrun.rendezvous.errors import RendezvousError
 from etcdrun.rendezvous.events import EventLog
@@ -45,13 +46,14 @@ def close_run(
     ttl: float,
     by: str,
     fence: Sequence[pb.Compare] = (),
-) -> Round | None:
+) -> tuple[Round, st.RoundState] | None:
     """One attempt to close the run, fenced on the round key as read (and on ``fence``).
 
     The CLOSED marker lives under a lease of its own (``ttl`` seconds: late joiners fail at once
     meanwhile, then it expires by itself). When the compare fails, that lease is revoked at once
-    — it would otherwise live ``ttl`` (600 s by default) for nothing. Returns the closed round, or
-    None when the round key had moved (re-read and decide again)."""
+    — it would otherwise live ``ttl`` (600 s by default) for nothing. Returns the closed round and
+    the message written (for the writer's own view: see ``written``), or None when the round key
+    had moved (re-read and decide again)."""
     marker = client.lease(int(ttl), keepalive=False)
     closed, (guard, ops) = transitions.close(keys, current, outcome, failure, marker.id, by)
     # An exception leaves the marker alone: the write may have been applied with its answer
@@ -60,7 +62,14 @@ def close_run(
     if not res.succeeded:
         marker.revoke()
         return None
-    return replace(closed, mod_revision=res.revision)
+    return replace(closed, mod_revision=res.revision), written(ops)
+
+
+def written(ops: Sequence[pb.RequestOp]) -> st.RoundState:
+    """The round state a transaction's first op writes (the round key), decoded: a writer
+    applies its own write to its view with the message, so that it knows its outcome and root
+    cause at once, not only when its watch brings them."""
+    return st.RoundState.FromString(ops[0].request_put.value)
 
 
 def set_closed(
@@ -72,16 +81,17 @@ def set_closed(
     *,
     ttl: float,
     by: str,
-) -> None:
-    """Close the run, whatever round it is in; a run already closed stays as it is."""
+) -> tuple[Round, st.RoundState] | None:
+    """Close the run, whatever round it is in; a run already closed stays as it is. Returns
+    what this call wrote (for the writer's own view), or None when it was closed already."""
     while True:
         cur = read_round(client, keys)
         if cur is not None and cur.phase is Phase.CLOSED:
-            return
-        closed = close_run(client, keys, cur, outcome, failure, ttl=ttl, by=by)
-        if closed is not None:
-            events.emit("run_closed", round=closed.number, outcome=st.Outcome.Name(outcome))
-            return
+            return None
+        done = close_run(client, keys, cur, outcome, failure, ttl=ttl, by=by)
+        if done is not None:
+            events.emit("run_closed", round=done[0].number, outcome=st.Outcome.Name(outcome))
+            return done
 
 
 def request_restart(
@@ -97,7 +107,9 @@ def request_restart(
     """Open the round after ``running`` because a worker failed. The leader charges the
     job-wide budget when it freezes that round — or closes the run as failed when the budget is
     spent — unless a member turns out to be gone (its death made the workers fail: free). False
-    when the round had already moved on (someone else restarted it)."""
+    when the round had already moved on (someone else opened it): then an earlier failure than
+    the one it carries replaces it, since the root cause is the first failure, not the first
+    report (two nodes failing in one round used to name whichever reported first)."""
     new, (guard, ops) = transitions.start_round(
         keys,
         running,
@@ -109,10 +121,38 @@ def request_restart(
         failure=failure,
         run_lease=running.run_lease,
     )
-    if not client.txn(guard, ops).succeeded:
-        return False
-    events.emit("round_started", round=new.number, reason=reason, restart_count=new.restart_count)
-    return True
+    if client.txn(guard, ops).succeeded:
+        events.emit(
+            "round_started", round=new.number, reason=reason, restart_count=new.restart_count
+        )
+        return True
+    if failure is not None:
+        _attach_if_earlier(client, keys, events, running.number + 1, failure)
+    return False
+
+
+def _attach_if_earlier(
+    client: EtcdClient, keys: RunKeys, events: EventLog, number: int, failure: FailureInfo
+) -> None:
+    """Put ``failure`` on round ``number`` while it gathers, when it is earlier than the one it
+    has (or it has none): fenced on the value read, so a round that moved on is left alone."""
+    kv = client.get(keys.round)
+    if kv is None:
+        return
+    try:
+        msg = codec.round_message(kv.value, keys.round, keys.run_id)
+    except RendezvousError:
+        return
+    if msg.number != number or msg.phase != st.JOINING:
+        return
+    theirs = msg.failure.timestamp_ms if msg.HasField("failure") else None
+    ours = codec.failure_to(failure)
+    if theirs is not None and theirs <= ours.timestamp_ms:
+        return
+    msg.failure.CopyFrom(ours)
+    put = t.put(keys.round, msg.SerializeToString(), kv.lease)
+    if client.txn([t.mod_revision(keys.round, "==", kv.mod_revision)], [put]).succeeded:
+        events.emit("round_failure_replaced", round=number, failed_rank=failure.global_rank)
 
 
 def exit_barrier(

@@ -156,6 +156,10 @@ def test_a_failed_run_closes_with_the_root_cause_when_the_budget_is_spent():
     w.join(0, 2)
     w.join(1, 2)
     w.step()
+    # The leader's own view knows the outcome and the root cause at once, before its watch
+    # brings its write back (its agent asks for the root cause next: it once got none).
+    known = w.view.message()
+    assert known.outcome == st.FAILED and codec.failure_from(known.failure) == FAIL
     r = w.round()
     assert r.phase is Phase.CLOSED
     msg = w.view.message()

@@ -284,3 +284,19 @@ def test_failure_of_names_the_first_real_failure():
     assert (failure.node_id, failure.global_rank, failure.host, failure.pid) == ("nX", 1, "h", 101)
     assert (failure.exit_code, failure.local_rank, failure.timestamp) == (3, 1, 2.0)
     assert what == "worker rank 1 on h failed (exit code 3)"
+
+
+def test_a_superseded_round_whose_workers_had_failed_still_reports_the_failure():
+    """Its failure may be the root cause (two nodes failing in one round): it used to be dropped
+    because the round was superseded first."""
+    i, result = info(), failed_result()
+    steps = walk(
+        State(),
+        loop.Joined(i),
+        loop.RoundSuperseded("node(s) left: n2"),
+        loop.WorkersStopped(result),
+    )
+    ask = steps[-1].action
+    assert isinstance(ask, loop.RequestRestart) and ask.failure.global_rank == 1
+    quiet = walk(State(), loop.Joined(i), loop.RoundSuperseded("x"), loop.WorkersStopped(OK))
+    assert isinstance(quiet[-1].action, loop.Join)  # workers that had not failed: just rejoin

@@ -413,3 +413,23 @@ def test_membership_listener_fires_when_the_running_round_is_superseded(etcd):
         assert box and box[0].node_count == 2
     finally:
         shutdown_all([h for h in (first, second) if h is not None])
+
+
+def test_the_root_cause_is_the_first_failure_not_the_first_report(etcd):
+    """Two nodes fail in one round: rank 0's follow-on error reported first, rank 1's own (the
+    real cause, earlier) second. The run closes naming rank 1 (it named rank 0 before)."""
+    run = new_run_id()
+    first = FailureInfo("n1", "host-b", 1, 1, "", "RuntimeError: bad batch", "tb", 10.0, 1, 11)
+    later = FailureInfo("n0", "host-a", 0, -11, "SIGSEGV", "", "", 10.5, 0, 10)
+    hs = [handler(etcd.endpoints, run, 2, 2, max_restarts=0) for _ in range(2)]
+    try:
+        rendezvous(hs)
+        assert hs[0].request_restart("rank 0 died", later)  # reported first
+        assert not hs[1].request_restart("rank 1 failed", first)  # earlier: replaces it
+        assert not hs[1].request_restart("again", later)  # a later one never does
+        with pytest.raises(RendezvousClosedError):  # both rejoin; the budget (0) is spent
+            rendezvous(hs)
+        for h in hs:
+            assert h.closed_failure() == first
+    finally:
+        shutdown_all(hs)
