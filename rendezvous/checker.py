@@ -86,11 +86,7 @@ def check(
             continue  # the leader's repair: the same state again, not a new one
         repairing = False
         where = f"round {s.number} @rev {v.revision}"
-        # S5: rounds move forward only; within a round JOINING → FROZEN → CLOSED.
-        if prev is not None and (
-            s.number < prev.number
-            or (s.number == prev.number and s.phase <= prev.phase and s.phase != st.CLOSED)
-        ):
+        if prev is not None and _backwards(prev, s):
             errors.append(
                 f"S5 {where}: {st.Phase.Name(s.phase)} after "
                 f"round {prev.number} {st.Phase.Name(prev.phase)}"
@@ -120,6 +116,28 @@ def check(
             errors.append(f"S4 round {n}: node {node} accepted the round twice")
         seen.add((n, node))
     return errors
+
+
+def _backwards(prev: st.RoundState, s: st.RoundState) -> bool:
+    """S5: rounds move forward only; within a round JOINING → FROZEN → CLOSED. A JOINING round
+    may be rewritten as JOINING only to carry an earlier failure (the root cause is the first
+    failure, not the first report): nothing else of it may change."""
+    if s.number != prev.number:
+        return s.number < prev.number
+    return s.phase <= prev.phase and s.phase != st.CLOSED and not _failure_replaced(prev, s)
+
+
+def _failure_replaced(a: st.RoundState, b: st.RoundState) -> bool:
+    if not (a.phase == b.phase == st.JOINING) or not (
+        a.HasField("failure") and b.HasField("failure")
+    ):
+        return False
+    ka, kb = st.RoundState(), st.RoundState()
+    ka.CopyFrom(a)
+    kb.CopyFrom(b)
+    ka.ClearField("failure")
+    kb.ClearField("failure")
+    return ka == kb
 
 
 def _check_frozen(s: st.RoundState, where: str, min_nodes: int, max_nodes: int) -> list[str]:

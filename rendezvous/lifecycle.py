@@ -134,8 +134,8 @@ def request_restart(
 def _attach_if_earlier(
     client: EtcdClient, keys: RunKeys, events: EventLog, number: int, failure: FailureInfo
 ) -> None:
-    """Put ``failure`` on round ``number`` while it gathers, when it is earlier than the one it
-    has (or it has none): fenced on the value read, so a round that moved on is left alone."""
+    """Put ``failure`` on round ``number`` while it gathers, in place of an older one it
+    carries: fenced on the value read, so a round that moved on is left alone."""
     kv = client.get(keys.round)
     if kv is None:
         return
@@ -143,11 +143,13 @@ def _attach_if_earlier(
         msg = codec.round_message(kv.value, keys.round, keys.run_id)
     except RendezvousError:
         return
-    if msg.number != number or msg.phase != st.JOINING:
+    if msg.number != number or msg.phase != st.JOINING or not msg.HasField("failure"):
+        # Only a failure replaces a failure. A round opened by a departure (or an arrival)
+        # carries none, and must not get one: its failures are the departure's doing, free —
+        # attached, they would be charged (a kill -9 of rank 0 failed a --max-restarts 0 job).
         return
-    theirs = msg.failure.timestamp_ms if msg.HasField("failure") else None
     ours = codec.failure_to(failure)
-    if theirs is not None and theirs <= ours.timestamp_ms:
+    if msg.failure.timestamp_ms <= ours.timestamp_ms:
         return
     msg.failure.CopyFrom(ours)
     put = t.put(keys.round, msg.SerializeToString(), kv.lease)

@@ -422,14 +422,40 @@ def test_the_root_cause_is_the_first_failure_not_the_first_report(etcd):
     first = FailureInfo("n1", "host-b", 1, 1, "", "RuntimeError: bad batch", "tb", 10.0, 1, 11)
     later = FailureInfo("n0", "host-a", 0, -11, "SIGSEGV", "", "", 10.5, 0, 10)
     hs = [handler(etcd.endpoints, run, 2, 2, max_restarts=0) for _ in range(2)]
-    try:
-        rendezvous(hs)
-        assert hs[0].request_restart("rank 0 died", later)  # reported first
-        assert not hs[1].request_restart("rank 1 failed", first)  # earlier: replaces it
-        assert not hs[1].request_restart("again", later)  # a later one never does
-        with pytest.raises(RendezvousClosedError):  # both rejoin; the budget (0) is spent
+    with accepted_events(hs) as acc:
+        try:
             rendezvous(hs)
-        for h in hs:
-            assert h.closed_failure() == first
-    finally:
-        shutdown_all(hs)
+            assert hs[0].request_restart("rank 0 died", later)  # reported first
+            assert not hs[1].request_restart("rank 1 failed", first)  # earlier: replaces it
+            assert not hs[1].request_restart("again", later)  # a later one never does
+            with pytest.raises(RendezvousClosedError):  # both rejoin; the budget (0) is spent
+                rendezvous(hs)
+            for h in hs:
+                assert h.closed_failure() == first
+        finally:
+            shutdown_all(hs)
+    # The rewrite (round 2 JOINING again, with the earlier failure) is no S5 violation.
+    assert violations(etcd.endpoints, run, 2, 2, acc) == []
+
+
+def test_a_failure_never_makes_a_round_opened_by_a_departure_chargeable(etcd):
+    """kill -9 of rank 0: the leader opens the next round for the departure (free); the
+    survivors' follow-on failures, reported after that, must not turn it into a charged restart
+    (with --max-restarts 0 the job would fail)."""
+    run = new_run_id()
+    hs = [handler(etcd.endpoints, run, 2, 3, lease_ttl=2, max_restarts=0) for _ in range(3)]
+    boom = FailureInfo("n", "vm", 1, 1, "", "RuntimeError: Connection reset by peer", "", 5.0)
+    with accepted_events(hs) as acc:
+        try:
+            infos = rendezvous(hs)
+            victim = next(h for h, i in zip(hs, infos, strict=True) if i.node_rank == 0)
+            crash(victim)
+            rest = [h for h in hs if h is not victim]
+            for h in rest:
+                assert h.membership_changed.wait(10)  # the departure's round is open
+            assert not rest[0].request_restart("gloo broke", boom)  # reported afterwards
+            again = rendezvous(rest)
+            assert [i.restart_count for i in again] == [0, 0]  # free: no restart charged
+        finally:
+            shutdown_all(hs)
+    assert violations(etcd.endpoints, run, 2, 3, acc) == []

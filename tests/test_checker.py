@@ -1,0 +1,30 @@
+"""The invariant checker itself: it must flag what breaks S5 and pass what the protocol does."""
+
+from __future__ import annotations
+
+from etcdrun.proto import etcdrun_state_pb2 as st
+from etcdrun.rendezvous import checker
+
+
+def joining(n: int, failure: st.Failure | None = None, reason: str = "") -> st.RoundState:
+    msg = st.RoundState(number=n, phase=st.JOINING, reason=reason)
+    if failure is not None:
+        msg.failure.CopyFrom(failure)
+    return msg
+
+
+def test_a_joining_round_rewritten_only_to_carry_an_earlier_failure_is_no_violation():
+    late = st.Failure(node_id="a", global_rank=0, timestamp_ms=20)
+    early = st.Failure(node_id="b", global_rank=1, timestamp_ms=10)
+    history = [checker.Version(1, joining(2, late)), checker.Version(2, joining(2, early))]
+    assert checker.check(history, 1, 2) == []
+    # A failure added to a round that had none (one opened by a departure) is not allowed.
+    added = [checker.Version(1, joining(2)), checker.Version(2, joining(2, early))]
+    assert [e.split(" ")[0] for e in checker.check(added, 1, 2)] == ["S5"]
+
+
+def test_a_joining_round_rewritten_otherwise_is_a_violation():
+    history = [checker.Version(1, joining(2)), checker.Version(2, joining(2, reason="other"))]
+    assert [e.split(" ")[0] for e in checker.check(history, 1, 2)] == ["S5"]
+    backwards = [checker.Version(1, joining(3)), checker.Version(2, joining(2))]
+    assert [e.split(" ")[0] for e in checker.check(backwards, 1, 2)] == ["S5"]
