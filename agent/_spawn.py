@@ -259,6 +259,20 @@ def launch(
     return Handle(proc, via_mp=True, forkserver=spec.start_method == "forkserver")
 
 
+def release(handles: list[Handle | None], spec: WorkerSpec, payload_file: str | None) -> None:
+    """What an attempt held once its workers are gone: handles, helpers, the payload file."""
+    for handle in handles:
+        if handle is not None:
+            handle.close()
+    if spec.start_method == "forkserver":
+        release_forkserver()
+    if payload_file:
+        try:
+            os.unlink(payload_file)
+        except FileNotFoundError:
+            pass
+
+
 def release_forkserver() -> None:
     """Stop multiprocessing's forkserver and resource tracker after a forkserver attempt.
 
@@ -286,6 +300,7 @@ def start_worker(
     files: WorkerFiles,
     modes: tuple[str, str],
     payload_file: str | None,
+    extra_env: Mapping[str, str] | None = None,
 ) -> tuple[Handle, list[int], collections.deque[str] | None]:
     """Open the worker's stdout/stderr (a log file, or a pipe to the relay), launch it, and hand
     its pipes to the relay. Returns (handle, pipe fds, stderr tail). Call on the relay thread."""
@@ -304,7 +319,7 @@ def start_worker(
         handle = launch(
             spec,
             kind,
-            env=worker_env(spec, info, worker, files.error_file),
+            env={**worker_env(spec, info, worker, files.error_file), **(extra_env or {})},
             stdout=child_fds[0],
             stderr=child_fds[1],
             files=files,

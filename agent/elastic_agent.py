@@ -31,6 +31,7 @@ from typing import Any, NoReturn
 from etcdrun.agent import loop
 from etcdrun.agent.api import RunResult, WorkerSpec, WorkerState
 from etcdrun.agent.errors import ChildFailedError, ProcessFailure, write_error_json
+from etcdrun.agent.fencing import Fencing
 from etcdrun.agent.workers import WorkerGroup
 from etcdrun.rendezvous.api import FailureInfo, RendezvousHandler, RendezvousInfo
 from etcdrun.rendezvous.errors import RendezvousClosedError
@@ -66,11 +67,14 @@ class ElasticAgent:
         self._spec = spec
         self._h: RendezvousHandler = spec.rdzv_handler
         self._wake = threading.Event()  # a worker exited or the membership changed
+        self._fencing = Fencing(self._h)  # the warden: fences the workers if we fall silent
         self._group = WorkerGroup(
             log_dir or spec.log_dir,
             console_out=console_out,
             console_err=console_err,
             on_exit=lambda _worker: self._wake.set(),
+            on_spawn=self._fencing.spawned,
+            extra_env=self._fencing.env,
         )
         self._status_interval = status_interval
         self._state = loop.State()
@@ -82,6 +86,7 @@ class ElasticAgent:
     # ---- public --------------------------------------------------------------------------
     def run(self) -> RunResult:
         unsubscribe = self._h.on_membership_change(self._wake.set)
+        self._fencing.start()
         result: RunResult | None = None
         try:
             result = self._run_with_signals()
@@ -89,6 +94,7 @@ class ElasticAgent:
         finally:
             unsubscribe()
             self._group.close()
+            self._fencing.close()
             kept = self._group.settle_logs(result is not None and not result.is_failed())
             if kept is not None:
                 log.info("worker logs and error files are in %s", kept)
@@ -149,6 +155,7 @@ class ElasticAgent:
         info = action.info
         with self._deferring():
             self._group.start(self._spec, info)
+            self._fencing.started()
         self.rounds += 1
         log.info(
             "round %d: node rank %d of %d, ranks %d..%d of %d, restarts %d/%d",
@@ -237,6 +244,8 @@ class ElasticAgent:
             if result is not None:
                 if result.state == WorkerState.SUCCEEDED:
                     return loop.WorkersSucceeded()
+                if self._fencing.fenced() or self._h.session_lost():
+                    return loop.LeaseLost()  # the warden killed them: fencing, not a failure
                 return loop.WorkersFailed()
             self._wake.wait()
 
@@ -246,7 +255,11 @@ class ElasticAgent:
         with self._deferring():
             if forward is not None:
                 self._group.signal_all(forward)
-            return self._group.stop(grace)
+            result = self._group.stop(grace)
+            left = self._fencing.stopped()
+            if left:
+                log.info("killed %d process(es) the workers left behind", left)
+            return result
 
     def _write_remote_error(self, f: FailureInfo) -> str:
         """The remote root cause, as an error file in our own log dir (torch's format)."""

@@ -61,11 +61,15 @@ class WorkerGroup:
         console_out: BinaryIO | None = None,
         console_err: BinaryIO | None = None,
         on_exit: Callable[[Worker], None] | None = None,
+        on_spawn: Callable[[int], None] | None = None,
+        extra_env: dict[str, str] | None = None,
         host: str | None = None,
     ) -> None:
         self._logs = LogDir(log_dir)
         self._console = (console_out, console_err)
         self._on_exit = on_exit
+        self._on_spawn = on_spawn  # (pidfd): a worker started (the warden takes a dup of it)
+        self._extra_env = dict(extra_env or {})  # in every worker's environment
         self.host = host or socket.gethostname()
         self._cond = threading.Condition()
         self._generation = 0
@@ -207,12 +211,22 @@ class WorkerGroup:
         reactor = self._reactor
         assert reactor is not None
         handle, proc.stream_fds, proc.stderr_tail = _spawn.start_worker(
-            reactor, spec, info, kind, proc.worker, proc.files, proc.modes, self._payload_file
+            reactor,
+            spec,
+            info,
+            kind,
+            proc.worker,
+            proc.files,
+            proc.modes,
+            self._payload_file,
+            self._extra_env,
         )
         with self._cond:
             proc.handle = handle
             proc.worker.pid = handle.pid
         fd, owns = handle.exit_fd()
+        if owns and fd is not None and self._on_spawn is not None:
+            self._on_spawn(fd)  # a pidfd, opened before any reap on this (the reaping) thread
         reactor.watch_exit(fd, lambda: self._check_exit(proc), owns_fd=owns)
 
     @staticmethod
@@ -363,16 +377,7 @@ class WorkerGroup:
                     except (ProcessLookupError, PermissionError):
                         pass
         self._reactor.close(drain_timeout=DRAIN_WAIT)
-        for proc in self._procs:
-            if proc.handle is not None:
-                proc.handle.close()
-        if self._spec.start_method == "forkserver":
-            _spawn.release_forkserver()
-        if self._payload_file:
-            try:
-                os.unlink(self._payload_file)
-            except FileNotFoundError:
-                pass
+        _spawn.release([p.handle for p in self._procs], self._spec, self._payload_file)
         result = self._compute(final=True)
         assert result is not None
         with self._cond:

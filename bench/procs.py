@@ -27,6 +27,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from etcdrun.agent import warden
+
 TAG_VAR = "ETCDRUN_BENCH_TAG"
 _LINE = re.compile(
     r"BENCH_(START|READY) t=([0-9.]+) world=(\S+) rank=(\S+) group_rank=(\S+) "
@@ -104,20 +106,8 @@ def descendants(pid: int) -> list[int]:
 
 
 def tagged(tag: str) -> list[int]:
-    """Live (non-zombie) processes whose environment carries our tag."""
-    needle = f"{TAG_VAR}={tag}".encode()
-    found = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit() or int(d) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{d}/environ", "rb") as f:
-                env = f.read()
-        except OSError:
-            continue
-        if needle in env.split(b"\0"):
-            found.append(int(d))
-    return found
+    """Live processes whose environment carries our tag (the warden's scan, our variable)."""
+    return warden.tagged(tag, {os.getpid()}, TAG_VAR)
 
 
 def kill_pids(pids: Iterable[int], sig: int = signal.SIGKILL) -> None:

@@ -180,6 +180,18 @@ class RendezvousHandler(abc.ABC):
         """
         return _no_op
 
+    def fence_deadline(self) -> float | None:
+        """The monotonic moment this node's right to run workers must be presumed lost (its
+        lease may be expiring: fencing, S4), or None when the backend has no such limit."""
+        return None
+
+    def on_fence_deadline(self, callback: Callable[[float], None]) -> Callable[[], None]:
+        """Call ``callback(deadline)`` whenever the fence deadline moves (after each lease
+        keep-alive); return an unsubscribe. Why: a guard outside the agent's process (the
+        warden) fences the workers when the agent itself is frozen and stops moving it. The
+        callback runs on a backend thread and must return at once. Default: no deadline."""
+        return _no_op
+
     def round_reason(self) -> str:
         """Why the current round was opened ("node(s) left: ...", "worker rank 3 failed")."""
         return ""

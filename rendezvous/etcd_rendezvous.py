@@ -96,6 +96,7 @@ class EtcdRendezvousHandler(RendezvousHandler):
         self._tag = os.urandom(3).hex()  # several handlers may share one process
         self._joined: int | None = None  # the round number this session has joined
         self._gate = RunGate(self.client, self.keys, self.view)
+        self._fence_listeners: list[Callable[[float], None]] = []
         self._shutdown = False
 
     # ---- RendezvousHandler: torch's part -------------------------------------------------------
@@ -160,6 +161,14 @@ class EtcdRendezvousHandler(RendezvousHandler):
 
     def on_membership_change(self, callback: Callable[[], None]) -> Callable[[], None]:
         return self.view.listen(callback)
+
+    def fence_deadline(self) -> float | None:
+        sess = self._session
+        return sess.presumed_lost_at if sess is not None and not sess.lost.is_set() else None
+
+    def on_fence_deadline(self, callback: Callable[[float], None]) -> Callable[[], None]:
+        self._fence_listeners.append(callback)
+        return lambda: self._fence_listeners.remove(callback)
 
     def round_reason(self) -> str:
         return self.view.reason()
@@ -317,6 +326,7 @@ class EtcdRendezvousHandler(RendezvousHandler):
             run_ttl=self.cfg.run_lease_ttl,
         )
         sess.on_lost(lambda s: self._on_lost(s, driver))
+        sess.on_refreshed(lambda at: [cb(at) for cb in list(self._fence_listeners)])
         self._driver = driver
         driver.start()
         self.events.emit(

@@ -120,6 +120,15 @@ class Session:
         """Whether ``kv`` (our agent key as read) is still ours: the same test as the fence."""
         return kv is not None and kv.lease == self.lease_id
 
+    @property
+    def presumed_lost_at(self) -> float:
+        """The monotonic moment the lease must be presumed lost without a newer keep-alive."""
+        return self._lease.presumed_lost_at
+
+    def on_refreshed(self, callback: Callable[[float], None]) -> None:
+        """Run ``callback(presumed_lost_at)`` after every keep-alive (keeper thread)."""
+        self._lease.on_refreshed(lambda lease: callback(lease.presumed_lost_at))
+
     def on_lost(self, callback: Callable[[Session], None]) -> None:
         """Run ``callback(session)`` once when the lease is lost (on the keep-alive thread)."""
         self._lease.on_lost(lambda _lease: callback(self))

@@ -42,6 +42,13 @@ class FakeLease:
         self._callbacks: list[Callable[[FakeLease], None]] = []
         self.orphaned = False
 
+    @property
+    def presumed_lost_at(self) -> float:
+        return float("inf")  # an in-memory lease is never in doubt
+
+    def on_refreshed(self, callback: Callable[[FakeLease], None]) -> None:
+        pass  # never refreshed: it never expires unless a test says so
+
     def on_lost(self, callback: Callable[[FakeLease], None]) -> None:
         self._callbacks.append(callback)
         if self.lost.is_set():

@@ -49,6 +49,7 @@ class Lease:
         self.lost_reason = ""
         self._keeper = keeper
         self._callbacks: list[Callable[[Lease], None]] = []
+        self._refreshed: list[Callable[[Lease], None]] = []
         self._acked_sent_at = sent_at
         self._interval = interval
         self._next_at = sent_at + interval
@@ -65,6 +66,11 @@ class Lease:
     @property
     def presumed_lost_at(self) -> float:
         return self.expires_no_earlier_than - fence_margin(self.ttl)
+
+    def on_refreshed(self, callback: Callable[[Lease], None]) -> None:
+        """Run ``callback(lease)`` after every acknowledged keep-alive (on the keeper thread;
+        keep it short): ``presumed_lost_at`` has moved."""
+        self._refreshed.append(callback)
 
     def on_lost(self, callback: Callable[[Lease], None]) -> None:
         """Run ``callback(lease)`` once when the lease is lost (at once if it already is)."""
@@ -237,6 +243,11 @@ class LeaseKeeper:
                 ls.keepalives += 1
                 ls._failures = 0
                 ls._next_at = sent + ls._interval
+                for cb in list(ls._refreshed):
+                    try:
+                        cb(ls)
+                    except Exception:  # a listener must not stop the keep-alives
+                        log.exception("lease-refreshed callback failed")
             elif now >= ls.presumed_lost_at:
                 self.forget(ls)
                 ls._mark_lost(f"no keep-alive acknowledged for {now - (ls._acked_sent_at):.1f}s")

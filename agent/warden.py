@@ -1,0 +1,221 @@
+"""The warden: a small process beside each agent that fences its workers when the agent cannot.
+
+Why outside the agent: an agent that is frozen (SIGSTOP, a VM hiccup that stops one process, a
+deadlock) cannot stop its own workers, while its lease runs out and the survivors start workers
+with the same ranks (measured: two live processes per RANK for 5.6 s). And an agent killed with
+-9 cannot stop what its workers started: a grandchild, or a setsid'd one, survived with parent 1.
+
+What it does, and nothing more:
+- The agent hands it each worker's pidfd (over a Unix socket: no pid-reuse race) and, after every
+  lease keep-alive, the moment its lease must be presumed lost. When that moment passes without
+  a newer one, the agent is frozen or stuck: the warden kills the workers — before the lease can
+  expire on the server, so before any survivor can be given their ranks (S4) — and says so.
+- Every process of a worker's tree carries the agent's tag in its environment (``TAG_VAR``), so
+  double-forked and setsid'd descendants are found (``sweep``) and killed with the workers: after
+  every stop (the agent sweeps), at fencing, and when the agent dies (the warden sweeps, then
+  exits). A process that clears its whole environment escapes the sweep; cgroups would not.
+
+It is its own session (the agent's signals to workers' groups never reach it), has no
+parent-death signal (it must outlive a SIGKILL of the agent), and uses only the standard library
+(``python -I -S warden.py``: ~10 ms to start, nothing of etcdrun imported). Linux only (pidfds).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import select
+import signal
+import socket
+import sys
+import time
+
+TAG_VAR = "ETCDRUN_NODE_TAG"  # in every worker's environment, inherited by its descendants
+FENCED = b"F"  # warden -> agent: the workers were killed because the agent fell silent
+
+
+def tagged(tag: str, skip: set[int] = frozenset(), var: str = TAG_VAR) -> list[int]:  # type: ignore[assignment]
+    """Pids of live processes whose environment carries ``var=tag`` (bench/procs.py asks too)."""
+    needle = f"{var}={tag}".encode()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) in skip:
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                env = f.read()
+        except OSError:
+            continue
+        if needle in env.split(b"\0"):
+            found.append(int(name))
+    return found
+
+
+def sweep(tag: str, sig: int = signal.SIGKILL, skip: set[int] = frozenset()) -> int:  # type: ignore[assignment]
+    """Signal every process of the tag (twice over, for what was forked meanwhile); how many."""
+    skip = set(skip) | {os.getpid()}
+    hit = 0
+    for _ in range(2):
+        pids = tagged(tag, skip)
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+                hit += 1
+            except OSError:
+                pass
+        if not pids:
+            break
+    return hit
+
+
+class Warden:
+    """The loop: a socket from the agent, the agent's pidfd, and one deadline."""
+
+    def __init__(self, sock: socket.socket, agent_pid: int, tag: str) -> None:
+        self.sock = sock
+        self.agent_fd = os.pidfd_open(agent_pid)
+        self.agent_pid = agent_pid
+        self.tag = tag
+        self.workers: list[int] = []  # pidfds of the current attempt's workers
+        self.deadline = math.inf  # monotonic: when the agent's lease must be presumed lost
+
+    def run(self) -> int:
+        while True:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                self.fence()
+                continue
+            timeout = None if math.isinf(left) else left
+            ready, _, _ = select.select([self.sock, self.agent_fd], [], [], timeout)
+            if self.agent_fd in ready:
+                return self.agent_died()
+            if self.sock in ready and not self.receive():
+                return self.agent_died()
+
+    def receive(self) -> bool:
+        """One message: ``W`` + pidfds (a worker), ``T<seconds>`` (the deadline; ``Tinf``:
+        none), ``C`` (a new attempt: forget the old pidfds). False at EOF."""
+        try:
+            msg, fds, _flags, _addr = socket.recv_fds(self.sock, 64, 16)
+        except OSError:
+            return False
+        if not msg:
+            return False
+        kind, body = msg[:1], msg[1:]
+        if kind == b"W":
+            self.workers += fds
+        elif kind == b"T":
+            self.deadline = float(body)
+        elif kind == b"C":
+            self._forget()
+        for fd in fds if kind != b"W" else ():
+            os.close(fd)
+        return True
+
+    def fence(self) -> None:
+        """The agent fell silent past its deadline: tell it first (it reads this before the
+        workers' exits when it runs again), then kill the workers and their trees."""
+        try:
+            self.sock.send(FENCED)
+        except OSError:
+            pass
+        killed = self._kill_workers() + sweep(self.tag, skip={self.agent_pid})
+        self.deadline = math.inf
+        print(
+            f"etcdrun warden: agent {self.agent_pid} gave no sign of life past the moment its "
+            f"lease must be presumed lost; killed {killed} worker process(es) (fencing)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def agent_died(self) -> int:
+        """The agent is gone: nothing of its workers may outlive it."""
+        self._kill_workers()
+        sweep(self.tag, skip={self.agent_pid})
+        return 0
+
+    def _kill_workers(self) -> int:
+        n = 0
+        for fd in self.workers:
+            try:
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+                n += 1
+            except OSError:  # already gone
+                pass
+        return n
+
+    def _forget(self) -> None:
+        for fd in self.workers:
+            os.close(fd)
+        self.workers = []
+
+
+class Link:
+    """The agent's end: start the warden, feed it, read its word. One per agent."""
+
+    def __init__(self, tag: str) -> None:
+        import subprocess
+
+        self.tag = tag
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.sock = mine
+        self.proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", os.path.abspath(__file__), str(os.getpid()), tag,
+             str(theirs.fileno())],
+            pass_fds=[theirs.fileno()],
+            start_new_session=True,  # our killpg of worker groups never reaches it
+            stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        theirs.close()
+        self.sock.setblocking(False)
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def worker(self, pidfd: int) -> None:
+        """Hand over a (dup of a) worker's pidfd: the warden can kill it, and only it."""
+        self._send(b"W", [pidfd])
+
+    def deadline(self, monotonic: float) -> None:
+        self._send(b"T" + repr(float(monotonic)).encode())
+
+    def new_attempt(self) -> None:
+        self._send(b"C")
+
+    def fenced(self) -> bool:
+        """Whether the warden said it fenced (read without blocking; the reactor asks)."""
+        try:
+            return self.sock.recv(16) == FENCED
+        except (BlockingIOError, OSError):
+            return False
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Stop the warden: closing the socket is its signal to sweep and leave."""
+        try:
+            self.sock.close()
+        finally:
+            try:
+                self.proc.wait(timeout)
+            except Exception:
+                self.proc.kill()
+                self.proc.wait()
+
+    def _send(self, msg: bytes, fds: list[int] = ()) -> None:  # type: ignore[assignment]
+        try:
+            socket.send_fds(self.sock, [msg], list(fds)) if fds else self.sock.send(msg)
+        except (BlockingIOError, OSError):
+            pass  # a warden that is gone or busy: the agent goes on (and fences itself)
+
+
+def _main() -> int:
+    agent_pid, tag, fd = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the agent's to handle
+    sock = socket.socket(fileno=fd)
+    if os.getppid() != agent_pid:  # the agent died before we started
+        sweep(tag, skip={agent_pid})
+        return 0
+    return Warden(sock, agent_pid, tag).run()
+
+
+if __name__ == "__main__":
+    sys.exit(_main())
