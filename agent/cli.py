@@ -7,8 +7,9 @@ the command name (and ``--rdzv-backend etcd``). Where we differ, it is to fail e
   traceback; values coming from ``PET_<NAME>`` environment variables are checked as strictly;
 - ``--standalone`` uses the static backend on a free local port (torchrun starts a c10d store);
 - the script's arguments pass through untouched, a literal ``--`` included (argparse drops it);
-- no prefix abbreviations (``--nproc`` is ambiguous between ``--nproc-per-node`` and its
-  underscore spelling on Python 3.11; explicit names keep both spellings working).
+- unambiguous prefixes of options work as under torchrun (``--redirect=3``, ``--nnode 2``),
+  and ``--nproc`` too (torchrun's argparse calls it ambiguous between ``--nproc-per-node`` and
+  its underscore spelling); the script's own arguments are never read as our options.
 
 Why this module imports only argparse, os, sys, agent/flags.py and agent/options.py at the top:
 ``etcdrun --help`` is a cost paid on every node and measured against torchrun's. The parser
@@ -36,7 +37,7 @@ from etcdrun.agent.flags import (
     parse_rdzv_conf,
     parse_std,
 )
-from etcdrun.agent.options import DEFAULT_MASTER_PORT, PROG, build_parser
+from etcdrun.agent.options import DEFAULT_MASTER_PORT, PROG, build_parser, expand_abbreviations
 
 if TYPE_CHECKING:
     from etcdrun.agent.config import LaunchConfig
@@ -115,8 +116,9 @@ def parse_args(argv: Sequence[str]) -> tuple[LaunchConfig, Callable[..., Any] | 
 
     Raises UsageError (one line) for any mistake, SystemExit(0) for --help and --version.
     """
-    argv = list(argv)
-    ns = build_parser().parse_args(argv)
+    parser = build_parser()
+    argv = expand_abbreviations(parser, list(argv))
+    ns = parser.parse_args(argv)
     script_args = _script_args(argv, ns)
     min_nodes, max_nodes = parse_nnodes(ns.nnodes)
     nproc = parse_nproc(ns.nproc_per_node)

@@ -18,10 +18,13 @@ from typing import Any
 
 from etcdrun.agent.flags import UsageError
 
-__all__ = ["DEFAULT_MASTER_PORT", "PROG", "build_parser"]
+__all__ = ["DEFAULT_MASTER_PORT", "ETCDRUN_ONLY", "PROG", "build_parser", "expand_abbreviations"]
 
 PROG = "etcdrun"
 DEFAULT_MASTER_PORT = 29500  # torchrun's
+# Our options that torchrun does not have; every other option string is torchrun's (a test
+# compares the two parsers). An abbreviation means what it means under torchrun.
+ETCDRUN_ONLY = frozenset({"--stop-grace", "--stop_grace", "--version"})
 
 
 class _Parser(argparse.ArgumentParser):
@@ -285,6 +288,63 @@ def _add_node_options(p: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="grace between SIGTERM and SIGKILL when stopping workers (default: 30)",
     )
+
+
+def _shown(action: argparse.Action) -> str:
+    return max((o for o in action.option_strings if "_" not in o), key=len)
+
+
+def _resolve(p: argparse.ArgumentParser, name: str) -> argparse.Action | None:
+    """The option an abbreviation stands for (None: none starts so, argparse reports it).
+
+    Unlike argparse on Python < 3.12.? (torchrun's, here), ``--nproc`` is not ambiguous between
+    ``--nproc-per-node`` and its underscore twin: both are one option. A prefix that only our
+    own options make ambiguous (``--v``: torchrun's ``--virtual-local-rank`` and our
+    ``--version``) means torchrun's.
+    """
+    table = p._option_string_actions
+    found = {o: a for o, a in table.items() if o.startswith(name) and o.startswith("--")}
+    for pool in (found, {o: a for o, a in found.items() if o not in ETCDRUN_ONLY}):
+        actions = {id(a): a for a in pool.values()}
+        if len(actions) == 1:
+            return next(iter(actions.values()))
+    if not found:
+        return None
+    names = sorted({_shown(a) for a in found.values()})
+    raise UsageError(f"ambiguous option: {name} could match {', '.join(names)}")
+
+
+def expand_abbreviations(p: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """``argv`` with each unambiguous prefix of an option (``--redirect=3``, ``--nnode 2``)
+    written out, up to the script: torchrun's argparse accepts them.
+
+    Why not argparse's own ``allow_abbrev``: it classifies every word of the command line,
+    the script's arguments too, so ``train.py --ma 1`` would fail as ambiguous (torchrun's
+    does) — here the script's arguments are never looked at. Token for token: nothing is added
+    or dropped, so positions stay as they were.
+    """
+    table = p._option_string_actions
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--" or arg == "-" or not arg.startswith("-"):
+            return out + argv[i:]  # the script (or "--") and everything after it
+        i += 1
+        name, eq, value = arg.partition("=")
+        if arg.startswith("--"):
+            action = table.get(name) or _resolve(p, name)
+            full = name if name in table or action is None else _shown(action)
+            out.append(full + eq + value)
+        else:  # -m, -r 3, -r3
+            action = table.get(arg[:2])
+            out.append(arg)
+            if len(arg) > 2:
+                continue
+        if action is not None and action.nargs != 0 and not eq and i < len(argv):
+            out.append(argv[i])  # its value, whatever it looks like
+            i += 1
+    return out
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -283,6 +283,47 @@ def test_pet_flags(monkeypatch):
     assert parse_args(["t.py"])[0].run_id == "none"
 
 
+@pytest.mark.parametrize(
+    "short, full",
+    [
+        (["--redirect=3"], ["--redirects", "3"]),  # torchrun's argparse accepts prefixes
+        (["--nnode", "2:3"], ["--nnodes", "2:3"]),
+        (["--nproc", "2"], ["--nproc-per-node", "2"]),  # torchrun's calls it ambiguous (twins)
+        (["--nproc_per", "2"], ["--nproc-per-node", "2"]),
+        (["--stand"], ["--standalone"]),
+        (["--rdzv-e=h:1", "--rdzv-i", "j"], ["--rdzv-endpoint", "h:1", "--rdzv-id", "j"]),
+        (["--max-r", "1", "--mon", "2"], ["--max-restarts", "1", "--monitor-interval", "2"]),
+        (["--local-ranks", "0"], ["--local-ranks-filter", "0"]),
+        (["--stop", "3"], ["--stop-grace", "3"]),
+    ],
+)
+def test_unambiguous_prefixes_work_as_under_torchrun(short, full):
+    (a, *rest_a), (b, *rest_b) = parse_args([*short, "train.py"]), parse_args([*full, "train.py"])
+    if a.rdzv_backend == "static" and "--standalone" in full:  # a fresh run id each time
+        a.run_id = b.run_id
+    assert (a, rest_a) == (b, rest_b)
+
+
+def test_prefixes_never_touch_the_scripts_arguments():
+    # torchrun's argparse reads every word: "train.py --ma 1" fails there as ambiguous
+    _, _, args = parse_args(["--nproc", "2", "train.py", "--ma", "1", "--nproc", "3", "--r"])
+    assert args == ["-u", "train.py", "--ma", "1", "--nproc", "3", "--r"]
+
+
+@pytest.mark.parametrize(
+    "argv, names",
+    [
+        (["--master", "h"], "--master-addr, --master-port"),
+        (["--rdzv", "x"], "--rdzv-backend, --rdzv-conf, --rdzv-endpoint, --rdzv-id"),
+        (["--lo", "x"], "--local-addr, --local-ranks-filter, --log-dir"),
+    ],
+)
+def test_an_ambiguous_prefix_is_one_line_naming_the_options(argv, names):
+    with pytest.raises(UsageError) as err:
+        parse_args([*argv, "train.py"])
+    assert str(err.value) == f"ambiguous option: {argv[0]} could match {names}"
+
+
 # --- errors ----------------------------------------------------------------------------------
 BAD = [
     (["--nnodes", "2:1", "t.py"], "max_nodes (1) must be >= min_nodes (2)"),
