@@ -2,12 +2,12 @@
 
 Why apart from cli.py: these are the rules for each value (``--nnodes 2:4``, ``--nproc-per-node
 gpu``, ``--rdzv-conf k=v,...``, redirects, rank filters); cli.py is the parser and the flow. Like
-cli.py this imports only os at the top: ``etcdrun --help`` loads it.
+cli.py this imports only os at the top: ``etcdrun --help`` loads it. Accelerators are counted in
+agent/accelerators.py.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 
@@ -27,40 +27,38 @@ def parse_nnodes(value: str) -> tuple[int, int]:
     raise UsageError(f"--nnodes {value!r}: expected N or MIN:MAX (integers)")
 
 
-def gpu_count() -> int:
-    """NVIDIA GPUs visible to workers, found without importing torch or CUDA."""
-    try:
-        present = len(os.listdir("/proc/driver/nvidia/gpus"))
-    except OSError:
-        return 0
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is None:
-        return present
-    count = 0
-    for item in visible.split(","):  # CUDA stops at the first invalid entry
-        item = item.strip()
-        if not item or item.startswith("-"):
-            break
-        count += 1
-    return min(count, present)
-
-
 def parse_nproc(value: str) -> int:
+    """``--nproc-per-node``: a number, or torchrun's words (agent/accelerators.py counts)."""
+    from etcdrun.agent import accelerators as acc
+
     text = value.strip()
     try:
         return int(text)
     except ValueError:
         pass
     if text == "cpu":
-        return os.cpu_count() or 1
+        return acc.cpu_count()
     if text == "gpu":
-        gpus = gpu_count()
+        gpus = acc.gpu_count()
         if not gpus:
-            raise UsageError("--nproc-per-node gpu: no GPU is visible on this node")
+            raise UsageError(
+                f"--nproc-per-node gpu: no GPU is visible on this node ({acc.where_gpus()})"
+            )
         return gpus
+    if text == "xpu":
+        xpus = acc.xpu_count()
+        if not xpus:
+            raise UsageError(
+                f"--nproc-per-node xpu: no Intel GPU (XPU) is visible on this node "
+                f"({acc.where_xpus()})"
+            )
+        return xpus
     if text == "auto":  # torchrun: the accelerators if any, else the CPUs
-        return gpu_count() or os.cpu_count() or 1
-    raise UsageError(f"--nproc-per-node {value!r}: expected an integer, cpu, gpu or auto")
+        return acc.gpu_count() or acc.xpu_count() or acc.cpu_count()
+    raise UsageError(
+        f"--nproc-per-node {value!r}: expected an integer, cpu, gpu, xpu or auto "
+        "(another accelerator's name is not known here: give a number)"
+    )
 
 
 def parse_rdzv_conf(text: str) -> dict[str, str]:

@@ -130,8 +130,9 @@ def _add_size_options(p: argparse.ArgumentParser) -> None:
         "--nproc-per-node",
         action=_Env,
         default="1",
-        metavar="N|cpu|gpu|auto",
-        help="workers per node; auto: one per GPU, else one per CPU (default: %(default)s)",
+        metavar="N|cpu|gpu|xpu|auto",
+        help="workers per node: a number, or one per CPU, GPU (NVIDIA, or AMD under ROCm) or "
+        "Intel XPU; auto: GPUs, else XPUs, else CPUs (default: %(default)s)",
     )
 
 

@@ -194,11 +194,11 @@ def test_python_exec_env(monkeypatch):
 
 
 def test_nproc_per_node_words():
-    cpus = os.cpu_count()
+    cpus = len(os.sched_getaffinity(0))
     assert parse_args(["--nproc-per-node", "cpu", "t.py"])[0].nproc_per_node == cpus
-    from etcdrun.agent.flags import gpu_count
+    from etcdrun.agent.accelerators import gpu_count, xpu_count
 
-    gpus = gpu_count()
+    gpus = gpu_count() or xpu_count()
     assert parse_args(["--nproc-per-node", "auto", "t.py"])[0].nproc_per_node == (gpus or cpus)
     if gpus == 0:
         with pytest.raises(UsageError, match="no GPU"):
@@ -406,7 +406,7 @@ def test_real_command_pet_error():
     assert proc.returncode == 2
     assert (
         proc.stderr == "etcdrun: error: --nproc-per-node 'lots': expected an integer, "
-        "cpu, gpu or auto\n"
+        "cpu, gpu, xpu or auto (another accelerator's name is not known here: give a number)\n"
     )
 
 
