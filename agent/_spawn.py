@@ -11,6 +11,7 @@ import io
 import multiprocessing
 import os
 import pickle
+import string
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -30,6 +31,9 @@ CONSOLE, FILE, TEE = "console", "file", "tee"
 # The worker interpreter's exit hook (why, and what it fixes: agent/_site/sitecustomize.py).
 SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_site")
 USER_PYTHONPATH = "ETCDRUN_USER_PYTHONPATH"  # the same name as the hook's USER_PATH_VAR
+# torchrun's header for a teed line (LocalElasticAgent/TailLog: "[trainer0]:"), and its variable.
+DEFAULT_TEE_PREFIX = "[${role_name}${local_rank}]:"
+PREFIX_TEMPLATE_VAR = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,10 @@ def worker_env(
 
     ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` defaults to 1 as under torchrun (a user value wins), so a
     NCCL job fails instead of hanging the same way under both launchers.
+    ``TORCHELASTIC_SIGNALS_TO_HANDLE`` is what torchrun's launcher puts in its environment for
+    the workers to inherit (``--signals-to-handle``). ``--virtual-local-rank``: LOCAL_RANK 0
+    and CUDA_VISIBLE_DEVICES naming the worker's one GPU, picked from the agent's own
+    CUDA_VISIBLE_DEVICES when set (torch's ``_set_local_rank_env``).
     """
     env = {
         "RANK": str(worker.global_rank),
@@ -92,12 +100,60 @@ def worker_env(
         "TORCHELASTIC_RUN_ID": info.run_id,
         "TORCHELASTIC_USE_AGENT_STORE": str(False),
         "TORCHELASTIC_ERROR_FILE": error_file,
+        "TORCHELASTIC_SIGNALS_TO_HANDLE": spec.signals_to_handle,
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
         "ETCDRUN_ROUND": str(info.round),
     }
     if "OMP_NUM_THREADS" not in os.environ and spec.local_world_size > 1:
         env["OMP_NUM_THREADS"] = "1"
+    if spec.virtual_local_rank:
+        env["LOCAL_RANK"] = "0"
+        env["CUDA_VISIBLE_DEVICES"] = virtual_device(worker.local_rank)
     return env
+
+
+def virtual_device(local_rank: int) -> str:
+    """The one GPU a worker sees under ``--virtual-local-rank`` (torch's rule)."""
+    parent = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if parent is None:
+        return str(local_rank)
+    gpus = parent.split(",")
+    if local_rank >= len(gpus):
+        raise ValueError(
+            f"local_rank {local_rank} exceeds available GPUs in CUDA_VISIBLE_DEVICES={parent}"
+        )
+    return gpus[local_rank].strip()
+
+
+def line_prefix(spec: WorkerSpec, worker: Worker, mode: str) -> bytes:
+    """The prefix of a worker's console lines, as torchrun writes them.
+
+    torchrun prefixes teed lines only (``[${role_name}${local_rank}]:``, e.g. ``[default0]:``,
+    or ``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE`` with ``${role_name}``, ``${rank}``,
+    ``${local_rank}``); a worker that is not teed writes to the console itself, unprefixed.
+    Here every console line passes through the agent (for the root-cause tail), and it is
+    written the same way; a template given here prefixes untee'd lines too (under torchrun it
+    would do nothing there): ``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[${rank}]:'`` labels
+    every line with its global rank.
+    """
+    template = spec.log_line_prefix_template
+    if template is None:
+        template = os.environ.get(PREFIX_TEMPLATE_VAR) or None
+    if template is None:
+        template = DEFAULT_TEE_PREFIX if mode == TEE else ""
+    text = string.Template(template).safe_substitute(
+        role_name=spec.role, rank=worker.global_rank, local_rank=worker.local_rank
+    )
+    return text.encode()
+
+
+def filtered_file(files: WorkerFiles, std: str, filters: list[str] | None) -> Any:
+    """``<attempt>/filtered_<std>.log`` (torch's name), shared by the attempt's workers, opened
+    for appending (every stream has its own descriptor); None without filters."""
+    if not filters:
+        return None
+    path = os.path.join(os.path.dirname(files.dir), f"filtered_{std}.log")
+    return open(path, "ab", buffering=0)  # noqa: SIM115 - the relay closes it
 
 
 def exit_hook_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -319,7 +375,6 @@ def start_worker(
     finally:
         for fd in child_fds:
             os.close(fd)
-    prefix = f"[{worker.global_rank}]:".encode()
     tail = None
     for r, mode, which in pipes:
         path = files.stdout if which == STDOUT else files.stderr
@@ -327,7 +382,20 @@ def start_worker(
         if stream_tail is not None:
             tail = stream_tail
         tee_file = open(path, "ab", buffering=0) if mode == TEE else None  # noqa: SIM115
-        reactor.add_stream(r, prefix=prefix, console=which, file=tee_file, tail=stream_tail)
+        std, filters = (
+            ("stdout", spec.duplicate_stdout_filters)
+            if which == STDOUT
+            else ("stderr", spec.duplicate_stderr_filters)
+        )
+        dup = filtered_file(files, std, filters) if mode == TEE else None  # torch: teed only
+        reactor.add_stream(
+            r,
+            prefix=line_prefix(spec, worker, mode),
+            console=which,
+            file=tee_file,
+            tail=stream_tail,
+            duplicate=(dup, [f.encode() for f in filters or []]) if dup else None,
+        )
     return handle, [r for r, _, _ in pipes], tail
 
 

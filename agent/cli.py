@@ -31,6 +31,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from etcdrun.agent.flags import (
     UsageError,
+    check_virtual_local_rank,
+    find_logs_specs,
+    parse_filters,
     parse_nnodes,
     parse_nproc,
     parse_ranks_filter,
@@ -129,6 +132,7 @@ def parse_args(argv: Sequence[str]) -> tuple[LaunchConfig, Callable[..., Any] | 
     if rdzv.node_rank_key is not None:
         rdzv_configs[rdzv.node_rank_key] = ns.node_rank  # like torchrun: --node-rank wins
     entrypoint, args, kind = _entrypoint(ns, script_args)
+    check_virtual_local_rank(ns.virtual_local_rank, nproc)
 
     from etcdrun.agent.config import LaunchConfig
 
@@ -155,6 +159,15 @@ def parse_args(argv: Sequence[str]) -> tuple[LaunchConfig, Callable[..., Any] | 
             local_ranks_filter=parse_ranks_filter(ns.local_ranks_filter),
             stop_grace=ns.stop_grace,
             entrypoint_kind=kind,
+            logs_specs=find_logs_specs(ns.logs_specs),
+            log_line_prefix_template=os.environ.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"),
+            event_log_handler=ns.event_log_handler,
+            numa_options=ns.numa_binding,
+            signals_to_handle=ns.signals_to_handle,
+            duplicate_stdout_filters=parse_filters(ns.duplicate_stdout_filters),
+            duplicate_stderr_filters=parse_filters(ns.duplicate_stderr_filters),
+            virtual_local_rank=ns.virtual_local_rank,
+            shutdown_timeout=ns.shutdown_timeout,
         )
     except UsageError:
         raise

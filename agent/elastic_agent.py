@@ -13,10 +13,12 @@ and the handler's ``on_membership_change`` both set it, so the agent wakes at on
 and never polls (``monitor_interval`` only paces the reactor's polling of a worker that has no
 pidfd; --monitor-interval 0 cannot spin the agent).
 
-Signals (SIGTERM, SIGINT, SIGHUP, SIGQUIT) are forwarded to the workers; the agent then leaves the
-rendezvous (its lease revoked, so peers start a new round at once) and raises SignalException,
-which the CLI turns into exit code 128 + signal (torchrun exits 1). Starting and stopping workers
-and the fenced restart request are critical sections: a signal there is held until they end.
+Signals (``--signals-to-handle``: SIGTERM, SIGINT, SIGHUP, SIGQUIT by default) are forwarded to
+the workers as torchrun does: that signal, then SIGKILL after the grace (``--shutdown-timeout``);
+the agent then leaves the rendezvous (its lease revoked, so peers start a new round at once) and
+raises SignalException, which the CLI turns into exit code 128 + signal (torchrun exits 1).
+Starting and stopping workers and the fenced restart request are critical sections: a signal
+there is held until they end.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import time
 from typing import Any, NoReturn
 
 from etcdrun.agent import loop
-from etcdrun.agent.api import RunResult, WorkerSpec, WorkerState
+from etcdrun.agent.api import RunResult, WorkerSpec, WorkerState, handled_signals
 from etcdrun.agent.errors import ChildFailedError, ProcessFailure, write_error_json
 from etcdrun.agent.workers import WorkerGroup
 from etcdrun.rendezvous.api import FailureInfo, RendezvousHandler, RendezvousInfo
@@ -244,8 +246,8 @@ class ElasticAgent:
         self, grace: float | None = None, forward: signal.Signals | None = None
     ) -> RunResult:
         with self._deferring():
-            if forward is not None:
-                self._group.signal_all(forward)
+            if forward is not None:  # torchrun's way: the signal itself, then SIGKILL
+                return self._group.stop(grace, sig=forward)
             return self._group.stop(grace)
 
     def _write_remote_error(self, f: FailureInfo) -> str:
@@ -261,7 +263,7 @@ class ElasticAgent:
         if threading.current_thread() is not threading.main_thread():
             return {}  # only the main thread may handle signals (embedded use)
         previous = {}
-        for sig in FORWARDED_SIGNALS:
+        for sig in handled_signals(self._spec.signals_to_handle):
             previous[sig] = signal.signal(sig, self._on_signal)
         return previous
 

@@ -8,6 +8,7 @@ agent/accelerators.py.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 
@@ -72,6 +73,38 @@ def parse_rdzv_conf(text: str) -> dict[str, str]:
             raise UsageError(f"--rdzv-conf: {item.strip()!r} is not key=value (k1=v1,k2=v2,...)")
         conf[key] = value
     return conf
+
+
+def parse_filters(text: str | None) -> list[str] | None:
+    """``--duplicate-*-filters a,b``: torchrun's comma list, where ``,,`` is a literal comma."""
+    if text is None:
+        return None
+    hold = "\0"
+    return [item.replace(hold, ",") for item in text.replace(",,", hold).split(",")]
+
+
+def find_logs_specs(name: str | None) -> str | None:
+    """``--logs-specs NAME``: the entry point must exist in ``torchrun.logs_specs`` (torch's
+    error otherwise); found without loading it (it is torch code)."""
+    if name is None:
+        return None
+    from importlib.metadata import entry_points
+
+    if not entry_points(group="torchrun.logs_specs").select(name=name):
+        raise UsageError(
+            f"--logs-specs: could not find entrypoint under 'torchrun.logs_specs[{name}]' key"
+        )
+    return name
+
+
+def check_virtual_local_rank(enabled: bool, nproc: int) -> None:
+    """torch raises when a worker starts; here the command line fails before anything does."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if enabled and visible is not None and nproc > len(visible.split(",")):
+        raise UsageError(
+            f"--virtual-local-rank: --nproc-per-node {nproc} exceeds the GPUs in "
+            f"CUDA_VISIBLE_DEVICES={visible}"
+        )
 
 
 def parse_std(flag: str, text: str) -> Any:

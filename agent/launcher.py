@@ -91,8 +91,9 @@ def _worker_spec(
     args: list[Any],
 ) -> WorkerSpec:
     extra: dict[str, Any] = {}
-    if config.stop_grace is not None:  # None: WorkerSpec's default (30 s, like torchrun)
-        extra["stop_grace"] = config.stop_grace
+    grace = config.grace()  # --shutdown-timeout or --stop-grace (or torch's variable)
+    if grace is not None:  # None: WorkerSpec's default (30 s, like torchrun)
+        extra["stop_grace"] = grace
     return WorkerSpec(
         role=config.role,
         local_world_size=config.nproc_per_node,
@@ -110,6 +111,12 @@ def _worker_spec(
         log_dir=config.log_dir,
         local_ranks_filter=config.local_ranks_filter,
         entrypoint_kind=config.entrypoint_kind,
+        log_line_prefix_template=config.log_line_prefix_template,
+        duplicate_stdout_filters=config.duplicate_stdout_filters,
+        duplicate_stderr_filters=config.duplicate_stderr_filters,
+        virtual_local_rank=config.virtual_local_rank,
+        signals_to_handle=config.signals_to_handle,
+        event_log_handler=config.event_log_handler,
         **extra,
     )
 
@@ -148,6 +155,8 @@ def launch_agent(
             "" if config.nproc_per_node == 1 else "s",
             config.rdzv_backend,
         )
+        for line in config.notices():  # torchrun's settings not honoured here, one line each
+            logger.warning("%s", line)
         result = ElasticAgent(spec).run()
         if result.is_failed():
             raise ChildFailedError(name=entrypoint_name(entrypoint, args), failures=result.failures)

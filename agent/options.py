@@ -202,6 +202,14 @@ def _add_entrypoint_options(p: argparse.ArgumentParser) -> None:
         choices=["spawn", "fork", "forkserver"],
         help="how callable entrypoints start workers (default: %(default)s)",
     )
+    _opt(
+        p,
+        "--event-log-handler",
+        action=_Env,
+        default="null",
+        choices=["null", "console", "dynamic_rendezvous"],
+        help="torchrun's event handler; what it does here is said at start (default: %(default)s)",
+    )
     _opt(p, "--role", action=_Env, default="default", help="role name of the workers")
     _opt(p, "-m", "--module", action=_EnvFlag, help="run the script as a module, like python -m")
     _opt(p, "--no-python", action=_EnvFlag, help="run the script as an executable, without python")
@@ -243,6 +251,16 @@ def _add_output_options(p: argparse.ArgumentParser) -> None:
         metavar="RANK,...",
         help="show only these local ranks' output on the console",
     )
+    for std in ("stdout", "stderr"):
+        _opt(
+            p,
+            f"--duplicate-{std}-filters",
+            action=_Env,
+            default=None,
+            metavar="TEXT,...",
+            help=f"teed {std} lines holding any of these strings also go to "
+            f"<log_dir>/<run_id>/attempt_<n>/filtered_{std}.log (',,' is a comma)",
+        )
 
 
 def _add_node_options(p: argparse.ArgumentParser) -> None:
@@ -282,12 +300,39 @@ def _add_node_options(p: argparse.ArgumentParser) -> None:
     )
     _opt(
         p,
-        "--stop-grace",
-        action=_Env,
-        type=float,
+        "--logs-specs",
         default=None,
-        metavar="SECONDS",
-        help="grace between SIGTERM and SIGKILL when stopping workers (default: 30)",
+        metavar="NAME",
+        help="a torchrun.logs_specs entry point; accepted, not used (said at start)",
+    )
+    _opt(
+        p,
+        "--numa-binding",
+        default=None,
+        choices=["node", "socket", "exclusive", "core-complex"],
+        help="torchrun's CPU binding near each worker's GPU; accepted, not honoured "
+        "(said at start)",
+    )
+    _opt(
+        p,
+        "--signals-to-handle",
+        action=_Env,
+        default="SIGTERM,SIGINT,SIGHUP,SIGQUIT",
+        metavar="SIG,...",
+        help="signals the agent passes on to the workers (then SIGKILL after the grace) before it "
+        "leaves; e.g. add SIGUSR1 for Slurm's --signal (default: %(default)s)",
+    )
+    for name, say in (
+        ("--shutdown-timeout", "grace between the stop signal and SIGKILL when stopping workers "
+         "(default: TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30)"),
+        ("--stop-grace", "etcdrun's name of --shutdown-timeout (one setting: give either)"),
+    ):  # fmt: skip
+        _opt(p, name, action=_Env, type=float, default=None, metavar="SECONDS", help=say)
+    _opt(
+        p,
+        "--virtual-local-rank",
+        action=_EnvFlag,
+        help="every worker gets LOCAL_RANK 0 and CUDA_VISIBLE_DEVICES naming its one GPU",
     )
 
 
