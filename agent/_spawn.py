@@ -11,7 +11,6 @@ import io
 import multiprocessing
 import os
 import pickle
-import string
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -21,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from . import _boot
 from .api import EntrypointKind, Std, Worker, WorkerSpec
 from .reactor import STDERR, STDOUT, Reactor
+from .worker_output import filtered_file, line_prefix
 
 if TYPE_CHECKING:  # pragma: no cover
     from etcdrun.rendezvous.api import RendezvousInfo
@@ -31,9 +31,6 @@ CONSOLE, FILE, TEE = "console", "file", "tee"
 # The worker interpreter's exit hook (why, and what it fixes: agent/_site/sitecustomize.py).
 SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_site")
 USER_PYTHONPATH = "ETCDRUN_USER_PYTHONPATH"  # the same name as the hook's USER_PATH_VAR
-# torchrun's header for a teed line (LocalElasticAgent/TailLog: "[trainer0]:"), and its variable.
-DEFAULT_TEE_PREFIX = "[${role_name}${local_rank}]:"
-PREFIX_TEMPLATE_VAR = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
 
 
 @dataclass(frozen=True)
@@ -123,37 +120,6 @@ def virtual_device(local_rank: int) -> str:
             f"local_rank {local_rank} exceeds available GPUs in CUDA_VISIBLE_DEVICES={parent}"
         )
     return gpus[local_rank].strip()
-
-
-def line_prefix(spec: WorkerSpec, worker: Worker, mode: str) -> bytes:
-    """The prefix of a worker's console lines, as torchrun writes them.
-
-    torchrun prefixes teed lines only (``[${role_name}${local_rank}]:``, e.g. ``[default0]:``,
-    or ``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE`` with ``${role_name}``, ``${rank}``,
-    ``${local_rank}``); a worker that is not teed writes to the console itself, unprefixed.
-    Here every console line passes through the agent (for the root-cause tail), and it is
-    written the same way; a template given here prefixes untee'd lines too (under torchrun it
-    would do nothing there): ``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[${rank}]:'`` labels
-    every line with its global rank.
-    """
-    template = spec.log_line_prefix_template
-    if template is None:
-        template = os.environ.get(PREFIX_TEMPLATE_VAR) or None
-    if template is None:
-        template = DEFAULT_TEE_PREFIX if mode == TEE else ""
-    text = string.Template(template).safe_substitute(
-        role_name=spec.role, rank=worker.global_rank, local_rank=worker.local_rank
-    )
-    return text.encode()
-
-
-def filtered_file(files: WorkerFiles, std: str, filters: list[str] | None) -> Any:
-    """``<attempt>/filtered_<std>.log`` (torch's name), shared by the attempt's workers, opened
-    for appending (every stream has its own descriptor); None without filters."""
-    if not filters:
-        return None
-    path = os.path.join(os.path.dirname(files.dir), f"filtered_{std}.log")
-    return open(path, "ab", buffering=0)  # noqa: SIM115 - the relay closes it
 
 
 def exit_hook_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -375,6 +341,19 @@ def start_worker(
     finally:
         for fd in child_fds:
             os.close(fd)
+    tail = _relay(reactor, spec, worker, files, pipes)
+    return handle, [r for r, _, _ in pipes], tail
+
+
+def _relay(
+    reactor: Reactor,
+    spec: WorkerSpec,
+    worker: Worker,
+    files: WorkerFiles,
+    pipes: list[tuple[int, str, int]],
+) -> collections.deque[str] | None:
+    """Hand a worker's pipes to the relay: console prefix, tee file, duplicate filters; returns
+    the stderr tail (for the root-cause report)."""
     tail = None
     for r, mode, which in pipes:
         path = files.stdout if which == STDOUT else files.stderr
@@ -396,7 +375,7 @@ def start_worker(
             tail=stream_tail,
             duplicate=(dup, [f.encode() for f in filters or []]) if dup else None,
         )
-    return handle, [r for r, _, _ in pipes], tail
+    return tail
 
 
 def _popen(argv: list[str], env: dict[str, str], stdout: int, stderr: int) -> subprocess.Popen:

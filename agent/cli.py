@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from etcdrun.agent.flags import (
     UsageError,
     check_virtual_local_rank,
+    expand_abbreviations,
     find_logs_specs,
     parse_filters,
     parse_nnodes,
@@ -40,7 +41,7 @@ from etcdrun.agent.flags import (
     parse_rdzv_conf,
     parse_std,
 )
-from etcdrun.agent.options import DEFAULT_MASTER_PORT, PROG, build_parser, expand_abbreviations
+from etcdrun.agent.options import DEFAULT_MASTER_PORT, ETCDRUN_ONLY, PROG, build_parser
 
 if TYPE_CHECKING:
     from etcdrun.agent.config import LaunchConfig
@@ -120,7 +121,7 @@ def parse_args(argv: Sequence[str]) -> tuple[LaunchConfig, Callable[..., Any] | 
     Raises UsageError (one line) for any mistake, SystemExit(0) for --help and --version.
     """
     parser = build_parser()
-    argv = expand_abbreviations(parser, list(argv))
+    argv = expand_abbreviations(parser, list(argv), ETCDRUN_ONLY)
     ns = parser.parse_args(argv)
     script_args = _script_args(argv, ns)
     min_nodes, max_nodes = parse_nnodes(ns.nnodes)

@@ -1,9 +1,9 @@
 """Values of the ``etcdrun`` flags, parsed as torchrun reads them and checked as strictly.
 
 Why apart from cli.py: these are the rules for each value (``--nnodes 2:4``, ``--nproc-per-node
-gpu``, ``--rdzv-conf k=v,...``, redirects, rank filters); cli.py is the parser and the flow. Like
-cli.py this imports only os at the top: ``etcdrun --help`` loads it. Accelerators are counted in
-agent/accelerators.py.
+gpu``, ``--rdzv-conf k=v,...``, redirects, rank filters, option prefixes); cli.py is the parser
+and the flow. Like cli.py this imports only os at the top: ``etcdrun --help`` loads it.
+Accelerators are counted in agent/accelerators.py.
 """
 
 from __future__ import annotations
@@ -14,6 +14,63 @@ from typing import Any
 
 class UsageError(ValueError):
     """A mistake on the command line or in a PET_* variable: reported in one line, exit 2."""
+
+
+def _shown(action: Any) -> str:
+    return max((o for o in action.option_strings if "_" not in o), key=len)
+
+
+def _resolve(p: Any, name: str, ours: frozenset[str]) -> Any | None:
+    """The option an abbreviation stands for (None: none starts so, argparse reports it).
+
+    Unlike torchrun's argparse (Python 3.11 here), ``--nproc`` is not ambiguous between
+    ``--nproc-per-node`` and its underscore twin: both are one option. A prefix that only our
+    own options (``ours``) make ambiguous (``--v``: torchrun's ``--virtual-local-rank`` and our
+    ``--version``) means torchrun's.
+    """
+    table = p._option_string_actions
+    found = {o: a for o, a in table.items() if o.startswith(name) and o.startswith("--")}
+    for pool in (found, {o: a for o, a in found.items() if o not in ours}):
+        actions = {id(a): a for a in pool.values()}
+        if len(actions) == 1:
+            return next(iter(actions.values()))
+    if not found:
+        return None
+    names = sorted({_shown(a) for a in found.values()})
+    raise UsageError(f"ambiguous option: {name} could match {', '.join(names)}")
+
+
+def expand_abbreviations(p: Any, argv: list[str], ours: frozenset[str] = frozenset()) -> list[str]:
+    """``argv`` with each unambiguous prefix of an option (``--redirect=3``, ``--nnode 2``)
+    written out, up to the script: torchrun's argparse accepts them.
+
+    Why not argparse's own ``allow_abbrev``: it classifies every word of the command line,
+    the script's arguments too, so ``train.py --ma 1`` would fail as ambiguous (torchrun's
+    does) — here the script's arguments are never looked at. Token for token: nothing is added
+    or dropped, so positions stay as they were.
+    """
+    table = p._option_string_actions
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--" or arg == "-" or not arg.startswith("-"):
+            return out + argv[i:]  # the script (or "--") and everything after it
+        i += 1
+        name, eq, value = arg.partition("=")
+        if arg.startswith("--"):
+            action = table.get(name) or _resolve(p, name, ours)
+            full = name if name in table or action is None else _shown(action)
+            out.append(full + eq + value)
+        else:  # -m, -r 3, -r3
+            action = table.get(arg[:2])
+            out.append(arg)
+            if len(arg) > 2:
+                continue
+        if action is not None and action.nargs != 0 and not eq and i < len(argv):
+            out.append(argv[i])  # its value, whatever it looks like
+            i += 1
+    return out
 
 
 def parse_nnodes(value: str) -> tuple[int, int]:

@@ -18,7 +18,7 @@ from typing import Any
 
 from etcdrun.agent.flags import UsageError
 
-__all__ = ["DEFAULT_MASTER_PORT", "ETCDRUN_ONLY", "PROG", "build_parser", "expand_abbreviations"]
+__all__ = ["DEFAULT_MASTER_PORT", "ETCDRUN_ONLY", "PROG", "build_parser"]
 
 PROG = "etcdrun"
 DEFAULT_MASTER_PORT = 29500  # torchrun's
@@ -298,6 +298,11 @@ def _add_node_options(p: argparse.ArgumentParser) -> None:
         default=None,
         help="this node's address as peers should reach it",
     )
+
+
+def _add_torch_213_options(p: argparse.ArgumentParser) -> None:
+    """torchrun 2.13's newer options, with its meanings (and where they are not honoured here,
+    one line at start says so: LaunchConfig.notices)."""
     _opt(
         p,
         "--logs-specs",
@@ -336,63 +341,6 @@ def _add_node_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _shown(action: argparse.Action) -> str:
-    return max((o for o in action.option_strings if "_" not in o), key=len)
-
-
-def _resolve(p: argparse.ArgumentParser, name: str) -> argparse.Action | None:
-    """The option an abbreviation stands for (None: none starts so, argparse reports it).
-
-    Unlike argparse on Python < 3.12.? (torchrun's, here), ``--nproc`` is not ambiguous between
-    ``--nproc-per-node`` and its underscore twin: both are one option. A prefix that only our
-    own options make ambiguous (``--v``: torchrun's ``--virtual-local-rank`` and our
-    ``--version``) means torchrun's.
-    """
-    table = p._option_string_actions
-    found = {o: a for o, a in table.items() if o.startswith(name) and o.startswith("--")}
-    for pool in (found, {o: a for o, a in found.items() if o not in ETCDRUN_ONLY}):
-        actions = {id(a): a for a in pool.values()}
-        if len(actions) == 1:
-            return next(iter(actions.values()))
-    if not found:
-        return None
-    names = sorted({_shown(a) for a in found.values()})
-    raise UsageError(f"ambiguous option: {name} could match {', '.join(names)}")
-
-
-def expand_abbreviations(p: argparse.ArgumentParser, argv: list[str]) -> list[str]:
-    """``argv`` with each unambiguous prefix of an option (``--redirect=3``, ``--nnode 2``)
-    written out, up to the script: torchrun's argparse accepts them.
-
-    Why not argparse's own ``allow_abbrev``: it classifies every word of the command line,
-    the script's arguments too, so ``train.py --ma 1`` would fail as ambiguous (torchrun's
-    does) — here the script's arguments are never looked at. Token for token: nothing is added
-    or dropped, so positions stay as they were.
-    """
-    table = p._option_string_actions
-    out: list[str] = []
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        if arg == "--" or arg == "-" or not arg.startswith("-"):
-            return out + argv[i:]  # the script (or "--") and everything after it
-        i += 1
-        name, eq, value = arg.partition("=")
-        if arg.startswith("--"):
-            action = table.get(name) or _resolve(p, name)
-            full = name if name in table or action is None else _shown(action)
-            out.append(full + eq + value)
-        else:  # -m, -r 3, -r3
-            action = table.get(arg[:2])
-            out.append(arg)
-            if len(arg) > 2:
-                continue
-        if action is not None and action.nargs != 0 and not eq and i < len(argv):
-            out.append(argv[i])  # its value, whatever it looks like
-            i += 1
-    return out
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The parser; built per call because PET_* defaults are read from the environment now."""
     p = _Parser(
@@ -410,6 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_entrypoint_options,
         _add_output_options,
         _add_node_options,
+        _add_torch_213_options,
     ):
         add(p)
     p.add_argument("--version", action=_Version, help="print the version and exit")
