@@ -46,7 +46,15 @@ from etcdrun.agent.options import DEFAULT_MASTER_PORT, ETCDRUN_ONLY, PROG, build
 if TYPE_CHECKING:
     from etcdrun.agent.config import LaunchConfig
 
-__all__ = ["UsageError", "build_parser", "main", "parse_args"]
+__all__ = [
+    "UsageError",
+    "build_parser",
+    "config_from_args",
+    "main",
+    "parse_args",
+    "parse_namespace",
+    "run",
+]
 
 
 class _Rendezvous(NamedTuple):
@@ -115,15 +123,30 @@ def _entrypoint(ns: argparse.Namespace, script_args: list[str]) -> tuple[str, li
     return python, ["-u", *(["-m"] if ns.module else []), ns.script, *script_args], "executable"
 
 
+def parse_namespace(argv: Sequence[str]) -> argparse.Namespace:
+    """The command line as argparse reads it (torch.distributed.run's ``parse_args``): option
+    prefixes written out, and ``script_args`` exactly as given (a literal ``--`` kept)."""
+    parser = build_parser()
+    argv = expand_abbreviations(parser, list(argv), ETCDRUN_ONLY)
+    ns = parser.parse_args(argv)
+    ns.script_args = _script_args(argv, ns)
+    return ns
+
+
 def parse_args(argv: Sequence[str]) -> tuple[LaunchConfig, Callable[..., Any] | str, list[str]]:
     """Turn a command line into (LaunchConfig, entrypoint, entrypoint args); runs nothing.
 
     Raises UsageError (one line) for any mistake, SystemExit(0) for --help and --version.
     """
-    parser = build_parser()
-    argv = expand_abbreviations(parser, list(argv), ETCDRUN_ONLY)
-    ns = parser.parse_args(argv)
-    script_args = _script_args(argv, ns)
+    return config_from_args(parse_namespace(argv))
+
+
+def config_from_args(
+    ns: argparse.Namespace,
+) -> tuple[LaunchConfig, Callable[..., Any] | str, list[str]]:
+    """(LaunchConfig, entrypoint, args) from a parsed command line (torch's ``config_from_args``);
+    a mistake is a UsageError (a ValueError), as torch raises ValueError."""
+    script_args = list(ns.script_args)
     min_nodes, max_nodes = parse_nnodes(ns.nnodes)
     nproc = parse_nproc(ns.nproc_per_node)
     if ns.standalone and max_nodes != 1:
@@ -214,8 +237,35 @@ def _check_script(config: LaunchConfig, entrypoint: str, args: list[str]) -> Non
         raise UsageError(f"no such script: {script}")
 
 
+def run(args: argparse.Namespace | Sequence[str]) -> dict[int, Any]:
+    """Run this node's agent for a command line until the job ends, raising as
+    ``torch.distributed.run.run`` does: ChildFailedError when the workers failed for good,
+    ValueError (UsageError) for a mistake, RendezvousError, SignalException. For programs that
+    embed the launcher; the console script (``main``) turns these into exit codes.
+
+    ``args``: a Namespace from ``parse_namespace`` (torch's shape) or the argument list itself.
+    Returns ``{global rank: return value}`` of this node's workers (None for scripts).
+    """
+    ns = args if isinstance(args, argparse.Namespace) else parse_namespace(args)
+    return _launch(*_prepare(ns))
+
+
+def _prepare(ns: argparse.Namespace) -> tuple[LaunchConfig, Any, list[str]]:
+    config, entrypoint, cmd_args = config_from_args(ns)
+    _check_script(config, entrypoint, cmd_args)
+    return config, entrypoint, cmd_args
+
+
+def _launch(config: LaunchConfig, entrypoint: Any, cmd_args: list[str]) -> dict[int, Any]:
+    _setup_logging()
+    from etcdrun.agent.launcher import launch_agent
+
+    return launch_agent(config, entrypoint, cmd_args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """The console script: parse, then run this node's agent until the job ends.
+    """The console script: parse, then run this node's agent until the job ends; an exit code
+    (0 done, 1 workers or rendezvous failed, 2 a mistake, 128+N a signal, 130 Ctrl-C).
     ``etcdrun status ...`` shows a run instead (agent/status_cmd.py)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["status"]:
@@ -223,17 +273,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return status_cmd.main(argv[1:])
     try:
-        config, entrypoint, args = parse_args(argv)
-        _check_script(config, entrypoint, args)
+        prepared = _prepare(parse_namespace(argv))
     except UsageError as exc:
         return _fail(exc, 2)
-
-    _setup_logging()
-    from etcdrun.agent.launcher import launch_agent
     from etcdrun.rendezvous.errors import RendezvousError
 
     try:
-        launch_agent(config, entrypoint, args)
+        _launch(*prepared)
     except ValueError as exc:  # configuration only the backend can judge (e.g. an rdzv-conf key)
         return _fail(exc, 2)
     except RendezvousError as exc:  # etcd unreachable, auth, permission, closed, timeout
