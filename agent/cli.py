@@ -153,6 +153,8 @@ def parse_args(argv: Sequence[str]) -> tuple[LaunchConfig, Callable[..., Any] | 
             local_ranks_filter=parse_ranks_filter(ns.local_ranks_filter),
             stop_grace=ns.stop_grace,
             entrypoint_kind=kind,
+            event_log_handler=ns.event_log_handler,
+            metrics_cfg={} if ns.metrics_port is None else {"port": str(ns.metrics_port)},
         )
     except UsageError:
         raise

@@ -26,7 +26,13 @@ class LaunchConfig:
     agent at once (worker exits, membership changes, signals): it never polls for them, and 0
     does not make it spin.
 
-    The last three fields are ours, not the reference's; their defaults change nothing:
+    ``metrics_cfg`` (keys ``handler``: null, console or prometheus; ``port``: serve /healthz,
+    /livez and /metrics there; ``addr``: the address to bind, default 0.0.0.0) and
+    ``event_log_handler`` (null or console: events.jsonl always, the console too) are the
+    reference's fields, given a meaning here (agent/metrics.py, agent/event_sink.py).
+
+    ``local_ranks_filter``, ``stop_grace`` and ``entrypoint_kind`` are ours, not the
+    reference's; their defaults change nothing:
     ``local_ranks_filter`` (only these local ranks' output reaches the console; None: all),
     ``stop_grace`` (seconds between SIGTERM and SIGKILL when stopping workers; None: the agent's
     default, 30 s like torchrun) and ``entrypoint_kind`` (how a string entrypoint runs: "auto"
@@ -58,6 +64,8 @@ class LaunchConfig:
     local_ranks_filter: set[int] | None = None
     stop_grace: float | None = None
     entrypoint_kind: str = "auto"
+    # torch's name and default: "null" (events.jsonl only) or "console" (also on stderr).
+    event_log_handler: str = "null"
 
     def __post_init__(self) -> None:
         # Same checks, same order and same messages as the reference launcher. The node range

@@ -233,6 +233,24 @@ def _add_output_options(p: argparse.ArgumentParser) -> None:
     )
     _opt(
         p,
+        "--event-log-handler",
+        action=_Env,
+        default="null",
+        choices=["null", "console", "dynamic_rendezvous"],
+        help="events (one JSON line per transition) go to <log dir>/events.jsonl; console: "
+        "also on stderr (default: %(default)s)",
+    )
+    _opt(
+        p,
+        "--metrics-port",
+        action=_Env,
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="serve /healthz, /livez and, with prometheus-client installed, /metrics on PORT",
+    )
+    _opt(
+        p,
         "--local-ranks-filter",
         action=_Env,
         default="",

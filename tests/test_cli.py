@@ -395,6 +395,8 @@ HEAVY_PREFIXES = (
     "etcdrun.proto",
     "etcdrun.agent.launcher",
     "etcdrun.rendezvous.etcd",
+    "prometheus_client",
+    "http.server",
 )
 
 

@@ -31,7 +31,12 @@ SEED_FIELDS = [
     ("master_addr", None),
     ("master_port", None),
 ]
-EXTRA_FIELDS = [("local_ranks_filter", None), ("stop_grace", None), ("entrypoint_kind", "auto")]
+EXTRA_FIELDS = [
+    ("local_ranks_filter", None),
+    ("stop_grace", None),
+    ("entrypoint_kind", "auto"),
+    ("event_log_handler", "null"),  # torch's launcher has it; the seed reference does not
+]
 
 
 def test_fields_order_and_declared_defaults_match_the_reference():
