@@ -93,7 +93,6 @@ class ElasticAgent:
         result: RunResult | None = None
         try:
             self.observer.open(self._group.log_root())
-            self._say_where_logs_are()
             result = self._run_with_signals()
             return result
         finally:
@@ -179,6 +178,8 @@ class ElasticAgent:
         with self._deferring():
             workers = self._group.start(self._spec, info)
         self.rounds += 1
+        if self.rounds == 1:
+            self._say_where_logs_are()
         line = self.observer.started(info, workers, self._lease_lost)
         self._lease_lost = False
         if line:

@@ -29,6 +29,7 @@ from typing import Any
 
 log = logging.getLogger("etcdrun.agent")
 PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+PATHS = ("/healthz", "/livez", "/metrics")
 
 
 class HealthServer:
@@ -79,7 +80,7 @@ class HealthServer:
                 else:
                     self._send(req, 200, text, PROMETHEUS_TYPE)
             else:
-                self._send(req, 404, b'{"paths": ["/healthz", "/livez", "/metrics"]}')
+                self._send(req, 404, json.dumps({"paths": PATHS}).encode())
         except Exception as e:  # a bug here must not kill the server thread: say it
             log.exception("health server: %s failed", path)
             self._send(req, 500, json.dumps({"error": str(e)}).encode())
@@ -101,4 +102,4 @@ class HealthServer:
         self._server.server_close()
 
 
-__all__ = ["HealthServer"]
+__all__ = ["PATHS", "HealthServer"]
