@@ -139,7 +139,8 @@ class MetricStore:
 
     # ---- from the events ---------------------------------------------------------------------
     def on_event(self, e: dict[str, Any]) -> None:
-        """A subscriber of the handler's and the agent's EventLogs."""
+        """A subscriber of the handler's and the agent's EventLogs (the rounds' own figures
+        come from agent/observer.py, which knows when this node asked for each)."""
         name = e.get("event")
         if name == "session_lost":
             self.count("lease_lost_total")
@@ -148,12 +149,6 @@ class MetricStore:
         elif name == "round_accepted":
             self.gauge("round", float(e.get("round") or 0))
             self.gauge("node_rank", float(e.get("node_rank", -1)))
-        elif name == "workers_started":
-            self.count("rounds_total", reason=str(e.get("why", "first")))
-            self.gauge("restarts_spent", float(e.get("restart_count", 0)))
-            self.gauge("restarts_left", float(e.get("restarts_left", 0)))
-            if e.get("rendezvous_s") is not None:
-                self.round_took(float(e["rendezvous_s"]))
         elif name in ("worker_exited", "worker_stopped"):
             self.count("worker_exits_total", how=str(e.get("how", "exit")))
 

@@ -122,7 +122,7 @@ def test_a_job_that_loses_a_node_seen_every_way(etcd, job_factory):
     before = status_json(etcd.endpoints, job.run_id)
     lost = next(n for n in before["participants"] if n["pid"] == victim.pid)
     assert (lost["host"], lost["node_rank"]) == (HOST, rank_of[victim.pid])
-    assert re.fullmatch(rf"{re.escape(HOST)}-[0-9a-f]{{4}}\.1", lost["node_id"])  # readable
+    assert re.fullmatch(rf"{re.escape(HOST)}-[0-9a-f]{{5}}\.1", lost["node_id"])  # readable
     victim.proc.kill()
 
     # Recovering: min is 3, so the survivors wait for a newcomer — not ready meanwhile.
