@@ -34,7 +34,6 @@ from etcdrun.agent.errors import ChildFailedError, ProcessFailure, write_error_j
 from etcdrun.agent.metrics import MetricsConfig
 from etcdrun.agent.observer import AgentObserver
 from etcdrun.agent.workers import WorkerGroup
-from etcdrun.rendezvous import last_call
 from etcdrun.rendezvous.api import FailureInfo, RendezvousHandler, RendezvousInfo
 from etcdrun.rendezvous.errors import RendezvousClosedError
 
@@ -274,6 +273,8 @@ class ElasticAgent:
         settings = getattr(self._h, "settings", None)
         if view is None or settings is None:
             return None
+        from etcdrun.rendezvous import last_call  # etcd only: the static agent loads no gRPC
+
         return last_call.line(view.message(), settings.min_nodes, settings.max_nodes)
 
     def _wait(self) -> loop.Event:

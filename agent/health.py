@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -55,13 +56,20 @@ class HealthServer:
         self._server = ThreadingHTTPServer((addr, port), _Handler)
         self._server.daemon_threads = True
         self.port = self._server.server_address[1]
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, name="etcdrun-health", daemon=True
-        )
+        self._addr = "127.0.0.1" if addr in ("", "0.0.0.0") else addr
+        self._stopping = False
+        self._thread = threading.Thread(target=self._serve, name="etcdrun-health", daemon=True)
 
     def start(self) -> HealthServer:
         self._thread.start()
         return self
+
+    def _serve(self) -> None:
+        """Sleep in accept until a request comes. Why not ``serve_forever``: it wakes every
+        0.5 s to look for a shutdown, and its shutdown waits for that wake-up — half a second
+        added to every agent's exit (measured: a one-node job 0.10 s -> 0.65 s)."""
+        while not self._stopping:
+            self._server.handle_request()
 
     def _answer(self, req: BaseHTTPRequestHandler) -> None:
         path = req.path.split("?", 1)[0]
@@ -96,8 +104,12 @@ class HealthServer:
         req.wfile.write(body)
 
     def close(self) -> None:
+        self._stopping = True
         if self._thread.is_alive():
-            self._server.shutdown()
+            try:  # wake the accept: a connection that says nothing
+                socket.create_connection((self._addr, self.port), timeout=1).close()
+            except OSError:
+                pass
             self._thread.join(timeout=5)
         self._server.server_close()
 
