@@ -32,7 +32,14 @@ class LaunchConfig:
     agent at once (worker exits, membership changes, signals): it never polls for them, and 0
     does not make it spin.
 
-    The last three fields are ours, not the reference's; their defaults change nothing:
+    ``metrics_cfg`` (keys ``handler``: null, console or prometheus; ``port``: serve /healthz,
+    /livez and /metrics there; ``addr``: the address to bind, default 0.0.0.0) and
+    ``event_log_handler`` (null or console: events.jsonl always, the console too; torch's
+    ``dynamic_rendezvous`` acts as null) are the
+    reference's fields, given a meaning here (agent/metrics.py, agent/event_sink.py).
+
+    ``local_ranks_filter``, ``stop_grace`` and ``entrypoint_kind`` are ours, not the
+    reference's; their defaults change nothing:
     ``local_ranks_filter`` (only these local ranks' output reaches the console; None: all),
     ``stop_grace`` (seconds between SIGTERM and SIGKILL when stopping workers; None: the agent's
     default, 30 s like torchrun) and ``entrypoint_kind`` (how a string entrypoint runs: "auto"
@@ -43,7 +50,7 @@ class LaunchConfig:
     ``logs_specs`` (a LogsSpecs object: its log_dir, redirects, tee and local_ranks_filter are
     used where ours are unset, its file layout is not; a name from ``--logs-specs``: said so at
     start), ``log_line_prefix_template`` (``${role_name}``, ``${rank}``, ``${local_rank}``),
-    ``event_log_handler``, ``numa_options`` (not honoured: said so at start),
+    ``numa_options`` (not honoured: said so at start),
     ``signals_to_handle`` (the signals the agent catches and sends on to the workers),
     ``duplicate_stdout_filters``/``duplicate_stderr_filters`` (teed lines holding any of the
     strings also go to ``filtered_stdout.log``/``filtered_stderr.log`` of the attempt),
@@ -201,10 +208,10 @@ class LaunchConfig:
                 f"logs_specs {type(self.logs_specs).__name__}: its log_dir, redirects, tee and "
                 "local_ranks_filter are used; its reify() (the file layout) is not"
             )
-        if self.event_log_handler == "console":
+        if self.event_log_handler == "dynamic_rendezvous":
             out.append(
-                "--event-log-handler console: accepted; etcdrun prints no torchelastic events "
-                "yet (its rendezvous transitions are logged on etcdrun.events at LOGLEVEL=DEBUG)"
+                "--event-log-handler dynamic_rendezvous: the events go to events.jsonl, as with "
+                "null (console puts them on stderr too)"
             )
         mode = numa_mode(self.numa_options)
         if mode is not None:

@@ -33,6 +33,8 @@ from typing import Any, NoReturn
 from etcdrun.agent import loop
 from etcdrun.agent.api import RunResult, WorkerSpec, WorkerState, handled_signals
 from etcdrun.agent.errors import ChildFailedError, ProcessFailure, write_error_json
+from etcdrun.agent.metrics import MetricsConfig
+from etcdrun.agent.observer import AgentObserver
 from etcdrun.agent.workers import WorkerGroup
 from etcdrun.rendezvous.api import FailureInfo, RendezvousHandler, RendezvousInfo
 from etcdrun.rendezvous.errors import RendezvousClosedError
@@ -62,18 +64,23 @@ class ElasticAgent:
         status_interval: float = 5.0,
         console_out: Any = None,
         console_err: Any = None,
+        event_log_handler: str = "null",
+        metrics: MetricsConfig | None = None,
     ) -> None:
         if spec.rdzv_handler is None:
             raise ValueError("WorkerSpec.rdzv_handler is required")
         self._spec = spec
         self._h: RendezvousHandler = spec.rdzv_handler
         self._wake = threading.Event()  # a worker exited or the membership changed
+        self.observer = AgentObserver(self._h, event_log_handler, metrics)
         self._group = WorkerGroup(
             log_dir or spec.log_dir,
             console_out=console_out,
             console_err=console_err,
-            on_exit=lambda _worker: self._wake.set(),
+            on_exit=self._on_exit,
         )
+        self._given_log_dir = log_dir or spec.log_dir
+        self._lease_lost = False  # the last attempt ended because our lease was lost
         self._status_interval = status_interval
         self._state = loop.State()
         self._closed_error: RendezvousClosedError | None = None
@@ -86,14 +93,33 @@ class ElasticAgent:
         unsubscribe = self._h.on_membership_change(self._wake.set)
         result: RunResult | None = None
         try:
+            self.observer.open(self._group.log_root())
             result = self._run_with_signals()
             return result
         finally:
             unsubscribe()
             self._group.close()
+            self.observer.close()
             kept = self._group.settle_logs(result is not None and not result.is_failed())
             if kept is not None:
                 log.info("worker logs and error files are in %s", kept)
+
+    def _on_exit(self, worker: Any) -> None:
+        self.observer.exited(worker)
+        self._wake.set()
+
+    def _say_where_logs_are(self) -> None:
+        root = self._group.log_root()
+        files = f"events.jsonl; workers' files under {root}/{self._h.get_run_id()}/attempt_<n>/"
+        if self._given_log_dir:
+            log.info("logs: %s (agent.log, %s)", root, files)
+        else:
+            log.info(
+                "logs: %s (%s); a temporary folder, removed after a successful run unless "
+                "worker output goes to files (-r/-t): give --log-dir to keep it",
+                root,
+                files,
+            )
 
     @property
     def group(self) -> WorkerGroup:
@@ -141,6 +167,7 @@ class ElasticAgent:
         return _PERFORM[type(step.action)](self, step.action)
 
     def _join(self, action: loop.Join) -> loop.Event:
+        self.observer.joining()
         try:
             return loop.Joined(self._rendezvous())
         except RendezvousClosedError as exc:
@@ -150,8 +177,14 @@ class ElasticAgent:
     def _start(self, action: loop.StartWorkers) -> loop.Event:
         info = action.info
         with self._deferring():
-            self._group.start(self._spec, info)
+            workers = self._group.start(self._spec, info)
         self.rounds += 1
+        if self.rounds == 1:
+            self._say_where_logs_are()
+        line = self.observer.started(info, workers, self._lease_lost)
+        self._lease_lost = False
+        if line:
+            log.warning("%s", line)
         log.info(
             "round %d: node rank %d of %d, ranks %d..%d of %d, restarts %d/%d",
             info.round,
@@ -163,10 +196,18 @@ class ElasticAgent:
             info.restart_count,
             info.max_restarts,
         )
+        if any(self._spec.redirect_map().values()) or any(self._spec.tee_map().values()):
+            log.info("round %d: worker output in %s/<rank>/", info.round, self._group.attempt_dir)
         return self._wait()
 
     def _stop(self, action: loop.StopWorkers) -> loop.Event:
         result = self._stop_workers(grace=action.grace)
+        st = self._state
+        why = st.reason or (st.then.value if st.then is not None else "")
+        self.observer.stopped(result, self._group.workers, why)
+        if st.then is loop.Then.REJOIN and st.reason == "lease lost":
+            self._lease_lost = True
+            self.observer.fenced(len(self._group.workers))
         return loop.WorkersStopped(result, self._h.closed_failure())
 
     def _restart(self, action: loop.RequestRestart) -> loop.Event:
@@ -189,6 +230,7 @@ class ElasticAgent:
             global_rank=f.global_rank,
             host=f.host,
             exit_time=f.timestamp,
+            stderr_tail=f.stderr_tail,
         )
         raise ChildFailedError(name=self._spec.get_entrypoint_name(), failures={f.global_rank: pf})
 
@@ -197,7 +239,9 @@ class ElasticAgent:
         raise self._closed_error
 
     def _forward(self, action: loop.ForwardSignal) -> None:
-        self._stop_workers(forward=signal.Signals(action.signum))  # run() then re-raises
+        sig = signal.Signals(action.signum)
+        result = self._stop_workers(forward=sig)  # run() then re-raises
+        self.observer.stopped(result, self._group.workers, f"the agent got {sig.name}")
 
     # ---- helpers ---------------------------------------------------------------------------
     def _rendezvous(self) -> RendezvousInfo:
@@ -207,6 +251,10 @@ class ElasticAgent:
 
         def ticker() -> None:
             while not done.wait(self._status_interval):
+                first = self._last_call_line()
+                if first is not None:
+                    log.info("%s", first)
+                    continue
                 log.info(
                     "waiting for a round (%.0f s): %s",
                     time.monotonic() - started,
@@ -220,6 +268,16 @@ class ElasticAgent:
         finally:
             done.set()
             th.join()
+
+    def _last_call_line(self) -> str | None:
+        """The first round's last call, as the leader published it in the round key."""
+        view = getattr(self._h, "view", None)
+        settings = getattr(self._h, "settings", None)
+        if view is None or settings is None:
+            return None
+        from etcdrun.rendezvous import last_call  # etcd only: the static agent loads no gRPC
+
+        return last_call.line(view.message(), settings.min_nodes, settings.max_nodes)
 
     def _wait(self) -> loop.Event:
         """Sleep until the workers end or the round is superseded (a signal raises).

@@ -202,14 +202,6 @@ def _add_entrypoint_options(p: argparse.ArgumentParser) -> None:
         choices=["spawn", "fork", "forkserver"],
         help="how callable entrypoints start workers (default: %(default)s)",
     )
-    _opt(
-        p,
-        "--event-log-handler",
-        action=_Env,
-        default="null",
-        choices=["null", "console", "dynamic_rendezvous"],
-        help="torchrun's event handler; what it does here is said at start (default: %(default)s)",
-    )
     _opt(p, "--role", action=_Env, default="default", help="role name of the workers")
     _opt(p, "-m", "--module", action=_EnvFlag, help="run the script as a module, like python -m")
     _opt(p, "--no-python", action=_EnvFlag, help="run the script as an executable, without python")
@@ -242,6 +234,24 @@ def _add_output_options(p: argparse.ArgumentParser) -> None:
         default="0",
         metavar="0-3|RANK:0-3,...",
         help="like --redirects, but also keep the output on the console",
+    )
+    _opt(
+        p,
+        "--event-log-handler",
+        action=_Env,
+        default="null",
+        choices=["null", "console", "dynamic_rendezvous"],
+        help="events (one JSON line per transition) go to <log dir>/events.jsonl; console: "
+        "also on stderr (default: %(default)s)",
+    )
+    _opt(
+        p,
+        "--metrics-port",
+        action=_Env,
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="serve /healthz, /livez and, with prometheus-client installed, /metrics on PORT",
     )
     _opt(
         p,

@@ -519,6 +519,8 @@ HEAVY_PREFIXES = (
     "etcdrun.proto",
     "etcdrun.agent.launcher",
     "etcdrun.rendezvous.etcd",
+    "prometheus_client",
+    "http.server",
 )
 
 

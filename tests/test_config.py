@@ -184,7 +184,7 @@ def test_notices_name_what_is_not_honoured(monkeypatch, tmp_path):
     assert LaunchConfig().notices() == []
     notes = LaunchConfig(
         logs_specs="mine",
-        event_log_handler="console",
+        event_log_handler="dynamic_rendezvous",
         numa_options="node",
         duplicate_stdout_filters=["loss"],
         duplicate_stderr_filters=["err"],
@@ -192,6 +192,7 @@ def test_notices_name_what_is_not_honoured(monkeypatch, tmp_path):
     ).notices()
     assert len(notes) == 4, notes
     assert notes[0].startswith("--logs-specs mine: not honoured")
-    assert notes[1].startswith("--event-log-handler console: accepted;")
+    assert notes[1].startswith("--event-log-handler dynamic_rendezvous: the events go to")
+    assert LaunchConfig(event_log_handler="console").notices() == []  # honoured
     assert notes[2].startswith("--numa-binding node: not honoured: no GPU is visible")
     assert notes[3].startswith("--duplicate-stdout-filters: no worker's stdout is teed")

@@ -7,6 +7,8 @@ records the RendezvousParameters the launcher builds.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import sys
 import threading
 from typing import Any
@@ -141,7 +143,11 @@ def test_setup_logs_writes_agent_log(tmp_path):
     finally:
         logging.getLogger("etcdrun").removeHandler(handler)
         handler.close()
-    assert "hello from the agent" in (tmp_path / "logs" / "agent.log").read_text()
+    text = (tmp_path / "logs" / "agent.log").read_text()
+    assert "hello from the agent" in text
+    # Every line names its node (several agents may share the file): <host>:<pid> until the
+    # rendezvous has a node id.
+    assert text.split(" ")[2] == f"{socket.gethostname()}:{os.getpid()}"
     assert _setup_logs(LaunchConfig()) is None
 
 
