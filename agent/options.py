@@ -24,7 +24,9 @@ PROG = "etcdrun"
 DEFAULT_MASTER_PORT = 29500  # torchrun's
 # Our options that torchrun does not have; every other option string is torchrun's (a test
 # compares the two parsers). An abbreviation means what it means under torchrun.
-ETCDRUN_ONLY = frozenset({"--stop-grace", "--stop_grace", "--version"})
+ETCDRUN_ONLY = frozenset(
+    {"--stop-grace", "--stop_grace", "--metrics-port", "--metrics_port", "--version"}
+)
 
 
 class _Parser(argparse.ArgumentParser):
