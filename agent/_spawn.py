@@ -7,6 +7,7 @@ multiprocessing); ``workers.py`` is the group's life cycle (state, stop, results
 from __future__ import annotations
 
 import collections
+import contextlib
 import io
 import multiprocessing
 import os
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from . import _boot
 from .api import EntrypointKind, Std, Worker, WorkerSpec
 from .reactor import STDERR, STDOUT, Reactor
+from .worker_output import filtered_file, line_prefix
 
 if TYPE_CHECKING:  # pragma: no cover
     from etcdrun.rendezvous.api import RendezvousInfo
@@ -74,6 +76,10 @@ def worker_env(
 
     ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` defaults to 1 as under torchrun (a user value wins), so a
     NCCL job fails instead of hanging the same way under both launchers.
+    ``TORCHELASTIC_SIGNALS_TO_HANDLE`` is what torchrun's launcher puts in its environment for
+    the workers to inherit (``--signals-to-handle``). ``--virtual-local-rank``: LOCAL_RANK 0
+    and CUDA_VISIBLE_DEVICES naming the worker's one GPU, picked from the agent's own
+    CUDA_VISIBLE_DEVICES when set (torch's ``_set_local_rank_env``).
     """
     env = {
         "RANK": str(worker.global_rank),
@@ -92,12 +98,29 @@ def worker_env(
         "TORCHELASTIC_RUN_ID": info.run_id,
         "TORCHELASTIC_USE_AGENT_STORE": str(False),
         "TORCHELASTIC_ERROR_FILE": error_file,
+        "TORCHELASTIC_SIGNALS_TO_HANDLE": spec.signals_to_handle,
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
         "ETCDRUN_ROUND": str(info.round),
     }
     if "OMP_NUM_THREADS" not in os.environ and spec.local_world_size > 1:
         env["OMP_NUM_THREADS"] = "1"
+    if spec.virtual_local_rank:
+        env["LOCAL_RANK"] = "0"
+        env["CUDA_VISIBLE_DEVICES"] = virtual_device(worker.local_rank)
     return env
+
+
+def virtual_device(local_rank: int) -> str:
+    """The one GPU a worker sees under ``--virtual-local-rank`` (torch's rule)."""
+    parent = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if parent is None:
+        return str(local_rank)
+    gpus = parent.split(",")
+    if local_rank >= len(gpus):
+        raise ValueError(
+            f"local_rank {local_rank} exceeds available GPUs in CUDA_VISIBLE_DEVICES={parent}"
+        )
+    return gpus[local_rank].strip()
 
 
 def exit_hook_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -267,10 +290,8 @@ def release(handles: list[Handle | None], spec: WorkerSpec, payload_file: str | 
     if spec.start_method == "forkserver":
         release_forkserver()
     if payload_file:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(payload_file)
-        except FileNotFoundError:
-            pass
 
 
 def release_forkserver() -> None:
@@ -334,7 +355,19 @@ def start_worker(
     finally:
         for fd in child_fds:
             os.close(fd)
-    prefix = f"[{worker.global_rank}]:".encode()
+    tail = _relay(reactor, spec, worker, files, pipes)
+    return handle, [r for r, _, _ in pipes], tail
+
+
+def _relay(
+    reactor: Reactor,
+    spec: WorkerSpec,
+    worker: Worker,
+    files: WorkerFiles,
+    pipes: list[tuple[int, str, int]],
+) -> collections.deque[str] | None:
+    """Hand a worker's pipes to the relay: console prefix, tee file, duplicate filters; returns
+    the stderr tail (for the root-cause report)."""
     tail = None
     for r, mode, which in pipes:
         path = files.stdout if which == STDOUT else files.stderr
@@ -342,8 +375,21 @@ def start_worker(
         if stream_tail is not None:
             tail = stream_tail
         tee_file = open(path, "ab", buffering=0) if mode == TEE else None  # noqa: SIM115
-        reactor.add_stream(r, prefix=prefix, console=which, file=tee_file, tail=stream_tail)
-    return handle, [r for r, _, _ in pipes], tail
+        std, filters = (
+            ("stdout", spec.duplicate_stdout_filters)
+            if which == STDOUT
+            else ("stderr", spec.duplicate_stderr_filters)
+        )
+        dup = filtered_file(files, std, filters) if mode == TEE else None  # torch: teed only
+        reactor.add_stream(
+            r,
+            prefix=line_prefix(spec, worker, mode),
+            console=which,
+            file=tee_file,
+            tail=stream_tail,
+            duplicate=(dup, [f.encode() for f in filters or []]) if dup else None,
+        )
+    return tail
 
 
 def _popen(argv: list[str], env: dict[str, str], stdout: int, stderr: int) -> subprocess.Popen:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import os
+import signal
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -29,9 +30,31 @@ __all__ = [
     "Worker",
     "RunResult",
     "START_METHODS",
+    "DEFAULT_SIGNALS",
+    "handled_signals",
 ]
 
 START_METHODS = ("spawn", "fork", "forkserver")
+DEFAULT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"  # torchrun's --signals-to-handle
+
+
+def handled_signals(text: str) -> tuple[signal.Signals, ...]:
+    """torchrun's ``--signals-to-handle`` list as signals. A name that is no signal, or one no
+    process can catch, is a ValueError naming it (torch logs a warning and goes on without it:
+    a job would then die of the signal it was meant to pass on)."""
+    out = []
+    for item in text.split(","):
+        name = item.strip().upper()
+        if not name:
+            continue
+        sig = getattr(signal, name if name.startswith("SIG") else f"SIG{name}", None)
+        if not isinstance(sig, signal.Signals) or sig in (signal.SIGKILL, signal.SIGSTOP):
+            raise ValueError(
+                f"signals_to_handle: {item.strip()!r} is not a signal the agent can catch "
+                f"(e.g. {DEFAULT_SIGNALS},SIGUSR1)"
+            )
+        out.append(sig)
+    return tuple(dict.fromkeys(out))
 
 
 class Std(enum.IntFlag):
@@ -196,6 +219,10 @@ class WorkerSpec:
     ``RendezvousInfo`` of each round, because that is what every node agreed on.
     ``local_ranks_filter``/``global_ranks_filter`` select which workers reach the console (both
     must match when both are set); filtered-out output still goes to its log file, like torchrun.
+
+    The last fields are torch 2.13's (``duplicate_*_filters``, ``virtual_local_rank``,
+    ``event_log_handler``) and the launcher's (``log_line_prefix_template``,
+    ``signals_to_handle``), with torch's meanings (see ``LaunchConfig``).
     """
 
     role: str = "default"
@@ -216,6 +243,12 @@ class WorkerSpec:
     global_ranks_filter: Iterable[int] | str | int | None = None
     stop_grace: float = 30.0
     entrypoint_kind: EntrypointKind | str = EntrypointKind.AUTO
+    log_line_prefix_template: str | None = None
+    duplicate_stdout_filters: list[str] | None = None
+    duplicate_stderr_filters: list[str] | None = None
+    virtual_local_rank: bool = False
+    signals_to_handle: str = DEFAULT_SIGNALS
+    event_log_handler: str = "null"
 
     def __post_init__(self) -> None:
         if not isinstance(self.local_world_size, int) or self.local_world_size < 1:
@@ -232,6 +265,7 @@ class WorkerSpec:
             raise ValueError(
                 f"start_method {self.start_method!r} is not one of {', '.join(START_METHODS)}"
             )
+        handled_signals(self.signals_to_handle)
         self.args = tuple(self.args)
         self.local_ranks_filter = rank_set(self.local_ranks_filter, "local_ranks_filter")
         self.global_ranks_filter = rank_set(self.global_ranks_filter, "global_ranks_filter")

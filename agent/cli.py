@@ -7,8 +7,9 @@ the command name (and ``--rdzv-backend etcd``). Where we differ, it is to fail e
   traceback; values coming from ``PET_<NAME>`` environment variables are checked as strictly;
 - ``--standalone`` uses the static backend on a free local port (torchrun starts a c10d store);
 - the script's arguments pass through untouched, a literal ``--`` included (argparse drops it);
-- no prefix abbreviations (``--nproc`` is ambiguous between ``--nproc-per-node`` and its
-  underscore spelling on Python 3.11; explicit names keep both spellings working).
+- unambiguous prefixes of options work as under torchrun (``--redirect=3``, ``--nnode 2``),
+  and ``--nproc`` too (torchrun's argparse calls it ambiguous between ``--nproc-per-node`` and
+  its underscore spelling); the script's own arguments are never read as our options.
 
 Why this module imports only argparse, os, sys, agent/flags.py and agent/options.py at the top:
 ``etcdrun --help`` is a cost paid on every node and measured against torchrun's. The parser
@@ -30,18 +31,30 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from etcdrun.agent.flags import (
     UsageError,
+    check_virtual_local_rank,
+    expand_abbreviations,
+    find_logs_specs,
+    parse_filters,
     parse_nnodes,
     parse_nproc,
     parse_ranks_filter,
     parse_rdzv_conf,
     parse_std,
 )
-from etcdrun.agent.options import DEFAULT_MASTER_PORT, PROG, build_parser
+from etcdrun.agent.options import DEFAULT_MASTER_PORT, ETCDRUN_ONLY, PROG, build_parser
 
 if TYPE_CHECKING:
     from etcdrun.agent.config import LaunchConfig
 
-__all__ = ["UsageError", "build_parser", "main", "parse_args"]
+__all__ = [
+    "UsageError",
+    "build_parser",
+    "config_from_args",
+    "main",
+    "parse_args",
+    "parse_namespace",
+    "run",
+]
 
 
 class _Rendezvous(NamedTuple):
@@ -110,14 +123,30 @@ def _entrypoint(ns: argparse.Namespace, script_args: list[str]) -> tuple[str, li
     return python, ["-u", *(["-m"] if ns.module else []), ns.script, *script_args], "executable"
 
 
+def parse_namespace(argv: Sequence[str]) -> argparse.Namespace:
+    """The command line as argparse reads it (torch.distributed.run's ``parse_args``): option
+    prefixes written out, and ``script_args`` exactly as given (a literal ``--`` kept)."""
+    parser = build_parser()
+    argv = expand_abbreviations(parser, list(argv), ETCDRUN_ONLY)
+    ns = parser.parse_args(argv)
+    ns.script_args = _script_args(argv, ns)
+    return ns
+
+
 def parse_args(argv: Sequence[str]) -> tuple[LaunchConfig, Callable[..., Any] | str, list[str]]:
     """Turn a command line into (LaunchConfig, entrypoint, entrypoint args); runs nothing.
 
     Raises UsageError (one line) for any mistake, SystemExit(0) for --help and --version.
     """
-    argv = list(argv)
-    ns = build_parser().parse_args(argv)
-    script_args = _script_args(argv, ns)
+    return config_from_args(parse_namespace(argv))
+
+
+def config_from_args(
+    ns: argparse.Namespace,
+) -> tuple[LaunchConfig, Callable[..., Any] | str, list[str]]:
+    """(LaunchConfig, entrypoint, args) from a parsed command line (torch's ``config_from_args``);
+    a mistake is a UsageError (a ValueError), as torch raises ValueError."""
+    script_args = list(ns.script_args)
     min_nodes, max_nodes = parse_nnodes(ns.nnodes)
     nproc = parse_nproc(ns.nproc_per_node)
     if ns.standalone and max_nodes != 1:
@@ -127,6 +156,7 @@ def parse_args(argv: Sequence[str]) -> tuple[LaunchConfig, Callable[..., Any] | 
     if rdzv.node_rank_key is not None:
         rdzv_configs[rdzv.node_rank_key] = ns.node_rank  # like torchrun: --node-rank wins
     entrypoint, args, kind = _entrypoint(ns, script_args)
+    check_virtual_local_rank(ns.virtual_local_rank, nproc)
 
     from etcdrun.agent.config import LaunchConfig
 
@@ -153,6 +183,16 @@ def parse_args(argv: Sequence[str]) -> tuple[LaunchConfig, Callable[..., Any] | 
             local_ranks_filter=parse_ranks_filter(ns.local_ranks_filter),
             stop_grace=ns.stop_grace,
             entrypoint_kind=kind,
+            logs_specs=find_logs_specs(ns.logs_specs),
+            log_line_prefix_template=os.environ.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"),
+            event_log_handler=ns.event_log_handler,
+            numa_options=ns.numa_binding,
+            signals_to_handle=ns.signals_to_handle,
+            duplicate_stdout_filters=parse_filters(ns.duplicate_stdout_filters),
+            duplicate_stderr_filters=parse_filters(ns.duplicate_stderr_filters),
+            virtual_local_rank=ns.virtual_local_rank,
+            shutdown_timeout=ns.shutdown_timeout,
+            metrics_cfg={} if ns.metrics_port is None else {"port": str(ns.metrics_port)},
         )
     except UsageError:
         raise
@@ -198,8 +238,35 @@ def _check_script(config: LaunchConfig, entrypoint: str, args: list[str]) -> Non
         raise UsageError(f"no such script: {script}")
 
 
+def run(args: argparse.Namespace | Sequence[str]) -> dict[int, Any]:
+    """Run this node's agent for a command line until the job ends, raising as
+    ``torch.distributed.run.run`` does: ChildFailedError when the workers failed for good,
+    ValueError (UsageError) for a mistake, RendezvousError, SignalException. For programs that
+    embed the launcher; the console script (``main``) turns these into exit codes.
+
+    ``args``: a Namespace from ``parse_namespace`` (torch's shape) or the argument list itself.
+    Returns ``{global rank: return value}`` of this node's workers (None for scripts).
+    """
+    ns = args if isinstance(args, argparse.Namespace) else parse_namespace(args)
+    return _launch(*_prepare(ns))
+
+
+def _prepare(ns: argparse.Namespace) -> tuple[LaunchConfig, Any, list[str]]:
+    config, entrypoint, cmd_args = config_from_args(ns)
+    _check_script(config, entrypoint, cmd_args)
+    return config, entrypoint, cmd_args
+
+
+def _launch(config: LaunchConfig, entrypoint: Any, cmd_args: list[str]) -> dict[int, Any]:
+    _setup_logging()
+    from etcdrun.agent.launcher import launch_agent
+
+    return launch_agent(config, entrypoint, cmd_args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """The console script: parse, then run this node's agent until the job ends.
+    """The console script: parse, then run this node's agent until the job ends; an exit code
+    (0 done, 1 workers or rendezvous failed, 2 a mistake, 128+N a signal, 130 Ctrl-C).
     ``etcdrun status ...`` shows a run instead (agent/status_cmd.py)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["status"]:
@@ -207,17 +274,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return status_cmd.main(argv[1:])
     try:
-        config, entrypoint, args = parse_args(argv)
-        _check_script(config, entrypoint, args)
+        prepared = _prepare(parse_namespace(argv))
     except UsageError as exc:
         return _fail(exc, 2)
-
-    _setup_logging()
-    from etcdrun.agent.launcher import launch_agent
     from etcdrun.rendezvous.errors import RendezvousError
 
     try:
-        launch_agent(config, entrypoint, args)
+        _launch(*prepared)
     except ValueError as exc:  # configuration only the backend can judge (e.g. an rdzv-conf key)
         return _fail(exc, 2)
     except RendezvousError as exc:  # etcd unreachable, auth, permission, closed, timeout

@@ -7,10 +7,16 @@ CLI, the Python API and the tests all validate through this one place.
 
 from __future__ import annotations
 
+import os
+import signal
 from dataclasses import dataclass, field
 from typing import Any
 
+from etcdrun.agent.api import DEFAULT_SIGNALS, handled_signals
 from etcdrun.rendezvous.api import check_node_range, check_run_id
+
+EVENT_LOG_HANDLERS = ("null", "console", "dynamic_rendezvous")  # torch's registered handlers
+NUMA_MODES = ("node", "socket", "exclusive", "core-complex")  # torch.numa.binding.AffinityMode
 
 
 @dataclass
@@ -26,12 +32,31 @@ class LaunchConfig:
     agent at once (worker exits, membership changes, signals): it never polls for them, and 0
     does not make it spin.
 
-    The last three fields are ours, not the reference's; their defaults change nothing:
+    ``metrics_cfg`` (keys ``handler``: null, console or prometheus; ``port``: serve /healthz,
+    /livez and /metrics there; ``addr``: the address to bind, default 0.0.0.0) and
+    ``event_log_handler`` (null or console: events.jsonl always, the console too; torch's
+    ``dynamic_rendezvous`` acts as null) are the
+    reference's fields, given a meaning here (agent/metrics.py, agent/event_sink.py).
+
+    ``local_ranks_filter``, ``stop_grace`` and ``entrypoint_kind`` are ours, not the
+    reference's; their defaults change nothing:
     ``local_ranks_filter`` (only these local ranks' output reaches the console; None: all),
     ``stop_grace`` (seconds between SIGTERM and SIGKILL when stopping workers; None: the agent's
     default, 30 s like torchrun) and ``entrypoint_kind`` (how a string entrypoint runs: "auto"
     guesses like torch; the CLI says exactly, e.g. "executable" for ``--no-python``; see
     ``etcdrun.agent.api.EntrypointKind``).
+
+    After them, torch 2.13's newer fields under torch's names, defaults and meanings:
+    ``logs_specs`` (a LogsSpecs object: its log_dir, redirects, tee and local_ranks_filter are
+    used where ours are unset, its file layout is not; a name from ``--logs-specs``: said so at
+    start), ``log_line_prefix_template`` (``${role_name}``, ``${rank}``, ``${local_rank}``),
+    ``numa_options`` (not honoured: said so at start),
+    ``signals_to_handle`` (the signals the agent catches and sends on to the workers),
+    ``duplicate_stdout_filters``/``duplicate_stderr_filters`` (teed lines holding any of the
+    strings also go to ``filtered_stdout.log``/``filtered_stderr.log`` of the attempt),
+    ``virtual_local_rank`` (LOCAL_RANK 0, CUDA_VISIBLE_DEVICES the worker's one GPU) and
+    ``shutdown_timeout`` (torch's name for ``stop_grace``: one value; else
+    ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``, else 30 s; see ``grace()``).
     """
 
     min_nodes: int = 1
@@ -58,6 +83,16 @@ class LaunchConfig:
     local_ranks_filter: set[int] | None = None
     stop_grace: float | None = None
     entrypoint_kind: str = "auto"
+    # torch 2.13's newer fields, after ours (see the class docstring).
+    logs_specs: Any = None
+    log_line_prefix_template: str | None = None
+    event_log_handler: str = "null"
+    numa_options: Any = None
+    signals_to_handle: str = DEFAULT_SIGNALS
+    duplicate_stdout_filters: list[str] | None = None
+    duplicate_stderr_filters: list[str] | None = None
+    virtual_local_rank: bool = False
+    shutdown_timeout: float | None = None
 
     def __post_init__(self) -> None:
         # Same checks, same order and same messages as the reference launcher. The node range
@@ -88,6 +123,147 @@ class LaunchConfig:
                 f"local_ranks_filter ({sorted(self.local_ranks_filter)}) must hold "
                 "non-negative local ranks"
             )
+        self._check_torch_fields()
+
+    def _check_torch_fields(self) -> None:
+        """torch 2.13's newer fields: torch's checks (shutdown_timeout) and ours, which fail at
+        once where torch would fail late (an unknown handler at the end of the run) or warn
+        (an unknown signal name)."""
+        self._resolve_shutdown_timeout()
+        self.signals()
+        if self.event_log_handler not in EVENT_LOG_HANDLERS:
+            raise ValueError(
+                f"event_log_handler {self.event_log_handler!r} is not one of "
+                f"{', '.join(EVENT_LOG_HANDLERS)} (torch's registered handlers)"
+            )
+        mode = numa_mode(self.numa_options)
+        if mode is not None and mode not in NUMA_MODES:
+            raise ValueError(f"numa_options {mode!r} is not one of {', '.join(NUMA_MODES)}")
+        for name in ("duplicate_stdout_filters", "duplicate_stderr_filters"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, str) or not all(
+                isinstance(v, str) for v in value
+            )):  # fmt: skip
+                raise ValueError(f"{name} must be a list of strings, got {value!r}")
+        self._adopt_logs_specs()
+
+    def _resolve_shutdown_timeout(self) -> None:
+        given, grace = self.shutdown_timeout, self.stop_grace
+        if given is not None and given < 0:
+            raise ValueError(f"shutdown_timeout must be non-negative, got {given}")
+        if given is not None and grace is not None and float(given) != float(grace):
+            raise ValueError(
+                f"shutdown_timeout ({given}) and stop_grace ({grace}) are one setting "
+                "(the grace between the stop signal and SIGKILL): give one"
+            )
+        self.grace()  # a bad TORCH_ELASTIC_SHUTDOWN_TIMEOUT fails now, not when workers stop
+
+    def grace(self) -> float | None:
+        """Seconds between the stop signal and SIGKILL: ``shutdown_timeout`` (torch's name) or
+        ``stop_grace`` (ours), else ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` (torch's), else None (the
+        agent's default, 30 s as torch's). torch writes the resolved value back into
+        ``shutdown_timeout``; here the fields stay as given, so ``dataclasses.replace`` works."""
+        value = self.shutdown_timeout if self.shutdown_timeout is not None else self.stop_grace
+        raw = os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT")
+        if value is not None or not raw:
+            return value
+        try:
+            env = int(raw)
+        except ValueError:
+            raise ValueError(
+                f"TORCH_ELASTIC_SHUTDOWN_TIMEOUT={raw!r}: expected whole seconds"
+            ) from None
+        if env < 0:
+            raise ValueError(f"shutdown_timeout must be non-negative, got {env}")
+        return float(env)
+
+    def _adopt_logs_specs(self) -> None:
+        """A torch LogsSpecs object (the Python API's way to say log_dir/redirects/tee/filter):
+        its settings are ours where ours are unset."""
+        specs = self.logs_specs
+        if specs is None or isinstance(specs, str):
+            return
+        if self.log_dir is None:
+            self.log_dir = getattr(specs, "_root_log_dir", None)
+        for ours, theirs in (("redirects", "_redirects"), ("tee", "_tee")):
+            value = _std(getattr(specs, theirs, None))
+            if getattr(self, ours) is None and value:
+                setattr(self, ours, value)
+        ranks = getattr(specs, "_local_ranks_filter", None)
+        if self.local_ranks_filter is None and ranks:
+            self.local_ranks_filter = set(ranks)
+
+    def notices(self) -> list[str]:
+        """One line for each setting that is accepted but not honoured here, or honoured
+        otherwise than a torchrun user may think; the launcher logs them at start."""
+        out = []
+        if isinstance(self.logs_specs, str):
+            out.append(
+                f"--logs-specs {self.logs_specs}: not honoured: a LogsSpecs plugin is torch code "
+                "and etcdrun's agent runs without torch; logs go to "
+                "<log_dir>/<run_id>/attempt_<n>/<rank>/ as with torch's DefaultLogsSpecs"
+            )
+        elif self.logs_specs is not None and type(self.logs_specs).__name__ != "DefaultLogsSpecs":
+            out.append(
+                f"logs_specs {type(self.logs_specs).__name__}: its log_dir, redirects, tee and "
+                "local_ranks_filter are used; its reify() (the file layout) is not"
+            )
+        if self.event_log_handler == "dynamic_rendezvous":
+            out.append(
+                "--event-log-handler dynamic_rendezvous: the events go to events.jsonl, as with "
+                "null (console puts them on stderr too)"
+            )
+        mode = numa_mode(self.numa_options)
+        if mode is not None:
+            from etcdrun.agent import accelerators
+
+            why = (
+                "no GPU is visible on this node, so there is none to bind near"
+                if not accelerators.gpu_count()
+                else "etcdrun does not bind workers to CPUs (wrap the script in numactl)"
+            )
+            out.append(f"--numa-binding {mode}: not honoured: {why}")
+        for std, filters in (("stdout", self.duplicate_stdout_filters),
+                             ("stderr", self.duplicate_stderr_filters)):  # fmt: skip
+            if filters and not _teed(self.tee, 1 if std == "stdout" else 2):
+                out.append(
+                    f"--duplicate-{std}-filters: no worker's {std} is teed, so nothing is "
+                    f"duplicated (as under torchrun, only teed lines are: add --tee)"
+                )
+        return out
+
+    def signals(self) -> tuple[signal.Signals, ...]:
+        """``signals_to_handle`` as signals (see ``etcdrun.agent.api.handled_signals``)."""
+        return handled_signals(self.signals_to_handle)
 
 
-__all__ = ["LaunchConfig"]
+def numa_mode(options: Any) -> str | None:
+    """The affinity mode of ``numa_options``: torch's NumaOptions, or the mode's name."""
+    if options is None:
+        return None
+    mode = getattr(options, "affinity_mode", options)
+    return str(getattr(mode, "value", mode))
+
+
+def _teed(tee: Any, bit: int) -> bool:
+    """Whether a --tee value tees this stream (1 stdout, 2 stderr) for any local rank."""
+    if tee is None:
+        return False
+    if isinstance(tee, str):
+        from etcdrun.agent.api import Std
+
+        tee = Std.from_str(tee)
+    values = tee.values() if isinstance(tee, dict) else [tee]
+    return any(int(v) & bit for v in values)
+
+
+def _std(value: Any) -> Any:
+    """A torch ``Std`` (or a map of them) as plain ints: the same values as ours."""
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        return {int(k): int(getattr(v, "value", v)) for k, v in value.items()} or None
+    return int(getattr(value, "value", value)) or None
+
+
+__all__ = ["DEFAULT_SIGNALS", "EVENT_LOG_HANDLERS", "LaunchConfig", "NUMA_MODES", "numa_mode"]

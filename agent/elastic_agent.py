@@ -13,10 +13,12 @@ and the handler's ``on_membership_change`` both set it, so the agent wakes at on
 and never polls (``monitor_interval`` only paces the reactor's polling of a worker that has no
 pidfd; --monitor-interval 0 cannot spin the agent).
 
-Signals (SIGTERM, SIGINT, SIGHUP, SIGQUIT) are forwarded to the workers; the agent then leaves the
-rendezvous (its lease revoked, so peers start a new round at once) and raises SignalException,
-which the CLI turns into exit code 128 + signal (torchrun exits 1). Starting and stopping workers
-and the fenced restart request are critical sections: a signal there is held until they end.
+Signals (``--signals-to-handle``: SIGTERM, SIGINT, SIGHUP, SIGQUIT by default) are forwarded to
+the workers as torchrun does: that signal, then SIGKILL after the grace (``--shutdown-timeout``);
+the agent then leaves the rendezvous (its lease revoked, so peers start a new round at once) and
+raises SignalException, which the CLI turns into exit code 128 + signal (torchrun exits 1).
+Starting and stopping workers and the fenced restart request are critical sections: a signal
+there is held until they end.
 """
 
 from __future__ import annotations
@@ -29,9 +31,11 @@ import time
 from typing import Any, NoReturn
 
 from etcdrun.agent import loop
-from etcdrun.agent.api import RunResult, WorkerSpec, WorkerState
+from etcdrun.agent.api import RunResult, WorkerSpec, WorkerState, handled_signals
 from etcdrun.agent.errors import ChildFailedError, ProcessFailure, write_error_json
 from etcdrun.agent.fencing import Fencing
+from etcdrun.agent.metrics import MetricsConfig
+from etcdrun.agent.observer import AgentObserver
 from etcdrun.agent.workers import WorkerGroup
 from etcdrun.rendezvous.api import FailureInfo, RendezvousHandler, RendezvousInfo
 from etcdrun.rendezvous.errors import RendezvousClosedError
@@ -61,6 +65,8 @@ class ElasticAgent:
         status_interval: float = 5.0,
         console_out: Any = None,
         console_err: Any = None,
+        event_log_handler: str = "null",
+        metrics: MetricsConfig | None = None,
     ) -> None:
         if spec.rdzv_handler is None:
             raise ValueError("WorkerSpec.rdzv_handler is required")
@@ -68,14 +74,17 @@ class ElasticAgent:
         self._h: RendezvousHandler = spec.rdzv_handler
         self._wake = threading.Event()  # a worker exited or the membership changed
         self._fencing = Fencing(self._h)  # the warden: fences the workers if we fall silent
+        self.observer = AgentObserver(self._h, event_log_handler, metrics)
         self._group = WorkerGroup(
             log_dir or spec.log_dir,
             console_out=console_out,
             console_err=console_err,
-            on_exit=lambda _worker: self._wake.set(),
+            on_exit=self._on_exit,
             on_spawn=self._fencing.spawned,
             extra_env=self._fencing.env,
         )
+        self._given_log_dir = log_dir or spec.log_dir
+        self._lease_lost = False  # the last attempt ended because our lease was lost
         self._status_interval = status_interval
         self._state = loop.State()
         self._closed_error: RendezvousClosedError | None = None
@@ -89,15 +98,34 @@ class ElasticAgent:
         self._fencing.start()
         result: RunResult | None = None
         try:
+            self.observer.open(self._group.log_root())
             result = self._run_with_signals()
             return result
         finally:
             unsubscribe()
             self._group.close()
             self._fencing.close()
+            self.observer.close()
             kept = self._group.settle_logs(result is not None and not result.is_failed())
             if kept is not None:
                 log.info("worker logs and error files are in %s", kept)
+
+    def _on_exit(self, worker: Any) -> None:
+        self.observer.exited(worker)
+        self._wake.set()
+
+    def _say_where_logs_are(self) -> None:
+        root = self._group.log_root()
+        files = f"events.jsonl; workers' files under {root}/{self._h.get_run_id()}/attempt_<n>/"
+        if self._given_log_dir:
+            log.info("logs: %s (agent.log, %s)", root, files)
+        else:
+            log.info(
+                "logs: %s (%s); a temporary folder, removed after a successful run unless "
+                "worker output goes to files (-r/-t): give --log-dir to keep it",
+                root,
+                files,
+            )
 
     @property
     def group(self) -> WorkerGroup:
@@ -145,6 +173,7 @@ class ElasticAgent:
         return _PERFORM[type(step.action)](self, step.action)
 
     def _join(self, action: loop.Join) -> loop.Event:
+        self.observer.joining()
         try:
             return loop.Joined(self._rendezvous())
         except RendezvousClosedError as exc:
@@ -154,9 +183,15 @@ class ElasticAgent:
     def _start(self, action: loop.StartWorkers) -> loop.Event:
         info = action.info
         with self._deferring():
-            self._group.start(self._spec, info)
+            workers = self._group.start(self._spec, info)
             self._fencing.started()
         self.rounds += 1
+        if self.rounds == 1:
+            self._say_where_logs_are()
+        line = self.observer.started(info, workers, self._lease_lost)
+        self._lease_lost = False
+        if line:
+            log.warning("%s", line)
         log.info(
             "round %d: node rank %d of %d, ranks %d..%d of %d, restarts %d/%d",
             info.round,
@@ -168,10 +203,18 @@ class ElasticAgent:
             info.restart_count,
             info.max_restarts,
         )
+        if any(self._spec.redirect_map().values()) or any(self._spec.tee_map().values()):
+            log.info("round %d: worker output in %s/<rank>/", info.round, self._group.attempt_dir)
         return self._wait()
 
     def _stop(self, action: loop.StopWorkers) -> loop.Event:
         result = self._stop_workers(grace=action.grace)
+        st = self._state
+        why = st.reason or (st.then.value if st.then is not None else "")
+        self.observer.stopped(result, self._group.workers, why)
+        if st.then is loop.Then.REJOIN and st.reason == "lease lost":
+            self._lease_lost = True
+            self.observer.fenced(len(self._group.workers))
         return loop.WorkersStopped(result, self._h.closed_failure())
 
     def _restart(self, action: loop.RequestRestart) -> loop.Event:
@@ -194,6 +237,7 @@ class ElasticAgent:
             global_rank=f.global_rank,
             host=f.host,
             exit_time=f.timestamp,
+            stderr_tail=f.stderr_tail,
         )
         raise ChildFailedError(name=self._spec.get_entrypoint_name(), failures={f.global_rank: pf})
 
@@ -202,7 +246,9 @@ class ElasticAgent:
         raise self._closed_error
 
     def _forward(self, action: loop.ForwardSignal) -> None:
-        self._stop_workers(forward=signal.Signals(action.signum))  # run() then re-raises
+        sig = signal.Signals(action.signum)
+        result = self._stop_workers(forward=sig)  # run() then re-raises
+        self.observer.stopped(result, self._group.workers, f"the agent got {sig.name}")
 
     # ---- helpers ---------------------------------------------------------------------------
     def _rendezvous(self) -> RendezvousInfo:
@@ -212,6 +258,10 @@ class ElasticAgent:
 
         def ticker() -> None:
             while not done.wait(self._status_interval):
+                first = self._last_call_line()
+                if first is not None:
+                    log.info("%s", first)
+                    continue
                 log.info(
                     "waiting for a round (%.0f s): %s",
                     time.monotonic() - started,
@@ -225,6 +275,16 @@ class ElasticAgent:
         finally:
             done.set()
             th.join()
+
+    def _last_call_line(self) -> str | None:
+        """The first round's last call, as the leader published it in the round key."""
+        view = getattr(self._h, "view", None)
+        settings = getattr(self._h, "settings", None)
+        if view is None or settings is None:
+            return None
+        from etcdrun.rendezvous import last_call  # etcd only: the static agent loads no gRPC
+
+        return last_call.line(view.message(), settings.min_nodes, settings.max_nodes)
 
     def _wait(self) -> loop.Event:
         """Sleep until the workers end or the round is superseded (a signal raises).
@@ -253,9 +313,10 @@ class ElasticAgent:
         self, grace: float | None = None, forward: signal.Signals | None = None
     ) -> RunResult:
         with self._deferring():
-            if forward is not None:
-                self._group.signal_all(forward)
-            result = self._group.stop(grace)
+            if forward is not None:  # torchrun's way: the signal itself, then SIGKILL
+                result = self._group.stop(grace, sig=forward)
+            else:
+                result = self._group.stop(grace)
             left = self._fencing.stopped()
             if left:
                 log.info("killed %d process(es) the workers left behind", left)
@@ -274,7 +335,7 @@ class ElasticAgent:
         if threading.current_thread() is not threading.main_thread():
             return {}  # only the main thread may handle signals (embedded use)
         previous = {}
-        for sig in FORWARDED_SIGNALS:
+        for sig in handled_signals(self._spec.signals_to_handle):
             previous[sig] = signal.signal(sig, self._on_signal)
         return previous
 

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from collections.abc import Callable
 from typing import Any
 
 from etcdrun.agent.api import WorkerSpec, entrypoint_name
 from etcdrun.agent.config import LaunchConfig
 from etcdrun.agent.errors import ChildFailedError, record
+from etcdrun.agent.event_sink import check_handler
+from etcdrun.agent.metrics import INSTALL, MetricsConfig, prometheus_available
 from etcdrun.rendezvous import registry
 from etcdrun.rendezvous.api import RendezvousHandler, RendezvousParameters
 from etcdrun.rendezvous.ports import reserve_free_port
@@ -27,8 +30,25 @@ __all__ = ["LaunchConfig", "elastic_launch", "launch_agent"]
 logger = logging.getLogger(__name__)
 
 
+class _NodeField(logging.Filter):
+    """Puts the node id on every record of agent.log: several agents sharing one --log-dir
+    append to one file, and each line must say which node wrote it. Before the first session
+    (and for the static backend) the node is ``<host>:<pid>``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.handler: RendezvousHandler | None = None
+        self._fallback = f"{socket.gethostname()}:{os.getpid()}"
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        node = getattr(self.handler, "node_id", None) if self.handler is not None else None
+        record.node = node or self._fallback
+        return True
+
+
 def _setup_logs(config: LaunchConfig) -> logging.Handler | None:
-    """With ``log_dir``, the agent's own log also goes to ``<log_dir>/agent.log``.
+    """With ``log_dir``, the agent's own log also goes to ``<log_dir>/agent.log``, each line
+    naming its node.
 
     The handler is returned so that ``launch_agent`` removes it again: several launches in one
     process (tests, notebooks) must not stack handlers or leak open files.
@@ -37,9 +57,29 @@ def _setup_logs(config: LaunchConfig) -> logging.Handler | None:
         return None
     os.makedirs(config.log_dir, exist_ok=True)
     handler = logging.FileHandler(os.path.join(config.log_dir, "agent.log"))
-    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    node = _NodeField()
+    handler.addFilter(node)
+    handler.setFormatter(
+        logging.Formatter("%(asctime)s %(node)s %(name)s %(levelname)s %(message)s")
+    )
     logging.getLogger("etcdrun").addHandler(handler)
     return handler
+
+
+def _name_nodes(log_handler: logging.Handler | None, rdzv: RendezvousHandler) -> None:
+    """From now on agent.log names the rendezvous' node (its id changes per incarnation)."""
+    for f in log_handler.filters if log_handler is not None else ():
+        if isinstance(f, _NodeField):
+            f.handler = rdzv
+
+
+def _metrics_config(config: LaunchConfig) -> MetricsConfig:
+    """The metrics and events settings, checked: a handler that cannot work is refused now."""
+    check_handler(config.event_log_handler)
+    metrics = MetricsConfig.from_cfg(config.metrics_cfg)
+    if metrics.handler == "prometheus" and not metrics.implicit and not prometheus_available():
+        raise ValueError(f"the prometheus metrics handler needs prometheus-client: {INSTALL}")
+    return metrics
 
 
 def _make_rdzv_handler(config: LaunchConfig) -> RendezvousHandler:
@@ -91,8 +131,9 @@ def _worker_spec(
     args: list[Any],
 ) -> WorkerSpec:
     extra: dict[str, Any] = {}
-    if config.stop_grace is not None:  # None: WorkerSpec's default (30 s, like torchrun)
-        extra["stop_grace"] = config.stop_grace
+    grace = config.grace()  # --shutdown-timeout or --stop-grace (or torch's variable)
+    if grace is not None:  # None: WorkerSpec's default (30 s, like torchrun)
+        extra["stop_grace"] = grace
     return WorkerSpec(
         role=config.role,
         local_world_size=config.nproc_per_node,
@@ -110,6 +151,12 @@ def _worker_spec(
         log_dir=config.log_dir,
         local_ranks_filter=config.local_ranks_filter,
         entrypoint_kind=config.entrypoint_kind,
+        log_line_prefix_template=config.log_line_prefix_template,
+        duplicate_stdout_filters=config.duplicate_stdout_filters,
+        duplicate_stderr_filters=config.duplicate_stderr_filters,
+        virtual_local_rank=config.virtual_local_rank,
+        signals_to_handle=config.signals_to_handle,
+        event_log_handler=config.event_log_handler,
         **extra,
     )
 
@@ -126,10 +173,12 @@ def launch_agent(
     entrypoint is a callable). Raises ``ChildFailedError`` when workers failed and the restart
     budget is spent; the rendezvous is left (lease revoked) on every way out.
     """
+    metrics = _metrics_config(config)  # a bad value is one line before anything starts
     log_handler = _setup_logs(config)
     rdzv_handler: RendezvousHandler | None = None
     try:
         rdzv_handler = _make_rdzv_handler(config)
+        _name_nodes(log_handler, rdzv_handler)
         spec = _worker_spec(config, rdzv_handler, entrypoint, args)
         from etcdrun.agent.elastic_agent import ElasticAgent
 
@@ -148,7 +197,12 @@ def launch_agent(
             "" if config.nproc_per_node == 1 else "s",
             config.rdzv_backend,
         )
-        result = ElasticAgent(spec).run()
+        for line in config.notices():  # torchrun's settings not honoured here, one line each
+            logger.warning("%s", line)
+        agent = ElasticAgent(
+            spec, event_log_handler=config.event_log_handler, metrics=metrics
+        )  # fmt: skip
+        result = agent.run()
         if result.is_failed():
             raise ChildFailedError(name=entrypoint_name(entrypoint, args), failures=result.failures)
         return result.return_values

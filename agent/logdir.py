@@ -7,6 +7,7 @@ on one machine) — and the agent must say where the logs are when it keeps them
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 
@@ -25,10 +26,16 @@ class LogDir:
 
     def settle(self, succeeded: bool, to_files: bool) -> str | None:
         """After the last attempt: a folder we made goes when the run succeeded and no worker
-        output was asked to go to files; otherwise it stays, and its path is returned."""
+        output was asked to go to files, or when no worker ever started (it holds the events
+        alone: the agent's error line says it all); otherwise it stays, and its path is
+        returned."""
         if not self._made or self._path is None:
             return None
-        if succeeded and not to_files:
+        try:
+            events_only = set(os.listdir(self._path)) <= {"events.jsonl"}
+        except OSError:
+            events_only = True
+        if (succeeded and not to_files) or events_only:
             shutil.rmtree(self._path, ignore_errors=True)
             return None
         return self._path

@@ -216,6 +216,7 @@ def failure_of(info: RendezvousInfo, result: RunResult) -> tuple[FailureInfo, st
         timestamp=root.timestamp,
         local_rank=root.local_rank,
         pid=root.pid,
+        stderr_tail=tuple(root.stderr_tail),  # through etcd: every node shows what it said
     )
     return failure, f"worker rank {rank} on {root.host} failed ({root.exit_description()})"
 

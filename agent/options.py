@@ -18,10 +18,15 @@ from typing import Any
 
 from etcdrun.agent.flags import UsageError
 
-__all__ = ["DEFAULT_MASTER_PORT", "PROG", "build_parser"]
+__all__ = ["DEFAULT_MASTER_PORT", "ETCDRUN_ONLY", "PROG", "build_parser"]
 
 PROG = "etcdrun"
 DEFAULT_MASTER_PORT = 29500  # torchrun's
+# Our options that torchrun does not have; every other option string is torchrun's (a test
+# compares the two parsers). An abbreviation means what it means under torchrun.
+ETCDRUN_ONLY = frozenset(
+    {"--stop-grace", "--stop_grace", "--metrics-port", "--metrics_port", "--version"}
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -127,8 +132,9 @@ def _add_size_options(p: argparse.ArgumentParser) -> None:
         "--nproc-per-node",
         action=_Env,
         default="1",
-        metavar="N|cpu|gpu|auto",
-        help="workers per node; auto: one per GPU, else one per CPU (default: %(default)s)",
+        metavar="N|cpu|gpu|xpu|auto",
+        help="workers per node: a number, or one per CPU, GPU (NVIDIA, or AMD under ROCm) or "
+        "Intel XPU; auto: GPUs, else XPUs, else CPUs (default: %(default)s)",
     )
 
 
@@ -233,12 +239,40 @@ def _add_output_options(p: argparse.ArgumentParser) -> None:
     )
     _opt(
         p,
+        "--event-log-handler",
+        action=_Env,
+        default="null",
+        choices=["null", "console", "dynamic_rendezvous"],
+        help="events (one JSON line per transition) go to <log dir>/events.jsonl; console: "
+        "also on stderr (default: %(default)s)",
+    )
+    _opt(
+        p,
+        "--metrics-port",
+        action=_Env,
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="serve /healthz, /livez and, with prometheus-client installed, /metrics on PORT",
+    )
+    _opt(
+        p,
         "--local-ranks-filter",
         action=_Env,
         default="",
         metavar="RANK,...",
         help="show only these local ranks' output on the console",
     )
+    for std in ("stdout", "stderr"):
+        _opt(
+            p,
+            f"--duplicate-{std}-filters",
+            action=_Env,
+            default=None,
+            metavar="TEXT,...",
+            help=f"teed {std} lines holding any of these strings also go to "
+            f"<log_dir>/<run_id>/attempt_<n>/filtered_{std}.log (',,' is a comma)",
+        )
 
 
 def _add_node_options(p: argparse.ArgumentParser) -> None:
@@ -276,14 +310,46 @@ def _add_node_options(p: argparse.ArgumentParser) -> None:
         default=None,
         help="this node's address as peers should reach it",
     )
+
+
+def _add_torch_213_options(p: argparse.ArgumentParser) -> None:
+    """torchrun 2.13's newer options, with its meanings (and where they are not honoured here,
+    one line at start says so: LaunchConfig.notices)."""
     _opt(
         p,
-        "--stop-grace",
-        action=_Env,
-        type=float,
+        "--logs-specs",
         default=None,
-        metavar="SECONDS",
-        help="grace between SIGTERM and SIGKILL when stopping workers (default: 30)",
+        metavar="NAME",
+        help="a torchrun.logs_specs entry point; accepted, not used (said at start)",
+    )
+    _opt(
+        p,
+        "--numa-binding",
+        default=None,
+        choices=["node", "socket", "exclusive", "core-complex"],
+        help="torchrun's CPU binding near each worker's GPU; accepted, not honoured "
+        "(said at start)",
+    )
+    _opt(
+        p,
+        "--signals-to-handle",
+        action=_Env,
+        default="SIGTERM,SIGINT,SIGHUP,SIGQUIT",
+        metavar="SIG,...",
+        help="signals the agent passes on to the workers (then SIGKILL after the grace) before it "
+        "leaves; e.g. add SIGUSR1 for Slurm's --signal (default: %(default)s)",
+    )
+    for name, say in (
+        ("--shutdown-timeout", "grace between the stop signal and SIGKILL when stopping workers "
+         "(default: TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30)"),
+        ("--stop-grace", "etcdrun's name of --shutdown-timeout (one setting: give either)"),
+    ):  # fmt: skip
+        _opt(p, name, action=_Env, type=float, default=None, metavar="SECONDS", help=say)
+    _opt(
+        p,
+        "--virtual-local-rank",
+        action=_EnvFlag,
+        help="every worker gets LOCAL_RANK 0 and CUDA_VISIBLE_DEVICES naming its one GPU",
     )
 
 
@@ -304,6 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_entrypoint_options,
         _add_output_options,
         _add_node_options,
+        _add_torch_213_options,
     ):
         add(p)
     p.add_argument("--version", action=_Version, help="print the version and exit")

@@ -7,14 +7,17 @@ in one selector. The same thread also forks the workers, so that PR_SET_PDEATHSI
 when the *thread* that forked a child dies) fires exactly when the agent dies, and not when
 whichever thread happened to call ``start()`` ends.
 
-Console lines get a ``[<global rank>]:`` prefix; log files get the raw bytes. Output is relayed as
-bytes end to end, so binary output and partial lines cannot crash the relay; a partial line goes
-out when its newline arrives, when it reaches 64 KiB, or at end of stream.
+Console lines get their stream's prefix (torchrun's: see _spawn.line_prefix); log files get the
+raw bytes; a teed line holding one of ``--duplicate-*-filters`` also goes, prefixed, to the
+attempt's filtered log. Output is relayed as bytes end to end, so binary output and partial lines
+cannot crash the relay; a partial line goes out when its newline arrives, when it reaches 64 KiB,
+or at end of stream.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import queue
 import selectors
@@ -41,6 +44,7 @@ class _Stream:
     file: BinaryIO | None  # tee target: raw bytes
     tail: collections.deque[str] | None
     pending: bytearray = field(default_factory=bytearray)
+    duplicate: tuple[BinaryIO, list[bytes]] | None = None  # (file, filters): matching lines
 
 
 @dataclass(eq=False)
@@ -133,9 +137,10 @@ class Reactor:
         console: int | None,
         file: BinaryIO | None,
         tail: collections.deque[str] | None = None,
+        duplicate: tuple[BinaryIO, list[bytes]] | None = None,
     ) -> None:
         os.set_blocking(fd, False)
-        stream = _Stream(fd, prefix, console, file, tail)
+        stream = _Stream(fd, prefix, console, file, tail, duplicate=duplicate)
         self._streams.add(stream)
         self._sel.register(fd, selectors.EVENT_READ, stream)
 
@@ -248,6 +253,21 @@ class Reactor:
         if stream.console is not None:
             out = b"".join(stream.prefix + ln + b"\n" for ln in lines)
             self._write_console(stream.console, out)
+        if stream.duplicate is not None:
+            self._write_duplicate(stream, lines)
+
+    @staticmethod
+    def _write_duplicate(stream: _Stream, lines: list[bytes]) -> None:
+        sink, filters = stream.duplicate  # type: ignore[misc]
+        hits = [ln for ln in lines if any(f in ln for f in filters)]
+        if not hits:
+            return
+        try:
+            sink.write(b"".join(stream.prefix + ln + b"\n" for ln in hits))
+        except (OSError, ValueError):  # disk full or closed: keep relaying the rest
+            stream.duplicate = None
+            with contextlib.suppress(OSError):
+                sink.close()
 
     def _write_console(self, which: int, data: bytes) -> None:
         sink = self._console[which]
@@ -283,11 +303,12 @@ class Reactor:
         self._streams.discard(stream)
         self._unregister(stream.fd)
         os.close(stream.fd)
-        if stream.file is not None:
-            try:
-                stream.file.close()
-            except OSError:
-                pass
+        for sink in (stream.file, stream.duplicate[0] if stream.duplicate else None):
+            if sink is not None:
+                try:
+                    sink.close()
+                except OSError:
+                    pass
 
     def _unregister(self, fd: int | None) -> None:
         if fd is None:

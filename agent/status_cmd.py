@@ -87,8 +87,19 @@ def render(s: Any) -> str:
     if s.previous:
         ranks = ", ".join(f"{n.node_rank}: {n.node_id}" for n in s.previous)
         lines.append(f"  last round's nodes (rank: node): {ranks}")
+    if s.last_call_deadline_unix_ms and s.phase == "JOINING":
+        left = max(0.0, s.last_call_deadline_unix_ms / 1000 - time.time())
+        lines.append(
+            f"  first round: {s.last_call_joined} of max {s.max_nodes} joined "
+            f"(min {s.min_nodes}); starting in {left:.0f} s unless more join"
+        )
+    causes = dict(zip(s.departed, s.departed_cause, strict=False))
+    known = {n.node_id: n for n in (*s.participants, *s.previous)}
     for node in s.missing:
-        lines.append(f"  MISSING: {node} (its agent is gone: the next round goes on without it)")
+        n = known.get(node)
+        who = f" ({n.host}, pid {n.pid})" if n is not None and n.host else ""
+        why = causes.get(node, "its agent is gone")
+        lines.append(f"  MISSING: {node}{who}: {why} (the next round goes on without it)")
     for n in s.joining:
         lines.append(f"  {'joined' if n.joined else 'not yet joined'}: {n.node_id} on {n.host}")
     if s.waiting:

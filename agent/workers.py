@@ -352,10 +352,11 @@ class WorkerGroup:
                 self._cond.wait(remaining)
         return True
 
-    def stop(self, grace: float | None = None) -> RunResult:
-        """End the attempt: SIGTERM each worker's group, wait up to ``grace`` (default
-        ``spec.stop_grace``) returning as soon as all are gone, then SIGKILL; relay the last output;
-        join the relay thread. Returns the final result; calling it again returns the same."""
+    def stop(self, grace: float | None = None, sig: int = signal.SIGTERM) -> RunResult:
+        """End the attempt: ``sig`` (SIGTERM; the agent passes on a signal it got) to each
+        worker's group, wait up to ``grace`` (default ``spec.stop_grace``) returning as soon as
+        all are gone, then SIGKILL; relay the last output; join the relay thread. Returns the
+        final result; calling it again returns the same."""
         if self._stopped:
             return self._result or RunResult(WorkerState.INIT)
         assert self._spec is not None and self._reactor is not None
@@ -365,7 +366,7 @@ class WorkerGroup:
                 " elastic loop instead"
             )
         grace = self._spec.stop_grace if grace is None else grace
-        self.signal_all(signal.SIGTERM)
+        self.signal_all(sig if grace > 0 else signal.SIGKILL)  # no grace (fencing): at once
         if not self._wait_exited(grace):
             self.signal_all(signal.SIGKILL)
             self._wait_exited(KILL_WAIT)

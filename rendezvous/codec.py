@@ -14,7 +14,7 @@ from typing import TypeVar
 from google.protobuf.message import DecodeError, Message
 
 from etcdrun.proto import etcdrun_state_pb2 as st
-from etcdrun.rendezvous.api import FailureInfo
+from etcdrun.rendezvous.api import Departure, FailureInfo, RoundCause
 from etcdrun.rendezvous.errors import RendezvousStateError
 from etcdrun.rendezvous.protocol import Agent, Join, Member, Phase, Round
 
@@ -93,6 +93,23 @@ def round_from(key: bytes | str, value: bytes, mod_revision: int, run_id: str | 
     return round_and_message(key, value, mod_revision, run_id)[0]
 
 
+TAIL_LINES, TAIL_LINE_CHARS, TAIL_CHARS = 20, 300, 4000  # what of a stderr tail goes to etcd
+
+
+def _tail_to(lines: tuple[str, ...]) -> list[str]:
+    """The last lines of a stderr tail that fit the budget: the round key every agent watches
+    must stay small (a frozen round carries its failure)."""
+    out: list[str] = []
+    total = 0
+    for line in reversed(lines[-TAIL_LINES:]):
+        line = line[:TAIL_LINE_CHARS]
+        total += len(line)
+        if total > TAIL_CHARS:
+            break
+        out.append(line)
+    return out[::-1]
+
+
 def failure_to(f: FailureInfo) -> st.Failure:
     return st.Failure(
         node_id=f.node_id,
@@ -105,6 +122,7 @@ def failure_to(f: FailureInfo) -> st.Failure:
         timestamp_ms=int(f.timestamp * 1000),
         local_rank=f.local_rank,
         pid=f.pid,
+        stderr_tail=_tail_to(tuple(f.stderr_tail)),
     )
 
 
@@ -120,14 +138,30 @@ def failure_from(f: st.Failure) -> FailureInfo:
         f.timestamp_ms / 1000.0,
         f.local_rank,
         f.pid,
+        tuple(f.stderr_tail),
     )
 
 
 def members_from(msg: st.RoundState) -> tuple[Member, ...]:
     return tuple(
-        Member(p.node_id, p.node_rank, p.local_world_size, p.addr, p.first_global_rank)
+        Member(
+            p.node_id, p.node_rank, p.local_world_size, p.addr, p.first_global_rank, p.host, p.pid
+        )
         for p in msg.participants
     )
+
+
+def cause_from(msg: st.RoundState | None) -> RoundCause | None:
+    """Why the round in ``msg`` opened (a JOINING round, or the FROZEN one that keeps it)."""
+    if msg is None or msg.phase == st.CLOSED:
+        return None
+    causes = list(msg.departed_cause)
+    departed = tuple(
+        Departure(n, causes[i] if i < len(causes) and causes[i] else "gone")
+        for i, n in enumerate(msg.departed)
+    )
+    failure = failure_from(msg.failure) if msg.HasField("failure") else None
+    return RoundCause(msg.reason, departed, tuple(msg.arrived), failure)
 
 
 def hint_to(number: int, members: tuple[Member, ...]) -> bytes:
@@ -147,6 +181,8 @@ def round_to(
     failure: st.Failure | None = None,
     departed: tuple[str, ...] = (),
     arrived: tuple[str, ...] = (),
+    departed_cause: tuple[str, ...] = (),
+    last_call: tuple[int, int] | None = None,
 ) -> bytes:
     msg = st.RoundState(
         number=r.number,
@@ -161,6 +197,7 @@ def round_to(
         run_lease=r.run_lease,
         departed=list(departed),
         arrived=list(arrived),
+        departed_cause=list(departed_cause),
         world_size=sum(m.local_world_size for m in r.members) if r.phase is Phase.FROZEN else 0,
         participants=[
             st.Participant(
@@ -169,10 +206,14 @@ def round_to(
                 local_world_size=m.local_world_size,
                 addr=m.addr,
                 first_global_rank=m.first_global_rank,
+                host=m.host,
+                pid=m.pid,
             )
             for m in r.members
         ],
     )
+    if last_call is not None:
+        msg.last_call_deadline_unix_ms, msg.last_call_joined = last_call
     if failure is None and r.failure is not None:
         failure = failure_to(r.failure)
     if failure is not None:
@@ -210,5 +251,11 @@ def agent_from(
 def join_from(key: bytes | str, value: bytes, run_id: str | None) -> Join:
     msg = decode(st.JoinRecord, key, value, run_id)
     return Join(
-        msg.node_id, msg.local_world_size, msg.addr, msg.master_port, msg.agent_create_revision
+        msg.node_id,
+        msg.local_world_size,
+        msg.addr,
+        msg.master_port,
+        msg.agent_create_revision,
+        msg.host,
+        msg.pid,
     )

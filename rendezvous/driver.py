@@ -198,6 +198,7 @@ class Driver:
             closed_ttl=self._closed_ttl,
             run_ttl=self._run_ttl,
             deliver=lambda b: self.post(LeaderEvents(b)),
+            departed=self._election.departed,
         )
         self._leader = leader  # before start(): its first batches may arrive at once
         leader.start()

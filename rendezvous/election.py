@@ -16,6 +16,7 @@ import logging
 from collections.abc import Callable
 
 from etcdrun.proto import etcd_api_pb2 as pb
+from etcdrun.proto import etcdrun_state_pb2 as st
 from etcdrun.rendezvous import codec
 from etcdrun.rendezvous.client import Watch, WatchBatch
 from etcdrun.rendezvous.errors import RendezvousError
@@ -36,6 +37,10 @@ class Election:
         self._on_change = on_change
         self._watch: Watch | None = None
         self.is_leader = False
+        # How the predecessors we watched went ("left": it marked itself leaving first; else
+        # "lease expired"): the leader this agent becomes says why the round opened.
+        self.departed: dict[str, str] = {}
+        self._leaving: set[str] = set()
 
     def check(self) -> bool:
         """Find the predecessor; watch it, or become leader. Returns ``is_leader``.
@@ -77,8 +82,22 @@ class Election:
     def _changed(self, batch: WatchBatch) -> None:
         # Any event on the predecessor counts: a delete (it is gone), or a put (it may no
         # longer be an agent); either way the line is read again.
+        for ev in batch.events:
+            node = self._session.keys.parse(ev.kv.key)[2] or ""
+            if ev.type == pb.Event.DELETE:
+                self.departed[node] = "left" if node in self._leaving else "lease expired"
+            elif ev.kv.value:
+                self._note_leaving(node, ev.kv.value)
         if batch.error is not None or batch.events:
             self._on_change()
+
+    def _note_leaving(self, node: str, value: bytes) -> None:
+        try:
+            info = codec.decode(st.AgentInfo, node, value)
+        except RendezvousError:
+            return
+        if info.leaving:
+            self._leaving.add(node)
 
     def _cancel(self) -> None:
         if self._watch is not None:

@@ -55,6 +55,22 @@ class RendezvousTimeoutError(RendezvousError):
 class RendezvousConnectionError(RendezvousError):
     """etcd could not be reached (or refused us: auth, permission) within the retry budget."""
 
+    @classmethod
+    def of(
+        cls,
+        text: str,
+        refused_at: str | None,
+        run_id: str | None,
+        round: int | None,
+        node: str | None,
+    ) -> RendezvousConnectionError:
+        """From an etcd error's text; ``refused_at``: the prefix etcd refused us access to."""
+        text = text.removeprefix("etcd: ")
+        message = f"etcd refused access to {refused_at}: {text}" if refused_at else text
+        if not message.startswith("etcd"):
+            message = f"etcd: {message}"
+        return cls(message, run_id=run_id, round=round, node=node)
+
 
 class RendezvousStateError(RendezvousError):
     """A value in etcd is corrupt, foreign, or from an unknown schema version."""

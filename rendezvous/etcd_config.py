@@ -1,7 +1,10 @@
 """The ``etcd`` backend's configuration keys (``--rdzv-conf k=v,...``), validated.
 
 Why strict: a misspelled key (``lease_tll=2``) silently ignored is a job that behaves differently
-from what its owner believes. Every key is checked; an unknown one is an error naming it.
+from what its owner believes. Every key is checked; an unknown one is an error naming it, with a
+"did you mean". torchrun's own keys (``timeout``, ``read_timeout``, ``keep_alive_interval``, ...)
+are read through the plugin's mapping (torch_conf.py: one mapping for both agents), so a
+torchrun command line keeps its ``--rdzv-conf``; keys with no meaning here get one notice line.
 Credentials may come from the conf, from etcdctl's environment variables (``ETCDCTL_USER``,
 ``ETCDCTL_PASSWORD``, ``ETCDCTL_CACERT``, ``ETCDCTL_CERT``, ``ETCDCTL_KEY``) or from a file
 (``password_file``); the password is never logged or shown in a repr.
@@ -9,6 +12,7 @@ Credentials may come from the conf, from etcdctl's environment variables (``ETCD
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -19,6 +23,7 @@ if TYPE_CHECKING:  # the client pulls in gRPC: checking a config must stay cheap
 
 # Keys the launcher itself passes through the rendezvous config (the seed's behaviour).
 _PASSTHROUGH = {"min_nodes", "max_nodes", "rank"}
+log = logging.getLogger("etcdrun.rendezvous")
 
 
 def _seconds(name: str, positive: bool = True):
@@ -106,6 +111,7 @@ class EtcdRendezvousConfig:
     user: str | None = None
     password: str | None = field(default=None, repr=False)
     max_restarts: int = 0  # job-wide worker-failure budget (the launcher passes it)
+    https: bool = False  # torchrun's protocol=https: endpoints without a scheme get https://
 
     @property
     def run_lease_ttl(self) -> int:
@@ -117,7 +123,10 @@ class EtcdRendezvousConfig:
     def client_config(self, endpoints: str) -> ClientConfig:
         """How this backend reaches etcd: the endpoints plus the TLS, auth and timeout keys."""
         from etcdrun.rendezvous.client.config import ClientConfig
+        from etcdrun.rendezvous.torch_conf import endpoints as with_scheme
 
+        if self.https:
+            endpoints = with_scheme(endpoints, https=True)
         return ClientConfig.create(
             endpoints,
             ca_cert=self.cacert,
@@ -133,14 +142,22 @@ class EtcdRendezvousConfig:
     def from_conf(
         cls, conf: Mapping[str, Any], environ: Mapping[str, str] | None = None
     ) -> EtcdRendezvousConfig:
+        from etcdrun.rendezvous.torch_conf import read_torch_conf
+
         env = os.environ if environ is None else environ
-        unknown = sorted(set(conf) - set(_KEYS) - _PASSTHROUGH)
-        if unknown:
-            raise ValueError(
-                f"unknown rdzv_conf key(s) for the etcd backend: "
-                f"{', '.join(unknown)} (known: {', '.join(sorted(_KEYS))})"
-            )
-        vals = {k: _KEYS[k](v) for k, v in conf.items() if k in _KEYS}
+        read = read_torch_conf(conf, strict=True)  # torchrun's keys mapped; unknown: ValueError
+        for line in read.notices:
+            log.warning("%s", line)
+        vals: dict[str, Any] = {"https": read.https}
+        for k, v in read.config.items():
+            if k not in _KEYS:
+                continue
+            try:
+                vals[k] = _KEYS[k](v)
+            except ValueError as e:
+                if k not in read.origin:
+                    raise
+                raise ValueError(f"{e} (read from torchrun's {read.origin[k]})") from None
         if "password_file" in vals:
             if "password" in vals:
                 raise ValueError("rdzv_conf: give password or password_file, not both")

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 
 from etcdrun.proto import etcdrun_state_pb2 as st
-from etcdrun.rendezvous import codec, job_settings, joining, lifecycle
+from etcdrun.rendezvous import codec, joining, lifecycle, node_names
 from etcdrun.rendezvous.api import (
     FailureInfo,
     RendezvousHandler,
@@ -48,7 +48,7 @@ from etcdrun.rendezvous.errors import (
 from etcdrun.rendezvous.etcd_config import EtcdRendezvousConfig
 from etcdrun.rendezvous.events import EventLog
 from etcdrun.rendezvous.joining import Joined
-from etcdrun.rendezvous.keys import RunKeys
+from etcdrun.rendezvous.keys import RunKeys, require_run_id
 from etcdrun.rendezvous.leader_status import status_line
 from etcdrun.rendezvous.protocol import Phase, Round, Settings
 from etcdrun.rendezvous.round_view import RoundView
@@ -71,12 +71,7 @@ class EtcdRendezvousHandler(RendezvousHandler):
     """
 
     def __init__(self, params: RendezvousParameters, client: EtcdClient | None = None) -> None:
-        if params.run_id in ("", "none"):  # torchrun's and the reference's default id
-            raise ValueError(
-                "the etcd backend needs a run id that every node of the job passes, and no "
-                "other job uses (--rdzv-id job42): with the default 'none' strangers' jobs "
-                "would meet in one run"
-            )
+        require_run_id(params.run_id)
         self.params = params
         self.cfg = EtcdRendezvousConfig.from_conf(params.config)
         self.settings = Settings(
@@ -93,11 +88,13 @@ class EtcdRendezvousHandler(RendezvousHandler):
         self._session: Session | None = None
         self._driver: Driver | None = None
         self._incarnation = 0
-        self._tag = os.urandom(3).hex()  # several handlers may share one process
+        self._tag = node_names.draw_suffix()  # node ids: <host>-<tag>.<incarnation>
         self._joined: int | None = None  # the round number this session has joined
         self._gate = RunGate(self.client, self.keys, self.view)
         self._fence_listeners: list[Callable[[float], None]] = []
         self._shutdown = False
+        self._superseded: int | None = None  # the running round whose end was reported
+        self.view.listen(self._on_superseded)
 
     # ---- RendezvousHandler: torch's part -------------------------------------------------------
     def get_backend(self) -> str:
@@ -144,6 +141,8 @@ class EtcdRendezvousHandler(RendezvousHandler):
         self._shutdown = True
         sess = self._session
         orphaned = sess is not None and sess.orphaned
+        if sess is not None and not orphaned and not sess.lost.is_set():
+            sess.mark_leaving("left", self.policy.parting_timeout)  # "left", not "lost"
         ok = self._drop_session()  # the driver first: a leader must not reopen the round
         self.view.wake()  # a next_rendezvous() waiting in another thread ends now
         if not orphaned and self.client.reached:  # never reached: nothing of ours to remove
@@ -152,6 +151,7 @@ class EtcdRendezvousHandler(RendezvousHandler):
             self.client.close(revoke_leases=not orphaned)
         if not orphaned:
             self.events.emit("node_left")
+        node_names.release_suffix(self._tag)
         return ok
 
     # ---- RendezvousHandler: what the agent needs beyond torch's --------------------------------
@@ -293,7 +293,10 @@ class EtcdRendezvousHandler(RendezvousHandler):
         return outcome is Joined.YES
 
     def _accept(self, sess: Session, r: Round) -> RendezvousInfo:
-        got = joining.info(self.run_id, sess.node_id, r, self.settings.max_restarts)
+        msg = self.view.message()
+        same = msg is not None and msg.number == r.number and msg.phase == st.FROZEN
+        cause = codec.cause_from(msg) if same else None
+        got = joining.info(self.run_id, sess.node_id, r, self.settings.max_restarts, cause)
         self.view.accept(r)
         self.events.emit(
             "round_accepted", round=r.number, node_rank=got.node_rank, node_count=got.node_count
@@ -309,13 +312,12 @@ class EtcdRendezvousHandler(RendezvousHandler):
             return sess
         self._drop_session()
         self._incarnation += 1
-        node_id = f"{self.host}-{os.getpid()}-{self._tag}.{self._incarnation}"
-        info = joining.agent_info(
-            node_id, self.host, self.addr, self.params.local_world_size, self.settings
-        )
-        sess = job_settings.open_session(self.client, self.keys, info, self.cfg.lease_ttl)
+        sess, self._tag = node_names.register(
+            self.client, self.keys, self.host, self._tag, self._incarnation, self._agent_info,
+            self.cfg.lease_ttl,
+        )  # fmt: skip
         self._session, self._joined = sess, None
-        self.events.node = node_id
+        self.events.node = sess.node_id
         driver = Driver(
             sess,
             self.keys,
@@ -329,10 +331,30 @@ class EtcdRendezvousHandler(RendezvousHandler):
         sess.on_refreshed(lambda at: [cb(at) for cb in list(self._fence_listeners)])
         self._driver = driver
         driver.start()
+        rev, pid = sess.create_revision, os.getpid()
         self.events.emit(
-            "session_opened", create_revision=sess.create_revision, lease=sess.lease_id
+            "session_opened", create_revision=rev, lease=sess.lease_id, host=self.host, pid=pid
         )
         return sess
+
+    def _agent_info(self, node_id: str) -> st.AgentInfo:
+        lws = self.params.local_world_size
+        return joining.agent_info(node_id, self.host, self.addr, lws, self.settings)
+
+    def _on_superseded(self) -> None:
+        """View listener (any thread): the round this node runs in is over — once per round."""
+        run, sess = self.view.running(), self._session
+        if run is None or self._superseded == run.number or sess is None or sess.lost.is_set():
+            return
+        self._superseded = run.number
+        r = self.view.current()
+        self.events.emit(
+            "round_superseded",
+            round=run.number,
+            by_round=r.number if r is not None else None,
+            phase=r.phase.name if r is not None else None,
+            reason=self.view.reason(),
+        )
 
     def _drop_session(self) -> bool:
         driver, self._driver = self._driver, None
@@ -369,16 +391,9 @@ class EtcdRendezvousHandler(RendezvousHandler):
 
     def _wrap(self, e: EtcdError) -> RendezvousError:
         refused = isinstance(e, (EtcdAuthError, EtcdPermissionError))
-        text = str(e).removeprefix("etcd: ")
-        message = f"etcd refused access to {self.keys.root}: {text}" if refused else text
-        if not message.startswith("etcd"):
-            message = f"etcd: {message}"
         r = self.view.current()
-        return RendezvousConnectionError(
-            message,
-            run_id=self.run_id,
-            round=r.number if r else None,
-            node=self.node_id,
+        return RendezvousConnectionError.of(
+            str(e), self.keys.root if refused else None, self.run_id, r and r.number, self.node_id
         )
 
 

@@ -14,7 +14,7 @@ import time
 from etcdrun.proto import etcdrun_state_pb2 as st
 from etcdrun.rendezvous import codec
 from etcdrun.rendezvous._version import __version__
-from etcdrun.rendezvous.api import RendezvousInfo
+from etcdrun.rendezvous.api import RendezvousInfo, RoundCause
 from etcdrun.rendezvous.client import EtcdClient
 from etcdrun.rendezvous.client import txn as t
 from etcdrun.rendezvous.keys import RunKeys
@@ -59,6 +59,8 @@ def join(
         local_world_size=local_world_size,
         master_port=reserve_free_port(),
         agent_create_revision=sess.create_revision,
+        host=sess.info.host,
+        pid=sess.info.pid,
     )
     res = client.txn(
         [t.mod_revision(keys.round, "==", r.mod_revision), sess.is_owner()],
@@ -71,7 +73,9 @@ def join(
     return Joined.ROUND_MOVED if sess.owns(kvs[0] if kvs else None) else Joined.NOT_OWNER
 
 
-def info(run_id: str, node_id: str, r: Round, max_restarts: int) -> RendezvousInfo:
+def info(
+    run_id: str, node_id: str, r: Round, max_restarts: int, cause: RoundCause | None = None
+) -> RendezvousInfo:
     """What this node runs with in the frozen round ``r`` (it must be a member)."""
     me = r.member(node_id)
     if me is None:
@@ -89,6 +93,7 @@ def info(run_id: str, node_id: str, r: Round, max_restarts: int) -> RendezvousIn
         restart_count=r.restart_count,
         participants=r.members,
         max_restarts=max_restarts,
+        cause=cause,
     )
 
 

@@ -14,6 +14,16 @@ from etcdrun.rendezvous.api import check_run_id
 _ROUND_DIGITS = 10
 
 
+def require_run_id(run_id: str) -> None:
+    """The etcd backend refuses torchrun's default id: with it, strangers' jobs would meet."""
+    if run_id in ("", "none"):  # torchrun's and the reference's default id
+        raise ValueError(
+            "the etcd backend needs a run id that every node of the job passes, and no "
+            "other job uses (--rdzv-id job42): with the default 'none' strangers' jobs "
+            "would meet in one run"
+        )
+
+
 @dataclass(frozen=True)
 class RunKeys:
     prefix: str

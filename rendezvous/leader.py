@@ -20,7 +20,7 @@ from dataclasses import replace
 
 from etcdrun.proto import etcd_api_pb2 as pb
 from etcdrun.proto import etcdrun_state_pb2 as st
-from etcdrun.rendezvous import codec, lifecycle, repair, transitions
+from etcdrun.rendezvous import codec, departures, last_call, lifecycle, repair, transitions
 from etcdrun.rendezvous.client import (
     EtcdError,
     EtcdLeaseNotFoundError,
@@ -71,6 +71,7 @@ class Leader:
         closed_ttl: float,
         run_ttl: int,
         deliver: Callable[[WatchBatch], None],
+        departed: dict[str, str] | None = None,
     ) -> None:
         self._session = session
         self._client = session.client
@@ -86,7 +87,8 @@ class Leader:
         self.joins: dict[int, dict[str, Join]] = {}
         self.hints: dict[int, tuple[Member, ...]] = {}  # rounds/<n>/hint: order for round n
         self._watches: list[Watch] = []
-        self._last_call: tuple[int, float] | None = None  # (round number, deadline)
+        self._last_call = last_call.LastCall()
+        self.departures = departures.Departures(departed)  # seeded by what the election saw
         self._failures = 0  # etcd errors in a row: the policy's backoff index
         self._invalid: dict[bytes, int] = {}  # key under agents/ that is no agent -> mod_revision
         self.status = LeaderStatus()
@@ -129,15 +131,21 @@ class Leader:
         kind, n, node = self._keys.parse(kv.key)
         rid = self._keys.run_id
         if kind == "agent" and node:
-            self.agents.pop(node, None)  # whatever it was, it counts only if valid now
+            was = self.agents.pop(node, None)  # whatever it was, it counts only if valid now
             self._invalid.pop(kv.key, None)
-            if not deleted:
-                try:
-                    agent = codec.agent_from(kv.key, kv.value, kv.create_revision, rid, kv.lease)
-                except RendezvousError:
-                    self._invalid[kv.key] = kv.mod_revision  # removed at the next decision
-                    raise
-                self.agents[node] = agent
+            if deleted:
+                if was is not None:
+                    self.departures.deleted(node)
+                return
+            try:
+                info = codec.agent_info(kv.key, kv.value, rid, kv.lease)
+            except RendezvousError:
+                self._invalid[kv.key] = kv.mod_revision  # removed at the next decision
+                raise
+            self.departures.put(node, bool(info.leaving))
+            self.agents[node] = Agent(
+                info.node_id, kv.create_revision, info.local_world_size, info.addr
+            )
         elif kind == "hint" and n is not None:
             if deleted:
                 self.hints.pop(n, None)
@@ -168,9 +176,15 @@ class Leader:
             action = decide(view, self._settings, now)
             if isinstance(action, Wait):
                 if action.until is not None and r is not None:
-                    self._last_call = (r.number, action.until)
+                    self._last_call.wait(r.number, action.until, now)
                 self._publish(r, action.reason)
-                return action.until
+                if action.until is None or r is None:
+                    return action.until
+                joined = sum(1 for n in view.joined if n in self.agents)
+                return last_call.announce(
+                    self._last_call, self._session, self._keys, self._view, self._events, r,
+                    joined, now,
+                )  # fmt: skip
             try:
                 applied = self._apply(r, action)
             except EtcdNoSpaceError as e:
@@ -248,9 +262,7 @@ class Leader:
                 if r.number not in self.hints:
                     return None
                 r = replace(r, members=self.hints[r.number])
-        deadline = None
-        if self._last_call and r is not None and self._last_call[0] == r.number:
-            deadline = self._last_call[1]
+        deadline = self._last_call.deadline(r.number) if r is not None else None
         joined = self.joins.get(r.number, {}) if r else {}
         return View(r, self.agents, joined, deadline)
 
@@ -262,17 +274,19 @@ class Leader:
             return self._close_failed(r, action)
         run_lease = self._run_lease_for(r)
         if isinstance(action, StartRound):
+            causes = self.departures.causes(action.departed)
             new, (guard, ops) = transitions.start_round(
                 self._keys,
                 r,
                 action.number,
                 action.hint,
                 action.restart_count,
-                action.reason,
+                departures.reason(action.departed, causes) or action.reason,
                 me,
                 run_lease=run_lease,
                 departed=action.departed,
                 arrived=action.arrived,
+                departed_cause=causes,
             )
         else:
             assert isinstance(action, Freeze) and r is not None
@@ -285,6 +299,9 @@ class Leader:
                 action.restart_count,
                 me,
                 run_lease=run_lease,
+                why=self.departures.why_frozen(
+                    self._view.message(), r.number, self.hints.get(r.number, ()), self.agents
+                ),
             )
         res = self._client.txn([*guard, fence], ops)
         if not res.succeeded:
@@ -323,11 +340,15 @@ class Leader:
     def _applied(self, action: StartRound | Freeze, revision: int) -> None:
         if isinstance(action, StartRound):
             self.hints[action.number] = action.hint
+            causes = self.departures.causes(action.departed)
             self._events.emit(
                 "round_started",
                 round=action.number,
-                reason=action.reason,
+                reason=departures.reason(action.departed, causes) or action.reason,
                 restart_count=action.restart_count,
+                departed=list(action.departed),
+                departed_cause=list(causes),
+                arrived=list(action.arrived),
             )
             return
         self._events.emit(
@@ -342,9 +363,7 @@ class Leader:
         joined = self.joins.get(r.number, {}) if r is not None else {}
         frozen = r is not None and r.phase is Phase.FROZEN
         members = {m.node_id for m in r.members} if frozen and r is not None else set()
-        deadline = None
-        if self._last_call is not None and r is not None and self._last_call[0] == r.number:
-            deadline = self._last_call[1]
+        deadline = self._last_call.deadline(r.number) if r is not None else None
         self.status = LeaderStatus(
             round=r.number if r is not None else None,
             phase=r.phase if r is not None else None,

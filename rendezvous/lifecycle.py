@@ -127,15 +127,23 @@ def request_restart(
         )
         return True
     if failure is not None:
-        _attach_if_earlier(client, keys, events, running.number + 1, failure)
+        _attach_if_earlier(client, keys, events, running.number + 1, failure, reason)
     return False
 
 
 def _attach_if_earlier(
-    client: EtcdClient, keys: RunKeys, events: EventLog, number: int, failure: FailureInfo
+    client: EtcdClient,
+    keys: RunKeys,
+    events: EventLog,
+    number: int,
+    failure: FailureInfo,
+    reason: str,
 ) -> None:
-    """Put ``failure`` on round ``number`` while it gathers, in place of an older one it
-    carries: fenced on the value read, so a round that moved on is left alone."""
+    """Put ``failure`` (and its ``reason`` line) on round ``number`` while it gathers, in place
+    of an older failure it carries: fenced on the value read, so a round that moved on is left
+    alone. The reason goes with it: every node prints the earliest failure as the restart's
+    cause, never the first report (a worker its own agent stopped, or a consequence of the real
+    failure)."""
     kv = client.get(keys.round)
     if kv is None:
         return
@@ -152,6 +160,8 @@ def _attach_if_earlier(
     if msg.failure.timestamp_ms <= ours.timestamp_ms:
         return
     msg.failure.CopyFrom(ours)
+    if not msg.departed:  # "node(s) left: ..." stays: a death outranks a failure
+        msg.reason = reason
     put = t.put(keys.round, msg.SerializeToString(), kv.lease)
     if client.txn([t.mod_revision(keys.round, "==", kv.mod_revision)], [put]).succeeded:
         events.emit("round_failure_replaced", round=number, failed_rank=failure.global_rank)

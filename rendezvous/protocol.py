@@ -42,6 +42,8 @@ class Join:
     addr: str
     master_port: int
     agent_create_revision: int
+    host: str = ""
+    pid: int = 0
 
 
 # A participant of a frozen round (or, for a JOINING round, of the previous one: the hint). The
@@ -154,7 +156,7 @@ def assign(chosen: list[Join]) -> tuple[Member, ...]:
     """Contiguous node ranks and global ranks (S2)."""
     members, first = [], 0
     for rank, j in enumerate(chosen):
-        members.append(Member(j.node_id, rank, j.local_world_size, j.addr, first))
+        members.append(Member(j.node_id, rank, j.local_world_size, j.addr, first, j.host, j.pid))
         first += j.local_world_size
     return tuple(members)
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 from etcdrun.proto import etcd_api_pb2 as pb
@@ -36,6 +37,11 @@ from etcdrun.rendezvous.errors import RendezvousStateError
 from etcdrun.rendezvous.keys import RunKeys
 
 log = logging.getLogger(__name__)
+
+
+class NodeIdTaken(RendezvousStateError):
+    """Another live agent of the run registered this node id first (names are short: the
+    owner draws a new suffix and registers again)."""
 
 
 class Session:
@@ -80,7 +86,7 @@ class Session:
             # Our own write, applied although its answer was lost and the call retried.
             return cls(client, keys, info, lease, kvs[0].create_revision)
         lease.revoke()
-        raise RendezvousStateError(
+        raise NodeIdTaken(
             f"agent key {key} already exists: two agents with one node id",
             run_id=keys.run_id,
             node=info.node_id,
@@ -129,6 +135,28 @@ class Session:
         """Run ``callback(presumed_lost_at)`` after every keep-alive (keeper thread)."""
         self._lease.on_refreshed(lambda lease: callback(lease.presumed_lost_at))
 
+    def lease_time_left(self) -> float:
+        """Seconds before etcd could expire our lease, counted conservatively from the send time
+        of the last acknowledged keep-alive (negative: it may be gone)."""
+        return self._lease.expires_no_earlier_than - time.monotonic()
+
+    def keepalive_age(self) -> float:
+        """Seconds since the last acknowledged keep-alive was sent: TTL/3 at most while all is
+        well, towards TTL - margin (fencing) when etcd does not answer."""
+        return time.monotonic() - (self._lease.expires_no_earlier_than - self._lease.ttl)
+
+    def mark_leaving(self, why: str, timeout: float) -> None:
+        """Say in our agent key that we leave on purpose, before revoking: the leader then says
+        the node *left* rather than that it was *lost*. Fenced on our lease; best effort."""
+        info = st.AgentInfo()
+        info.CopyFrom(self.info)
+        info.leaving = why or "left"
+        put = t.put(self.key, codec.encode(info), self.lease_id)
+        try:
+            self.client.txn([self.is_owner()], [put], timeout=timeout)
+        except EtcdError as e:
+            log.debug("session %s: could not mark itself leaving: %s", self.node_id, e)
+
     def on_lost(self, callback: Callable[[Session], None]) -> None:
         """Run ``callback(session)`` once when the lease is lost (on the keep-alive thread)."""
         self._lease.on_lost(lambda _lease: callback(self))
@@ -157,4 +185,4 @@ class Session:
             return False
 
 
-__all__ = ["Session"]
+__all__ = ["NodeIdTaken", "Session"]

@@ -7,6 +7,11 @@ What it assumes, like torchrun's static backend: every node runs the same number
 (``local_world_size``), so this node's global ranks follow from its node rank alone; the node count
 is ``max_nodes`` (``min_nodes`` has no meaning without a live membership).
 
+Meeting: a job of several nodes meets on the master node before any worker starts (node rank 0
+listens on ``MASTER_PORT``, the others connect; static_barrier.py), and waits for every node at
+the end, as torchrun's static rendezvous does through its TCPStore; ``join_timeout`` (torchrun's
+``timeout``; 600 s) bounds the meeting. A single node meets nobody.
+
 Restarts: there is one round only. ``request_restart()`` after a worker failure re-runs it with
 ``restart_count + 1`` while the budget (``max_restarts``, passed by the launcher) lasts, and
 closes the run with the failure once it is spent: the same contract as the etcd backend, so the
@@ -33,11 +38,14 @@ from etcdrun.rendezvous.ports import reserve_free_port
 # One default for every way a master address is left out (the CLI reads it from the registry
 # without loading this module); re-exported here for callers of this backend.
 from etcdrun.rendezvous.registry import DEFAULT_MASTER_ADDR
+from etcdrun.rendezvous.static_barrier import EXIT_TIMEOUT, Member, StaticBarrier
 
-# "rank" and "max_restarts" are set by the launcher; "join_timeout" may come from
-# LaunchConfig.rdzv_timeout and has nothing to wait for here. Any other key is a mistake (most
-# likely an etcd key with the wrong --rdzv-backend), so it is refused rather than ignored.
-_KNOWN_KEYS = frozenset({"rank", "join_timeout", "max_restarts"})
+# "rank" and "max_restarts" are set by the launcher; "join_timeout" (LaunchConfig.rdzv_timeout,
+# or torchrun's "timeout", which torchrun's static backend reads) bounds the meeting. Any other
+# key is a mistake (most likely an etcd key with the wrong --rdzv-backend), so it is refused
+# rather than ignored.
+_KNOWN_KEYS = frozenset({"rank", "join_timeout", "timeout", "max_restarts"})
+DEFAULT_JOIN_TIMEOUT = 600.0  # torch's static default; etcd's join_timeout default too
 
 
 def parse_static_endpoint(endpoint: str) -> tuple[str, int | None]:
@@ -86,6 +94,18 @@ def _node_rank(params: RendezvousParameters) -> int:
         raise ValueError(f"static rendezvous: rank {value!r} is not an integer") from None
 
 
+def _join_timeout(params: RendezvousParameters) -> float:
+    key = "join_timeout" if "join_timeout" in params.config else "timeout"
+    value: Any = params.config.get(key, DEFAULT_JOIN_TIMEOUT)
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = -1.0
+    if seconds <= 0:
+        raise ValueError(f"static rendezvous: {key} {value!r} is not a number of seconds > 0")
+    return seconds
+
+
 def _max_restarts(params: RendezvousParameters) -> int:
     value: Any = params.config.get("max_restarts", 0)
     try:
@@ -125,6 +145,15 @@ class StaticRendezvousHandler(RendezvousHandler):
         self._master_port = port if port is not None else reserve_free_port()
         self._local_addr = params.local_addr or socket.gethostname()
         self._max_restarts = _max_restarts(params)
+        self._join_timeout = _join_timeout(params)
+        me = Member(
+            self._run_id,
+            self._node_rank,
+            self._node_count,
+            self._local_world_size,
+            socket.gethostname(),
+        )
+        self._barrier = StaticBarrier(me, self._master_addr, self._master_port)
         self._lock = threading.Lock()
         self._restart_count = 0
         self._failure: FailureInfo | None = None
@@ -175,6 +204,7 @@ class StaticRendezvousHandler(RendezvousHandler):
                     node=self._node_id,
                 )
             restart_count = self._restart_count
+        self._barrier.meet(self._join_timeout)  # once: every node, before any worker starts
         return RendezvousInfo(
             run_id=self._run_id,
             round=0,
@@ -200,6 +230,14 @@ class StaticRendezvousHandler(RendezvousHandler):
 
     def num_nodes_waiting(self) -> int:
         return 0
+
+    def status(self) -> str:
+        return self._barrier.status
+
+    def exit_barrier(self, timeout: float | None = None) -> bool:
+        """Wait until every node's workers are done (torchrun's agents do, on their store); a
+        node that failed for good has left, so nobody waits for it."""
+        return self._barrier.exit_barrier(EXIT_TIMEOUT if timeout is None else timeout)
 
     def request_restart(self, reason: str, failure: FailureInfo | None = None) -> bool:
         """Re-run the round while the budget lasts; then close the run with the failure."""
@@ -229,6 +267,7 @@ class StaticRendezvousHandler(RendezvousHandler):
     def shutdown(self) -> bool:
         with self._lock:
             self._shut_down = True
+        self._barrier.close()
         return True
 
 

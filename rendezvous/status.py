@@ -74,8 +74,11 @@ class RunStatus:
     master_port: int = 0
     participants: tuple[Node, ...] = ()  # the frozen round's nodes, by node rank
     previous: tuple[Node, ...] = ()  # JOINING: the last round's survivors, in their order (S6)
-    departed: tuple[str, ...] = ()  # JOINING: the nodes whose leaving opened this round
-    arrived: tuple[str, ...] = ()  # JOINING: the newcomers that opened it
+    departed: tuple[str, ...] = ()  # the nodes whose leaving opened this round
+    departed_cause: tuple[str, ...] = ()  # for each: "lease expired", "left" or "gone"
+    arrived: tuple[str, ...] = ()  # the newcomers that opened it
+    last_call_deadline_unix_ms: int = 0  # JOINING, first round: the leader's last call
+    last_call_joined: int = 0
     missing: tuple[str, ...] = ()  # nodes of the run whose agent is gone: lost
     waiting: tuple[Node, ...] = ()  # live agents outside the frozen round (newcomers, spares)
     joining: tuple[Node, ...] = ()  # JOINING: live agents, with whether each has joined
@@ -178,14 +181,8 @@ def _with_round(
 ) -> RunStatus:
     phase = st.Phase.Name(msg.phase)
     members = {p.node_id: p for p in msg.participants}
-    participants = tuple(
-        _node(agents.get(p.node_id), p.node_id, p.addr, p.local_world_size, p.node_rank)
-        for p in msg.participants
-    )
-    before = tuple(
-        _node(agents.get(m.node_id), m.node_id, m.addr, m.local_world_size, m.node_rank)
-        for m in previous
-    )
+    participants = tuple(_node(agents.get(p.node_id), p) for p in msg.participants)
+    before = tuple(_node(agents.get(m.node_id), m) for m in previous)
     frozen = phase == "FROZEN"
     waiting = tuple(n for n in agents.values() if frozen and n.node_id not in members)
     joining = tuple(
@@ -205,9 +202,12 @@ def _with_round(
         participants=participants,
         previous=before,
         departed=tuple(msg.departed),
+        departed_cause=tuple(msg.departed_cause),
         arrived=tuple(msg.arrived),
+        last_call_deadline_unix_ms=msg.last_call_deadline_unix_ms,
+        last_call_joined=msg.last_call_joined,
         missing=tuple(n.node_id for n in participants if n.node_id not in agents)
-        + tuple(d for d in msg.departed if d not in agents),
+        + tuple(d for d in msg.departed if d not in agents and phase == "JOINING"),
         waiting=waiting,
         joining=joining,
         outcome=st.Outcome.Name(msg.outcome) if phase == "CLOSED" and msg.outcome else None,
@@ -219,10 +219,13 @@ def _with_round(
     )
 
 
-def _node(live: Node | None, node_id: str, addr: str, lws: int, rank: int) -> Node:
+def _node(live: Node | None, p: Any) -> Node:
+    """A node of a round (``p``: a Participant message or Member), live or as remembered."""
     if live is None:  # the node is gone: what the round remembers of it
-        return Node(node_id, addr=addr, local_world_size=lws, node_rank=rank)
-    return _replace(live, node_rank=rank)
+        return Node(
+            p.node_id, p.host, p.addr, p.pid, p.local_world_size, node_rank=p.node_rank
+        )  # fmt: skip
+    return _replace(live, node_rank=p.node_rank)
 
 
 def _replace(n: Node, **kw: Any) -> Node:

@@ -38,6 +38,7 @@ def start_round(
     run_lease: int = 0,
     departed: tuple[str, ...] = (),
     arrived: tuple[str, ...] = (),
+    departed_cause: tuple[str, ...] = (),
 ) -> tuple[Round, Txn]:
     """Open round ``number`` for joining; drop every older round's records in the same Txn.
     The hint (the previous participants, for rank stability) goes to its own key, read by the
@@ -47,7 +48,14 @@ def start_round(
     ops = [
         t.put(
             keys.round,
-            codec.round_to(new, reason=reason, decided_by=by, departed=departed, arrived=arrived),
+            codec.round_to(
+                new,
+                reason=reason,
+                decided_by=by,
+                departed=departed,
+                arrived=arrived,
+                departed_cause=departed_cause,
+            ),
             run_lease,
         ),
         t.delete(keys.rounds, end=keys.round_dir(number)),
@@ -65,7 +73,9 @@ def freeze(
     restart_count: int,
     by: str,
     run_lease: int = 0,
+    why: st.RoundState | None = None,
 ) -> tuple[Round, Txn]:
+    """Freeze ``current`` with ``members``; ``why`` (departures.py) says why it opened."""
     new = Round(
         current.number,
         Phase.FROZEN,
@@ -75,7 +85,16 @@ def freeze(
         master_port,
         run_lease=run_lease,
     )
-    value = codec.round_to(new, decided_by=by)
+    w = why or st.RoundState()
+    value = codec.round_to(
+        new,
+        reason=w.reason,
+        decided_by=by,
+        failure=w.failure if w.HasField("failure") else None,
+        departed=tuple(w.departed),
+        arrived=tuple(w.arrived),
+        departed_cause=tuple(w.departed_cause),
+    )
     return new, ([fence(keys, current)], [t.put(keys.round, value, run_lease)])
 
 

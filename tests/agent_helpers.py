@@ -37,10 +37,17 @@ def etcdrun_bin() -> str:
     return found
 
 
+# Worker lines labelled with their global rank (torch's own example template), so that a test can
+# tell whose line it is; by default etcdrun, like torchrun, prefixes teed lines only.
+RANK_PREFIX = "[${rank}]:"
+
+
 def clean_env(**extra: str) -> dict[str, str]:
-    """The test's environment without what would change an agent's or worker's behaviour."""
+    """The test's environment without what would change an agent's or worker's behaviour, and
+    with worker lines prefixed ``[<global rank>]:`` (``RANK_PREFIX``)."""
     drop = ("PET_", "ETCDCTL_", "TORCHELASTIC_", "OMP_NUM_THREADS", "PYTHON_EXEC", "LOGLEVEL")
     env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = RANK_PREFIX
     env.update(extra)
     return env
 

@@ -21,6 +21,7 @@ from etcdrun.agent.api import WorkerSpec, WorkerState
 from etcdrun.agent.config import LaunchConfig
 from etcdrun.agent.elastic_agent import ElasticAgent
 from etcdrun.agent.errors import ChildFailedError
+from etcdrun.agent.event_sink import read
 from etcdrun.agent.launcher import elastic_launch
 from etcdrun.rendezvous.api import RendezvousParameters
 from etcdrun.rendezvous.static import StaticRendezvousHandler
@@ -135,3 +136,50 @@ def test_static_budget_spent_reports_our_root_cause(tmp_path, caplog):
     assert rank == 1 and "ValueError: rank 1 always fails" in root.message
     assert "attempt_1" in (root.error_file or "")  # our own error file, from the last attempt
     assert "the restart budget is spent: the job failed" in caplog.text
+
+
+class LosingStatic(PushingStatic):
+    """A pushed change that says "your lease is lost" (etcd's fencing, S4), once."""
+
+    lost = False
+
+    def session_lost(self) -> bool:
+        return self.lost
+
+    def next_rendezvous(self):
+        self.lost = False
+        return super().next_rendezvous()
+
+
+def test_a_lost_lease_fences_the_workers_and_every_step_is_one_event(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="etcdrun")
+    h = LosingStatic(static_params("fenced"))
+    agent = agent_for(h, tmp_path, e2e_callables.run_until_go, str(tmp_path), monitor=3600)
+    results = []
+    runner = threading.Thread(target=lambda: results.append(agent.run()), name="test-agent")
+    runner.start()
+    try:
+        wait_for(lambda: len(list(tmp_path.glob("ready_*"))) == 2, 30, "the first workers")
+        (tmp_path / "go").touch()
+        h.lost = True
+        h.push()
+    finally:
+        runner.join(60)
+    assert results and results[0].state == WorkerState.SUCCEEDED, results
+    events = read(str(tmp_path / "logs" / "events.jsonl"))
+    names = [e["event"] for e in events]
+    assert names == [
+        *["worker_started"] * 2,
+        *["worker_stopped"] * 2,  # at once (grace 0), by the agent
+        "fenced",
+        "workers_restarted",
+        *["worker_started"] * 2,
+        *["worker_exited"] * 2,  # the second attempt's workers end by themselves
+    ], names
+    stopped = [e for e in events if e["event"] == "worker_stopped"]
+    assert {e["signal"] for e in stopped} == {"SIGKILL"}  # no grace: fencing kills at once
+    assert {e["why"] for e in stopped} == {"lease lost"}
+    assert events[names.index("workers_restarted")]["why"] == "lease_lost"
+    assert {e["exit_code"] for e in events if e["event"] == "worker_exited"} == {0}
+    assert "fenced: this node's lease was lost; its 2 worker(s) were stopped at once" in caplog.text
+    assert "this node lost its lease and rejoined as node0" in caplog.text

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import http.server
 import re
+import shutil
 import socket
 import threading
 import time
@@ -251,3 +252,11 @@ def test_a_run_without_log_dir_leaves_no_temp_folder_and_a_failed_one_says_where
     kept = list(tmp_path.glob("etcdrun_logs_*"))
     assert len(kept) == 1 and f"worker logs and error files are in {kept[0]}" in bad.stderr
     assert list(kept[0].rglob("error.json"))  # the failure's record is what it kept
+    assert (kept[0] / "events.jsonl").exists()  # with the events of the run
+    assert f"logs: {kept[0]} (events.jsonl; " in bad.stderr  # said at the start too
+    # A run that failed before any worker started leaves nothing: its error line says it all.
+    shutil.rmtree(kept[0])
+    dead = run_cli("--rdzv-backend", "etcd", "--rdzv-endpoint", "127.0.0.1:1", "--rdzv-id", "x",
+                   "--rdzv-conf", "retry_timeout=0.5,request_timeout=0.2", WORKER, "x", "exit",
+                   env=env)  # fmt: skip
+    assert dead.returncode == 1 and not list(tmp_path.glob("etcdrun_logs_*")), dead.stderr

@@ -194,11 +194,11 @@ def test_python_exec_env(monkeypatch):
 
 
 def test_nproc_per_node_words():
-    cpus = os.cpu_count()
+    cpus = len(os.sched_getaffinity(0))
     assert parse_args(["--nproc-per-node", "cpu", "t.py"])[0].nproc_per_node == cpus
-    from etcdrun.agent.flags import gpu_count
+    from etcdrun.agent.accelerators import gpu_count, xpu_count
 
-    gpus = gpu_count()
+    gpus = gpu_count() or xpu_count()
     assert parse_args(["--nproc-per-node", "auto", "t.py"])[0].nproc_per_node == (gpus or cpus)
     if gpus == 0:
         with pytest.raises(UsageError, match="no GPU"):
@@ -283,6 +283,121 @@ def test_pet_flags(monkeypatch):
     assert parse_args(["t.py"])[0].run_id == "none"
 
 
+def test_torch_213_flags():
+    c, _, _ = parse_args(
+        [
+            "--event-log-handler",
+            "console",
+            "--duplicate-stdout-filters",
+            "loss,,step,acc",
+            "--duplicate-stderr-filters",
+            "Error",
+            "--numa-binding",
+            "socket",
+            "--signals-to-handle",
+            "SIGTERM,SIGUSR1",
+            "--shutdown-timeout",
+            "12",
+            "--virtual-local-rank",
+            "train.py",
+        ]
+    )
+    assert c.event_log_handler == "console" and c.numa_options == "socket"
+    assert c.duplicate_stdout_filters == ["loss,step", "acc"]  # ",," is a comma (torch's rule)
+    assert c.duplicate_stderr_filters == ["Error"]
+    assert c.signals_to_handle == "SIGTERM,SIGUSR1" and c.virtual_local_rank
+    assert (c.shutdown_timeout, c.stop_grace, c.grace()) == (12, None, 12)
+    d, _, _ = parse_args(["train.py"])
+    assert (d.event_log_handler, d.numa_options, d.logs_specs) == ("null", None, None)
+    assert (d.duplicate_stdout_filters, d.duplicate_stderr_filters) == (None, None)
+    assert d.signals_to_handle == "SIGTERM,SIGINT,SIGHUP,SIGQUIT" and not d.virtual_local_rank
+    assert d.grace() is None and d.log_line_prefix_template is None
+
+
+def test_shutdown_timeout_and_stop_grace_are_one_setting(monkeypatch):
+    assert parse_args(["--stop-grace", "4", "t.py"])[0].grace() == 4
+    assert parse_args(["--shutdown-timeout", "4", "--stop-grace", "4", "t.py"])[0].grace() == 4
+    with pytest.raises(UsageError, match=r"shutdown_timeout \(4.0\) and stop_grace \(5.0\)"):
+        parse_args(["--shutdown-timeout", "4", "--stop-grace", "5", "t.py"])
+    monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "9")  # torch's variable
+    assert parse_args(["t.py"])[0].grace() == 9
+    assert parse_args(["--stop-grace", "2", "t.py"])[0].grace() == 2  # a flag wins
+    monkeypatch.setenv("PET_SHUTDOWN_TIMEOUT", "3")
+    assert parse_args(["t.py"])[0].grace() == 3
+    monkeypatch.delenv("PET_SHUTDOWN_TIMEOUT")
+    monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "soon")
+    with pytest.raises(UsageError, match="TORCH_ELASTIC_SHUTDOWN_TIMEOUT='soon'"):
+        parse_args(["t.py"])
+    assert parse_args(["--stop-grace", "1", "t.py"])[0].grace() == 1  # unread, as by torch
+
+
+def test_torch_213_flags_from_pet_env_and_the_template(monkeypatch):
+    monkeypatch.setenv("PET_SIGNALS_TO_HANDLE", "SIGUSR2")
+    monkeypatch.setenv("PET_VIRTUAL_LOCAL_RANK", "1")
+    monkeypatch.setenv("PET_EVENT_LOG_HANDLER", "dynamic_rendezvous")
+    monkeypatch.setenv("PET_DUPLICATE_STDOUT_FILTERS", "a,b")
+    monkeypatch.setenv("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[${rank}]:")
+    c, _, _ = parse_args(["t.py"])
+    assert (c.signals_to_handle, c.virtual_local_rank, c.event_log_handler) == (
+        "SIGUSR2",
+        True,
+        "dynamic_rendezvous",
+    )
+    assert c.duplicate_stdout_filters == ["a", "b"]
+    assert c.log_line_prefix_template == "[${rank}]:"  # torchrun's config_from_args reads it
+
+
+@pytest.mark.parametrize(
+    "short, full",
+    [
+        (["--redirect=3"], ["--redirects", "3"]),  # torchrun's argparse accepts prefixes
+        (["--nnode", "2:3"], ["--nnodes", "2:3"]),
+        (["--nproc", "2"], ["--nproc-per-node", "2"]),  # torchrun's calls it ambiguous (twins)
+        (["--nproc_per", "2"], ["--nproc-per-node", "2"]),
+        (["--stand"], ["--standalone"]),
+        (["--rdzv-e=h:1", "--rdzv-i", "j"], ["--rdzv-endpoint", "h:1", "--rdzv-id", "j"]),
+        (["--max-r", "1", "--mon", "2"], ["--max-restarts", "1", "--monitor-interval", "2"]),
+        (["--local-ranks", "0"], ["--local-ranks-filter", "0"]),
+        (["--stop", "3"], ["--stop-grace", "3"]),
+    ],
+)
+def test_unambiguous_prefixes_work_as_under_torchrun(short, full):
+    (a, *rest_a), (b, *rest_b) = parse_args([*short, "train.py"]), parse_args([*full, "train.py"])
+    if a.rdzv_backend == "static" and "--standalone" in full:  # a fresh run id each time
+        a.run_id = b.run_id
+    assert (a, rest_a) == (b, rest_b)
+
+
+def test_a_prefix_our_own_options_make_ambiguous_means_torchruns():
+    assert parse_args(["--v", "t.py"])[0].virtual_local_rank  # not --version
+    with pytest.raises(SystemExit):
+        parse_args(["--vers", "t.py"])
+
+
+def test_prefixes_never_touch_the_scripts_arguments():
+    # torchrun's argparse reads every word: "train.py --ma 1" fails there as ambiguous
+    _, _, args = parse_args(["--nproc", "2", "train.py", "--ma", "1", "--nproc", "3", "--r"])
+    assert args == ["-u", "train.py", "--ma", "1", "--nproc", "3", "--r"]
+
+
+@pytest.mark.parametrize(
+    "argv, names",
+    [
+        (["--master", "h"], "--master-addr, --master-port"),
+        (["--rdzv", "x"], "--rdzv-backend, --rdzv-conf, --rdzv-endpoint, --rdzv-id"),
+        (["--lo", "x"], "--local-addr, --local-ranks-filter, --log-dir, --logs-specs"),
+        (
+            ["--s", "x"],
+            "--shutdown-timeout, --signals-to-handle, --standalone, --start-method, --stop-grace",
+        ),
+    ],
+)
+def test_an_ambiguous_prefix_is_one_line_naming_the_options(argv, names):
+    with pytest.raises(UsageError) as err:
+        parse_args([*argv, "train.py"])
+    assert str(err.value) == f"ambiguous option: {argv[0]} could match {names}"
+
+
 # --- errors ----------------------------------------------------------------------------------
 BAD = [
     (["--nnodes", "2:1", "t.py"], "max_nodes (1) must be >= min_nodes (2)"),
@@ -309,6 +424,15 @@ BAD = [
     (["--local-ranks-filter", "a,b", "t.py"], "--local-ranks-filter 'a,b'"),
     (["--stop-grace", "-1", "t.py"], "stop_grace (-1.0) must be non-negative"),
     (["--bogus", "t.py"], "unrecognized arguments: --bogus"),
+    (["--signals-to-handle", "SIGTERM,SIGNOPE", "t.py"], "'SIGNOPE' is not a signal the agent"),
+    (["--signals-to-handle", "SIGKILL", "t.py"], "'SIGKILL' is not a signal the agent can catch"),
+    (["--event-log-handler", "file", "t.py"], "invalid choice: 'file'"),
+    (["--numa-binding", "all", "t.py"], "invalid choice: 'all'"),
+    (["--shutdown-timeout", "-1", "t.py"], "shutdown_timeout must be non-negative, got -1"),
+    (
+        ["--logs-specs", "nope", "t.py"],
+        "could not find entrypoint under 'torchrun.logs_specs[nope]'",
+    ),
     ([], "no script to run"),
 ]
 
@@ -365,7 +489,7 @@ def test_real_command_pet_error():
     assert proc.returncode == 2
     assert (
         proc.stderr == "etcdrun: error: --nproc-per-node 'lots': expected an integer, "
-        "cpu, gpu or auto\n"
+        "cpu, gpu, xpu or auto (another accelerator's name is not known here: give a number)\n"
     )
 
 
@@ -395,6 +519,8 @@ HEAVY_PREFIXES = (
     "etcdrun.proto",
     "etcdrun.agent.launcher",
     "etcdrun.rendezvous.etcd",
+    "prometheus_client",
+    "http.server",
 )
 
 

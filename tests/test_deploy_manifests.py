@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from etcdrun.agent.cli import parse_args
+from etcdrun.agent.health import PATHS
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -125,7 +126,13 @@ def test_agent_job_command_is_a_real_etcdrun_command() -> None:
     assert pod["terminationGracePeriodSeconds"] >= config.stop_grace + 5
     script = args[1]  # python -u <script>
     assert (ROOT / script).is_file() and c["workingDir"] == dockerfile_workdir()
-    assert "livenessProbe" not in c and "readinessProbe" not in c  # no health endpoint yet
+    # The probes ask the agent's health port (agent/health.py): the one --metrics-port names.
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert config.metrics_cfg == {"port": str(ports["health"])}
+    ready, live = c["readinessProbe"]["httpGet"], c["livenessProbe"]["httpGet"]
+    assert (ready["path"], ready["port"]) == ("/healthz", "health")
+    assert (live["path"], live["port"]) == ("/livez", "health")  # never /healthz: spares wait
+    assert {ready["path"], live["path"]} <= set(PATHS)
 
 
 def dockerfile_workdir() -> str:

@@ -7,7 +7,11 @@ records the RendezvousParameters the launcher builds.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import sys
+import threading
+from typing import Any
 
 import pytest
 
@@ -15,6 +19,7 @@ from etcdrun.agent.api import WorkerSpec, entrypoint_name
 from etcdrun.agent.config import LaunchConfig
 from etcdrun.agent.launcher import _make_rdzv_handler, _setup_logs
 from etcdrun.rendezvous import registry
+from etcdrun.rendezvous.ports import reserve_free_port
 from etcdrun.rendezvous.static import StaticRendezvousHandler
 
 
@@ -52,8 +57,26 @@ def test_static_master_addr_with_free_port_and_ipv6():
 
 
 def test_static_node_rank_and_sizes():
-    c = LaunchConfig(min_nodes=2, max_nodes=2, nproc_per_node=3, node_rank=1, master_port=1)
-    info = _make_rdzv_handler(c).next_rendezvous()
+    """Both nodes of the static job: they meet on the master's port before any worker runs."""
+    port = reserve_free_port()
+    hs = [
+        _make_rdzv_handler(
+            LaunchConfig(min_nodes=2, max_nodes=2, nproc_per_node=3, node_rank=r, master_port=port)
+        )
+        for r in (0, 1)
+    ]
+    infos: dict[int, Any] = {}
+    threads = [
+        threading.Thread(target=lambda r=r: infos.__setitem__(r, hs[r].next_rendezvous()))
+        for r in (0, 1)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    for h in hs:
+        h.shutdown()
+    info = infos[1]
     assert (info.node_rank, info.first_global_rank, info.world_size) == (1, 3, 6)
 
 
@@ -120,7 +143,11 @@ def test_setup_logs_writes_agent_log(tmp_path):
     finally:
         logging.getLogger("etcdrun").removeHandler(handler)
         handler.close()
-    assert "hello from the agent" in (tmp_path / "logs" / "agent.log").read_text()
+    text = (tmp_path / "logs" / "agent.log").read_text()
+    assert "hello from the agent" in text
+    # Every line names its node (several agents may share the file): <host>:<pid> until the
+    # rendezvous has a node id.
+    assert text.split(" ")[2] == f"{socket.gethostname()}:{os.getpid()}"
     assert _setup_logs(LaunchConfig()) is None
 
 

@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import time
 
 import pytest
 from fake_etcd import FakeEtcd
 
 from etcdrun.proto import etcdrun_state_pb2 as st
-from etcdrun.rendezvous import codec
+from etcdrun.rendezvous import codec, last_call
 from etcdrun.rendezvous.api import FailureInfo
 from etcdrun.rendezvous.client import EtcdConnectionError, RetryPolicy
 from etcdrun.rendezvous.events import EventLog
 from etcdrun.rendezvous.keys import RunKeys
+from etcdrun.rendezvous.last_call import ANNOUNCE_AFTER
 from etcdrun.rendezvous.leader import Leader
 from etcdrun.rendezvous.leader_status import LeaderStatus
 from etcdrun.rendezvous.protocol import Phase, Round, Settings
@@ -117,7 +119,7 @@ def test_the_status_snapshot_is_immutable_and_names_the_last_call():
         w.join(i)
     until = w.step()
     s = w.leader.status
-    assert until == pytest.approx(w.now + 30)
+    assert until == pytest.approx(w.now + ANNOUNCE_AFTER)  # to publish the last call
     assert (s.round, s.phase, s.live, s.joined) == (1, Phase.JOINING, 3, 3)
     assert s.last_call_left(w.now + 10) == pytest.approx(20)
     assert "last call" in s.decision
@@ -126,6 +128,44 @@ def test_the_status_snapshot_is_immutable_and_names_the_last_call():
     w.now += 31
     w.step()
     assert w.round().phase is Phase.FROZEN and w.leader.status is not s
+
+
+def test_a_last_call_that_lasts_is_published_in_the_round_key_once():
+    """Every node can then say "first round: 3 of max 4 joined (min 2); starting in 29 s unless
+    more join" (last_call.py); one write, and none for a last call that ends at once."""
+    w = World(3, Settings(2, 4, last_call_timeout=30))
+    w.step()
+    for i in range(3):
+        w.join(i)
+    w.step()
+    writes = w.fake.writes
+    w.now += ANNOUNCE_AFTER
+    assert w.step() == pytest.approx(100 + 30)  # published: wait for the deadline again
+    msg = w.view.message()
+    assert (msg.phase, msg.last_call_joined) == (st.JOINING, 3)
+    assert msg.last_call_deadline_unix_ms / 1000 == pytest.approx(time.time() + 29, abs=2)
+    assert w.fake.writes == writes + 1
+    text = last_call.line(msg, 2, 4)
+    assert text is not None and text.startswith("first round: 3 of max 4 joined (min 2); start")
+    assert text.endswith("s unless more join")
+    w.step()
+    assert w.fake.writes == writes + 1  # once
+    assert [e["joined"] for e in w.got if e["event"] == "last_call"] == [3]
+    w.now += 30
+    w.step()
+    assert w.round().phase is Phase.FROZEN
+
+
+def test_a_last_call_that_ends_at_once_costs_no_write():
+    w = World(4, Settings(2, 4, last_call_timeout=30))
+    w.step()
+    for i in range(3):
+        w.join(i)
+    w.step()  # a last call for 3 of 4 ...
+    w.join(3)  # ... that the 4th ends before it was published
+    w.step()
+    assert w.round().phase is Phase.FROZEN and not w.view.message().last_call_joined
+    assert not [e for e in w.got if e["event"] == "last_call"]
 
 
 def test_a_leader_whose_lease_is_gone_cannot_write():

@@ -61,6 +61,17 @@ def test_the_public_names_load_no_grpc():
     assert not [m for m in mods if m.startswith(("etcdrun.rendezvous.etcd", "etcdrun.proto"))]
 
 
+def test_the_agent_without_etcd_loads_no_grpc():
+    """A static (or --standalone) agent, its observer and its health port: no gRPC, and no
+    prometheus-client unless the prometheus handler is on."""
+    mods = _loaded(
+        "import etcdrun.agent.elastic_agent, etcdrun.agent.observer, etcdrun.agent.health, "
+        "etcdrun.rendezvous.static"
+    )
+    assert not [m for m in mods if m.startswith(HEAVY)]
+    assert not [m for m in mods if m.startswith(("etcdrun.proto", "prometheus_client"))]
+
+
 @pytest.mark.parametrize("module", ["etcdrun", "etcdrun.agent.cli"])
 def test_python_dash_m_is_the_cli(module):
     helped = subprocess.run([PY, "-m", module, "--help"], capture_output=True, text=True)

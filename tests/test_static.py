@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import threading
+from typing import Any
 
 import pytest
 
@@ -17,6 +18,7 @@ from etcdrun.rendezvous.errors import (
     RendezvousError,
     RendezvousTooManyNodesError,
 )
+from etcdrun.rendezvous.ports import reserve_free_port
 from etcdrun.rendezvous.registry import create_handler, known_backends, register_backend
 from etcdrun.rendezvous.static import (
     StaticRendezvousHandler,
@@ -142,37 +144,69 @@ def test_factory_must_return_a_handler(scratch_backends):
 
 
 # --- static handler -------------------------------------------------------------------------
-def test_ranks_and_info_values():
-    h = create_handler(params(node_rank=1, max_nodes=3, local_world_size=4, run_id="j1"))
-    info = h.next_rendezvous()
+def meet(handlers: list[RendezvousHandler], timeout: float = 30) -> list[Any]:
+    """next_rendezvous() of every node of a job at once (they meet on the master's port)."""
+    out: list[Any] = [None] * len(handlers)
+
+    def one(i: int) -> None:
+        try:
+            out[i] = handlers[i].next_rendezvous()
+        except Exception as e:  # noqa: BLE001 - handed to the test
+            out[i] = e
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(handlers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    assert not any(t.is_alive() for t in threads), "the nodes did not meet"
+    return out
+
+
+@pytest.fixture
+def local_job():
+    """Handlers of one static job on 127.0.0.1 and a free port; shut down afterwards."""
+    made: list[RendezvousHandler] = []
+    port = reserve_free_port()
+
+    def make(**kw) -> RendezvousHandler:
+        h = create_handler(params(endpoint=f"127.0.0.1:{port}", **kw))
+        made.append(h)
+        return h
+
+    yield make
+    for h in made:
+        h.shutdown()
+
+
+def test_ranks_and_info_values(local_job):
+    hs = [local_job(node_rank=r, max_nodes=3, local_world_size=4, run_id="j1") for r in range(3)]
+    info = meet(hs)[1]
+    h = hs[1]
     assert (info.run_id, info.round, info.restart_count) == ("j1", 0, 0)
     assert (info.node_rank, info.node_count) == (1, 3)
     assert (info.first_global_rank, info.world_size) == (4, 12)
-    assert (info.master_addr, info.master_port) == ("10.1.2.3", 29500)
+    assert info.master_addr == "127.0.0.1"
     parts = info.participants
     assert [p.node_rank for p in parts] == [0, 1, 2]
     assert [p.first_global_rank for p in parts] == [0, 4, 8]
     assert all(p.local_world_size == 4 for p in parts)
-    assert parts[0].addr == "10.1.2.3"  # rank 0 is the master
+    assert parts[0].addr == "127.0.0.1"  # rank 0 is the master
     assert info.node_id == parts[1].node_id
     assert h.get_run_id() == "j1" and h.num_nodes_waiting() == 0
 
 
-def test_every_node_of_a_job_agrees():
-    infos = [
-        create_handler(params(node_rank=r, max_nodes=4, local_world_size=2)).next_rendezvous()
-        for r in range(4)
-    ]
+def test_every_node_of_a_job_agrees(local_job):
+    infos = meet([local_job(node_rank=r, max_nodes=4, local_world_size=2) for r in range(4)])
     ranks = [list(range(i.first_global_rank, i.first_global_rank + 2)) for i in infos]
     assert sum(ranks, []) == list(range(8))
-    assert {(i.world_size, i.master_addr, i.master_port, i.round) for i in infos} == {
-        (8, "10.1.2.3", 29500, 0)
-    }
+    assert len({(i.world_size, i.master_addr, i.master_port, i.round) for i in infos}) == 1
+    assert infos[0].world_size == 8
 
 
-def test_config_rank_wins_over_node_rank():
-    h = create_handler(params(node_rank=0, max_nodes=3, config={"rank": "2"}))
-    assert h.next_rendezvous().node_rank == 2
+def test_config_rank_wins_over_node_rank(local_job):
+    hs = [local_job(node_rank=0, max_nodes=3, config={"rank": str(r)}) for r in (2, 0, 1)]
+    assert [i.node_rank for i in meet(hs)] == [2, 0, 1]
 
 
 def test_bad_config_rank():

@@ -247,7 +247,7 @@ def test_callable_return_values(group, console, method):
     if method != "forkserver":
         assert result.return_values[2]["ppid"] == os.getpid()
     lines = console.out.getvalue().splitlines()
-    assert b"[2]:callable rank 2" in lines and b"[3]:callable rank 3" in lines
+    assert b"callable rank 2" in lines and b"callable rank 3" in lines  # untee'd: no prefix
 
 
 @pytest.mark.parametrize("method", ["spawn", "fork"])
@@ -367,10 +367,11 @@ def read(path: str) -> bytes:
     return Path(path).read_bytes() if os.path.exists(path) else b""
 
 
-def test_default_goes_to_console_prefixed_without_files(group, console):
+def test_default_goes_to_console_unprefixed_without_files(group, console):
+    """As under torchrun, whose untee'd workers write to the console themselves."""
     run_to_end(group, WorkerSpec(local_world_size=2, entrypoint=script("output.py")), make_info())
-    assert sorted(console.out.getvalue().splitlines()) == [b"[0]:out 0", b"[1]:out 1"]
-    assert sorted(console.err.getvalue().splitlines()) == [b"[0]:err 0", b"[1]:err 1"]
+    assert sorted(console.out.getvalue().splitlines()) == [b"out 0", b"out 1"]
+    assert sorted(console.err.getvalue().splitlines()) == [b"err 0", b"err 1"]
     assert not os.path.exists(group.log_paths[0].stdout)
 
 
@@ -378,7 +379,7 @@ def test_tee_writes_files_and_console(group, console):
     run_to_end(
         group, WorkerSpec(local_world_size=2, entrypoint=script("output.py"), tee=3), make_info()
     )
-    assert b"[1]:out 1" in console.out.getvalue().splitlines()
+    assert b"[default1]:out 1" in console.out.getvalue().splitlines()  # torchrun's tee prefix
     assert read(group.log_paths[1].stdout) == b"out 1\n"
     assert read(group.log_paths[1].stderr) == b"err 1\n"
 
@@ -400,8 +401,8 @@ def test_per_rank_redirect_map(group, console):
         WorkerSpec(local_world_size=2, entrypoint=script("output.py"), redirects="0:1"),
         make_info(),
     )
-    assert console.out.getvalue().splitlines() == [b"[1]:out 1"]
-    assert sorted(console.err.getvalue().splitlines()) == [b"[0]:err 0", b"[1]:err 1"]
+    assert console.out.getvalue().splitlines() == [b"out 1"]
+    assert sorted(console.err.getvalue().splitlines()) == [b"err 0", b"err 1"]
     assert read(group.log_paths[0].stdout) == b"out 0\n"
 
 
@@ -410,8 +411,8 @@ def test_local_ranks_filter_keeps_filtered_output_in_files(group, console):
         local_world_size=2, entrypoint=script("output.py"), tee=Std.OUT, local_ranks_filter={1}
     )
     run_to_end(group, spec, make_info(first=4, world=6))
-    assert console.out.getvalue().splitlines() == [b"[5]:out 5"]
-    assert console.err.getvalue().splitlines() == [b"[5]:err 5"]
+    assert console.out.getvalue().splitlines() == [b"[default1]:out 5"]  # role, local rank
+    assert console.err.getvalue().splitlines() == [b"err 5"]
     assert read(group.log_paths[4].stdout) == b"out 4\n"
     assert read(group.log_paths[4].stderr) == b"err 4\n"
 
@@ -419,7 +420,7 @@ def test_local_ranks_filter_keeps_filtered_output_in_files(group, console):
 def test_global_ranks_filter(group, console):
     spec = WorkerSpec(local_world_size=2, entrypoint=script("output.py"), global_ranks_filter="4")
     run_to_end(group, spec, make_info(first=4, world=6))
-    assert console.out.getvalue().splitlines() == [b"[4]:out 4"]
+    assert console.out.getvalue().splitlines() == [b"out 4"]
 
 
 def test_binary_and_partial_lines_do_not_break_the_relay(group, console):
@@ -429,7 +430,74 @@ def test_binary_and_partial_lines_do_not_break_the_relay(group, console):
     assert run_to_end(group, spec, make_info(world=1)).state == WorkerState.SUCCEEDED
     raw = b"out 0\n\xff\xfe\x00bin\r\n" + b"x" * 10 + b" no newline"
     assert read(group.log_paths[0].stdout) == raw
-    assert console.out.getvalue() == b"".join(b"[0]:" + line + b"\n" for line in raw.split(b"\n"))
+    lines = raw.split(b"\n")
+    assert console.out.getvalue() == b"".join(b"[default0]:" + line + b"\n" for line in lines)
+
+
+@pytest.mark.parametrize(
+    "template, tee, out",
+    [
+        ("[${rank}]:", None, [b"[4]:out 4", b"[5]:out 5"]),  # torch's own example
+        ("${role_name}/${local_rank}/${rank} ", 3, [b"trainer/0/4 out 4", b"trainer/1/5 out 5"]),
+        ("[$nothing]", None, [b"[$nothing]out 4", b"[$nothing]out 5"]),  # safe_substitute
+    ],
+)
+def test_log_line_prefix_template(group, console, monkeypatch, template, tee, out):
+    """TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE (torch's variables); here it prefixes untee'd lines
+    too, where torchrun would print them bare."""
+    monkeypatch.setenv("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", template)
+    spec = WorkerSpec(role="trainer", local_world_size=2, entrypoint=script("output.py"), tee=tee)
+    run_to_end(group, spec, make_info(first=4, world=6))
+    assert sorted(console.out.getvalue().splitlines()) == out
+    if tee:
+        assert read(group.log_paths[4].stdout) == b"out 4\n"  # files get the raw lines
+
+
+def test_the_specs_template_wins_over_the_variable(group, console, monkeypatch):
+    monkeypatch.setenv("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[env]")
+    spec = WorkerSpec(entrypoint=script("output.py"), log_line_prefix_template="<${rank}>")
+    run_to_end(group, spec, make_info(world=1))
+    assert console.out.getvalue() == b"<0>out 0\n"
+
+
+def test_duplicate_filters_copy_matching_teed_lines(group, console):
+    """torch's --duplicate-stdout-filters: teed lines holding any filter go, prefixed, to the
+    attempt's filtered_stdout.log (all ranks in one file); untee'd ones never do."""
+    spec = WorkerSpec(
+        local_world_size=3,
+        entrypoint=script("output.py"),
+        tee="0:1,1:1",
+        duplicate_stdout_filters=["out 1", "out 2"],
+        duplicate_stderr_filters=["err"],
+    )
+    run_to_end(group, spec, make_info(world=3))
+    attempt = Path(group.attempt_dir)
+    assert (attempt / "filtered_stdout.log").read_bytes() == b"[default1]:out 1\n"
+    assert not (attempt / "filtered_stderr.log").exists()  # no stderr was teed
+    assert sorted(console.out.getvalue().splitlines()) == [
+        b"[default0]:out 0",
+        b"[default1]:out 1",
+        b"out 2",
+    ]
+
+
+def test_worker_env_virtual_local_rank_and_signals(monkeypatch):
+    from etcdrun.agent._spawn import worker_env
+    from etcdrun.agent.api import Worker
+
+    spec = WorkerSpec(local_world_size=4, virtual_local_rank=True, signals_to_handle="SIGUSR1")
+    env = worker_env(spec, make_info(world=4), Worker(2, 2, 2, 4, 4), "/e")
+    assert (env["LOCAL_RANK"], env["CUDA_VISIBLE_DEVICES"]) == ("0", "2")
+    assert env["TORCHELASTIC_SIGNALS_TO_HANDLE"] == "SIGUSR1"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7, 5,3,1")
+    env = worker_env(spec, make_info(world=4), Worker(1, 1, 1, 4, 4), "/e")
+    assert (env["LOCAL_RANK"], env["CUDA_VISIBLE_DEVICES"]) == ("0", "5")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")
+    with pytest.raises(ValueError, match="local_rank 1 exceeds available GPUs"):
+        worker_env(spec, make_info(world=4), Worker(1, 1, 1, 4, 4), "/e")
+    plain = worker_env(WorkerSpec(local_world_size=4), make_info(world=4), Worker(1), "/e")
+    assert plain["LOCAL_RANK"] == "1" and "CUDA_VISIBLE_DEVICES" not in plain
+    assert plain["TORCHELASTIC_SIGNALS_TO_HANDLE"] == "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
 
 
 def test_logs_of_every_attempt_are_kept(group, tmp_path):

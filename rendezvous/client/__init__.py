@@ -1,12 +1,7 @@
 """etcdrun's own etcd v3 client (see client.py for why)."""
 
-import os
-
-# gRPC's C core logs at INFO in some builds (e.g. "Handshake failed ..." on stderr); an agent's
-# stderr carries one clear line per problem, ours. Set before anything imports grpc; a user's
-# own setting wins.
-os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
-
+# First: gRPC's log level, set for its import only (_grpc_quiet.py says why).
+from etcdrun.rendezvous.client import _grpc_quiet  # noqa: F401, I001
 from etcdrun.rendezvous.client.client import EtcdClient, RangeResult, TxnResult
 from etcdrun.rendezvous.client.config import ClientConfig, Endpoint, parse_endpoints
 from etcdrun.rendezvous.client.errors import (

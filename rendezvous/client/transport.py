@@ -74,6 +74,7 @@ class Transport:
         self._preferred = 0
         self._token: str | None = None
         self._closed = False
+        self.observer: Any = None  # (method, seconds, error) after each call: EtcdClient.observe
         self._answered = False  # some call succeeded: the configuration is known to be right
         self._outage: float | None = None  # monotonic start of the current outage, if any
         self._credentials = None
@@ -257,6 +258,19 @@ class Transport:
     def call(self, name: str, request: Any, *, timeout: float | None = None) -> Any:
         """One unary RPC by name, with failover, retry and re-login. ``timeout`` bounds the
         whole call (default: the policy's retry_timeout); each attempt gets request_timeout."""
+        observer = self.observer
+        if observer is None:  # the hot path: metrics off
+            return self._call(name, request, timeout)
+        start = time.perf_counter()
+        try:
+            resp = self._call(name, request, timeout)
+        except EtcdError as e:
+            observer(name, time.perf_counter() - start, type(e).__name__)
+            raise
+        observer(name, time.perf_counter() - start, None)
+        return resp
+
+    def _call(self, name: str, request: Any, timeout: float | None) -> Any:
         if self._closed:
             raise EtcdClosedError("etcd client is closed")
         per_request = min(self.policy.request_timeout, self.policy.call_timeout(timeout))

@@ -6,8 +6,9 @@ SIGTERM is recorded in ``signal_<pid>.json`` before the worker dies of it, so a 
 "the agent forwarded SIGTERM" from "the worker was SIGKILLed".
 
 Modes: ``exit`` returns at once (success); ``sleep`` waits until stopped; ``fail <rank>`` makes
-the worker whose RANK is <rank> raise under ``@record`` while the others sleep. It raises only
-once every worker of its round has recorded its start: a test then sees every attempt whole.
+the worker whose RANK is <rank> raise under ``@record`` while the others sleep; ``raw <rank>``
+the same without ``@record`` (no error file: only its stderr tells). It raises only once every
+worker of its round has recorded its start: a test then sees every attempt whole.
 """
 
 import json
@@ -58,16 +59,18 @@ def train_step(rank: int) -> None:
     raise ValueError(f"boom from rank {rank}")
 
 
-@record
-def main() -> None:
+def run() -> None:
     mode = sys.argv[2]
     rank = int(os.environ["RANK"])
-    if mode == "fail" and rank == int(sys.argv[3]):
+    if mode in ("fail", "raw") and rank == int(sys.argv[3]):
         _all_started()
         train_step(rank)
     if mode != "exit":
         for _ in range(1200):
             time.sleep(0.1)
+
+
+main = record(run)
 
 
 if __name__ == "__main__":
@@ -79,4 +82,4 @@ if __name__ == "__main__":
         ),
         {"env": dict(os.environ), "pid": os.getpid(), "ppid": os.getppid(), "t": time.time()},
     )
-    main()
+    (run if sys.argv[2] == "raw" else main)()
