@@ -11,6 +11,7 @@ and the rest (kind, replica spec names, elastic range) field by field.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import re
 import sys
 from pathlib import Path
@@ -160,7 +161,22 @@ def test_pytorchjob_runs_torchrun_with_the_etcd_v3_plugin(torch_available: None)
     assert ns.nnodes == "2:4" and ns.local_addr == POD_IP and ns.rdzv_id == "etcdrun-ddp"
     elastic = job["spec"]["elasticPolicy"]
     assert f"{elastic['minReplicas']}:{elastic['maxReplicas']}" == ns.nnodes
-    assert ns.training_script.startswith("examples/")  # examples/ddp_elastic.py (pending)
+    assert ns.training_script == "examples/ddp_elastic.py"
+    # The example's own parser takes the job's arguments, and its checkpoints are on a volume
+    # every pod mounts read-write, so a replacement pod resumes from them.
+    sys.path.insert(0, str(ROOT / "examples"))
+    try:
+        script = importlib.import_module("ddp_elastic").parse_args(ns.training_script_args)
+    finally:
+        sys.path.remove(str(ROOT / "examples"))
+    (mount,) = [m for m in c["volumeMounts"] if str(script.checkpoint_dir) == m["mountPath"]]
+    (vol,) = [v for v in worker["template"]["spec"]["volumes"] if v["name"] == mount["name"]]
+    claim = docs("pytorchjob.yaml")[
+        f"PersistentVolumeClaim/{vol['persistentVolumeClaim']['claimName']}"
+    ]
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    for version in K8S_VERSIONS:
+        kv.validate(claim, version, strict=True)
 
 
 def compose() -> dict:
