@@ -120,23 +120,30 @@ def check(
 
 def _backwards(prev: st.RoundState, s: st.RoundState) -> bool:
     """S5: rounds move forward only; within a round JOINING → FROZEN → CLOSED. A JOINING round
-    may be rewritten as JOINING only to carry an earlier failure (the root cause is the first
-    failure, not the first report): nothing else of it may change."""
+    may be rewritten as JOINING only to annotate it: to carry an earlier failure with its reason
+    line (the root cause is the first failure, not the first report), or to publish the first
+    round's last call. Nothing else of it may change."""
     if s.number != prev.number:
         return s.number < prev.number
-    return s.phase <= prev.phase and s.phase != st.CLOSED and not _failure_replaced(prev, s)
+    return s.phase <= prev.phase and s.phase != st.CLOSED and not _annotated(prev, s)
 
 
-def _failure_replaced(a: st.RoundState, b: st.RoundState) -> bool:
-    if not (a.phase == b.phase == st.JOINING) or not (
-        a.HasField("failure") and b.HasField("failure")
-    ):
+# Written into a gathering round for people (the last call's deadline): never decide anything.
+_NOTES = ("last_call_deadline_unix_ms", "last_call_joined")
+
+
+def _annotated(a: st.RoundState, b: st.RoundState) -> bool:
+    if not a.phase == b.phase == st.JOINING:
         return False
     ka, kb = st.RoundState(), st.RoundState()
     ka.CopyFrom(a)
     kb.CopyFrom(b)
-    ka.ClearField("failure")
-    kb.ClearField("failure")
+    cleared = list(_NOTES)
+    if a.HasField("failure") and b.HasField("failure"):  # only a failure replaces a failure
+        cleared += ["failure", "reason"]
+    for name in cleared:
+        ka.ClearField(name)
+        kb.ClearField(name)
     return ka == kb
 
 

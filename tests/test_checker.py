@@ -18,6 +18,12 @@ def test_a_joining_round_rewritten_only_to_carry_an_earlier_failure_is_no_violat
     early = st.Failure(node_id="b", global_rank=1, timestamp_ms=10)
     history = [checker.Version(1, joining(2, late)), checker.Version(2, joining(2, early))]
     assert checker.check(history, 1, 2) == []
+    # Its reason line goes with it (every node prints the earliest failure as the cause).
+    moved = [
+        checker.Version(1, joining(2, late, reason="rank 0 failed")),
+        checker.Version(2, joining(2, early, reason="rank 1 failed")),
+    ]
+    assert checker.check(moved, 1, 2) == []
     # A failure added to a round that had none (one opened by a departure) is not allowed.
     added = [checker.Version(1, joining(2)), checker.Version(2, joining(2, early))]
     assert [e.split(" ")[0] for e in checker.check(added, 1, 2)] == ["S5"]
@@ -28,3 +34,12 @@ def test_a_joining_round_rewritten_otherwise_is_a_violation():
     assert [e.split(" ")[0] for e in checker.check(history, 1, 2)] == ["S5"]
     backwards = [checker.Version(1, joining(3)), checker.Version(2, joining(2))]
     assert [e.split(" ")[0] for e in checker.check(backwards, 1, 2)] == ["S5"]
+
+
+def test_the_first_rounds_last_call_published_while_it_gathers_is_no_violation():
+    published = joining(1)
+    published.last_call_deadline_unix_ms, published.last_call_joined = 5000, 2
+    history = [checker.Version(1, joining(1)), checker.Version(2, published)]
+    assert checker.check(history, 1, 3) == []
+    published.reason = "other"  # but nothing else may change with it
+    assert [e.split(" ")[0] for e in checker.check(history, 1, 3)] == ["S5"]

@@ -65,7 +65,7 @@ DIFFERENT = {  # set by both, other values (see the module docstring)
     "TORCHELASTIC_ERROR_FILE",
     "TORCHELASTIC_RUN_ID",
 }
-OURS_ONLY = {"ETCDRUN_ROUND"}
+OURS_ONLY = {"ETCDRUN_ROUND", "ETCDRUN_NODE_TAG"}  # the round; the warden's tag (agent/warden.py)
 
 
 def base_env() -> dict[str, str]:
