@@ -87,6 +87,7 @@ class Worker:
     rank: int
     round: int
     world_size: int
+    frozen: bool = False  # its container is frozen (docker pause): it runs no instruction
 
 
 @dataclass
@@ -95,9 +96,13 @@ class Sample:
     workers: list[Worker]
 
     def ranks(self) -> dict[int, list[Worker]]:
+        """The workers able to act, by RANK: a frozen process sends nothing and answers nothing,
+        so it holds its RANK no more than a dead one (S4 is about two processes *acting* as one
+        rank; the thaw is judged by how fast the warden then kills them)."""
         out: dict[int, list[Worker]] = {}
         for w in self.workers:
-            out.setdefault(w.rank, []).append(w)
+            if not w.frozen:
+                out.setdefault(w.rank, []).append(w)
         return out
 
 
@@ -116,7 +121,24 @@ def _cgroup_procs_file(init_pid: int) -> Path:
     return Path(str(base) + by_ctl[""]) / "cgroup.procs"
 
 
-def _worker(container: str, pid: int) -> Worker | None:
+def is_frozen(procs_file: Path) -> bool:
+    """Whether the cgroup of ``procs_file`` (from _cgroup_procs_file) is frozen by the freezer
+    (docker pause): v1 freezer.state of the same path, else v2 cgroup.events."""
+    parts = procs_file.parent.parts
+    if "pids" in parts:
+        rel = Path(*parts[parts.index("pids") + 1 :])
+        state = Path("/sys/fs/cgroup/freezer") / rel / "freezer.state"
+        try:
+            return state.read_text().strip() != "THAWED"
+        except OSError:
+            return False
+    try:
+        return "frozen 1" in (procs_file.parent / "cgroup.events").read_text()
+    except OSError:
+        return False
+
+
+def _worker(container: str, pid: int, frozen: bool = False) -> Worker | None:
     try:
         raw = Path(f"/proc/{pid}/environ").read_bytes()
     except OSError:
@@ -124,9 +146,8 @@ def _worker(container: str, pid: int) -> Worker | None:
     env = dict(kv.split("=", 1) for kv in raw.decode(errors="replace").split("\0") if "=" in kv)
     if "RANK" not in env or "ETCDRUN_ROUND" not in env:
         return None  # docker-init, the agent itself, or a zombie (its environ is empty)
-    return Worker(
-        container, pid, int(env["RANK"]), int(env["ETCDRUN_ROUND"]), int(env["WORLD_SIZE"])
-    )
+    rank, rnd, world = int(env["RANK"]), int(env["ETCDRUN_ROUND"]), int(env["WORLD_SIZE"])
+    return Worker(container, pid, rank, rnd, world, frozen)
 
 
 class RankSampler:
@@ -155,7 +176,8 @@ class RankSampler:
                 pids = [int(p) for p in procs.read_text().split()]
             except OSError:
                 continue  # the container is gone (killed): so is its cgroup
-            found += [w for pid in pids if (w := _worker(name, pid)) is not None]
+            frozen = is_frozen(procs)
+            found += [w for pid in pids if (w := _worker(name, pid, frozen)) is not None]
         return Sample(time.monotonic(), found)
 
     def _run(self) -> None:
@@ -177,7 +199,7 @@ class RankSampler:
         return wait_for(found, timeout, f"{what} (last sample: {describe(self.last)})")
 
     def duplicates(self) -> list[tuple[float, int, list[Worker]]]:
-        """(time, RANK, workers) for every sample in which two live workers held one RANK."""
+        """(time, RANK, workers) for each sample in which two unfrozen live workers held one RANK."""
         return [
             (s.t, rank, ws) for s in self.samples for rank, ws in s.ranks().items() if len(ws) > 1
         ]
