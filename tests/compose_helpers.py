@@ -199,7 +199,7 @@ class RankSampler:
         return wait_for(found, timeout, f"{what} (last sample: {describe(self.last)})")
 
     def duplicates(self) -> list[tuple[float, int, list[Worker]]]:
-        """(time, RANK, workers) for each sample in which two unfrozen live workers held one RANK."""
+        """(time, RANK, workers) for each sample where two unfrozen live workers held one RANK."""
         return [
             (s.t, rank, ws) for s in self.samples for rank, ws in s.ranks().items() if len(ws) > 1
         ]
