@@ -244,26 +244,22 @@ def launch(
     payload_file: str | None,
     close_in_child: list[int],
     name: str,
+    takeover: Any = None,
 ) -> Handle:
-    """Start one worker in its own session, with the parent-death signal armed."""
+    """Start one worker in its own session, with the parent-death signal armed; a Python
+    command goes to ``takeover(command, env, stdout, stderr)`` first (a standby: standby.py)."""
     agent_pid = os.getpid()
     full_env = {**os.environ, **env}
     full_env.update(exit_hook_env(full_env))  # fork/forkserver children never finalize: not them
-    if kind is not EntrypointKind.CALLABLE and kind is not EntrypointKind.RUN_PATH:
-        argv = _boot.shim_argv(agent_pid, command_for(spec, kind))
-        return Handle(_popen(argv, full_env, stdout, stderr), via_mp=False, forkserver=False)
-    if spec.start_method == "spawn":
-        assert payload_file is not None
-        argv = [
-            sys.executable,
-            "-u",
-            "-c",
-            _boot.SPAWN_CODE,
-            str(agent_pid),
-            payload_file,
-            files.return_file,
-        ]
-        return Handle(_popen(argv, full_env, stdout, stderr), via_mp=False, forkserver=False)
+    is_fn = kind in (EntrypointKind.CALLABLE, EntrypointKind.RUN_PATH)
+    if not is_fn or spec.start_method == "spawn":
+        argv = [sys.executable, "-u", "-c", _boot.SPAWN_CODE, str(agent_pid), str(payload_file)]
+        argv = [*argv, files.return_file] if is_fn else command_for(spec, kind)
+        proc = takeover(argv, full_env, stdout, stderr) if takeover is not None else None
+        if proc is None:
+            run = argv if is_fn else _boot.shim_argv(agent_pid, argv)
+            proc = _popen(run, full_env, stdout, stderr)
+        return Handle(proc, via_mp=False, forkserver=False)
     fn, args = callable_target(spec, kind)
     params = {
         "agent_pid": agent_pid,
@@ -322,6 +318,7 @@ def start_worker(
     modes: tuple[str, str],
     payload_file: str | None,
     extra_env: Mapping[str, str] | None = None,
+    standbys: Any = None,
 ) -> tuple[Handle, list[int], collections.deque[str] | None]:
     """Open the worker's stdout/stderr (a log file, or a pipe to the relay), launch it, and hand
     its pipes to the relay. Returns (handle, pipe fds, stderr tail). Call on the relay thread."""
@@ -347,6 +344,7 @@ def start_worker(
             payload_file=payload_file,
             close_in_child=reactor.fds() + [r for r, _, _ in pipes],
             name=f"{spec.role}-{worker.global_rank}",
+            takeover=standbys.taker(worker.local_rank) if standbys else None,
         )
     except BaseException:
         for r, _, _ in pipes:

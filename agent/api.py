@@ -249,6 +249,7 @@ class WorkerSpec:
     virtual_local_rank: bool = False
     signals_to_handle: str = DEFAULT_SIGNALS
     event_log_handler: str = "null"
+    prewarm: str = "none"  # ours: standby workers (agent/standby.py); LaunchConfig checks it
 
     def __post_init__(self) -> None:
         if not isinstance(self.local_world_size, int) or self.local_world_size < 1:

@@ -12,6 +12,7 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any
 
+from etcdrun.agent import flags
 from etcdrun.agent.api import DEFAULT_SIGNALS, handled_signals
 from etcdrun.rendezvous.api import check_node_range, check_run_id
 
@@ -83,6 +84,7 @@ class LaunchConfig:
     local_ranks_filter: set[int] | None = None
     stop_grace: float | None = None
     entrypoint_kind: str = "auto"
+    prewarm: str = field(default_factory=lambda: flags.DEFAULT_PREWARM)
     # torch 2.13's newer fields, after ours (see the class docstring).
     logs_specs: Any = None
     log_line_prefix_template: str | None = None
@@ -123,6 +125,7 @@ class LaunchConfig:
                 f"local_ranks_filter ({sorted(self.local_ranks_filter)}) must hold "
                 "non-negative local ranks"
             )
+        self.prewarm = flags.parse_prewarm(self.prewarm)
         self._check_torch_fields()
 
     def _check_torch_fields(self) -> None:

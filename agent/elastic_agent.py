@@ -30,7 +30,7 @@ import threading
 import time
 from typing import Any, NoReturn
 
-from etcdrun.agent import loop
+from etcdrun.agent import loop, standby
 from etcdrun.agent.api import RunResult, WorkerSpec, WorkerState, handled_signals
 from etcdrun.agent.errors import ChildFailedError, ProcessFailure, write_error_json
 from etcdrun.agent.fencing import Fencing
@@ -75,6 +75,7 @@ class ElasticAgent:
         self._wake = threading.Event()  # a worker exited or the membership changed
         self._fencing = Fencing(self._h)  # the warden: fences the workers if we fall silent
         self.observer = AgentObserver(self._h, event_log_handler, metrics)
+        self._standbys = standby.for_agent(spec, self._fencing.env)  # None: --prewarm none
         self._group = WorkerGroup(
             log_dir or spec.log_dir,
             console_out=console_out,
@@ -82,6 +83,7 @@ class ElasticAgent:
             on_exit=self._on_exit,
             on_spawn=self._fencing.spawned,
             extra_env=self._fencing.env,
+            standbys=self._standbys,
         )
         self._given_log_dir = log_dir or spec.log_dir
         self._lease_lost = False  # the last attempt ended because our lease was lost
@@ -96,6 +98,8 @@ class ElasticAgent:
     def run(self) -> RunResult:
         unsubscribe = self._h.on_membership_change(self._wake.set)
         self._fencing.start()
+        if self._standbys is not None:
+            self._standbys.start()  # ahead of the first round
         result: RunResult | None = None
         try:
             self.observer.open(self._group.log_root())
@@ -104,6 +108,8 @@ class ElasticAgent:
         finally:
             unsubscribe()
             self._group.close()
+            if self._standbys is not None:
+                self._standbys.close()
             self._fencing.close()
             self.observer.close()
             kept = self._group.settle_logs(result is not None and not result.is_failed())
@@ -317,7 +323,8 @@ class ElasticAgent:
                 result = self._group.stop(grace, sig=forward)
             else:
                 result = self._group.stop(grace)
-            left = self._fencing.stopped()
+            with standby.waiting(self._standbys) as skip:
+                left = self._fencing.stopped(skip=skip)
             if left:
                 log.info("killed %d process(es) the workers left behind", left)
             return result

@@ -66,13 +66,14 @@ class Fencing:
         if self._link is not None and deadline is not None:
             self._link.deadline(deadline)
 
-    def stopped(self, sweep: bool = True) -> int:
-        """The workers are gone: no deadline while none run; kill what they left behind."""
+    def stopped(self, sweep: bool = True, skip: set[int] = frozenset()) -> int:  # type: ignore[assignment]
+        """The workers are gone: no deadline while none run; kill what they left behind (but
+        ``skip``: the waiting standbys, which carry the tag too)."""
         self._running = False
         if self._link is not None:
             self._link.deadline(math.inf)
             self._link.new_attempt()
-        return warden.sweep(self.tag) if sweep and sys.platform == "linux" else 0
+        return warden.sweep(self.tag, skip=skip) if sweep and sys.platform == "linux" else 0
 
     def fenced(self) -> bool:
         """Whether the warden killed the workers because this agent fell silent (sticky for

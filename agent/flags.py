@@ -11,6 +11,22 @@ from __future__ import annotations
 import os
 from typing import Any
 
+# Standby workers (agent/standby.py): what ``--prewarm`` and LaunchConfig default to.
+DEFAULT_PREWARM = "auto"
+
+
+def parse_prewarm(value: str) -> str:
+    """``none``, ``auto`` or module names separated by commas; the normalised value."""
+    names = [n.strip() for n in str(value).split(",") if n.strip()]
+    if names in ([], ["none"], ["auto"]):
+        return names[0] if names else "none"
+    for name in names:
+        if name in ("none", "auto") or not all(p.isidentifier() for p in name.split(".")):
+            raise ValueError(
+                f"prewarm {value!r}: expected none, auto, or module names separated by commas"
+            )
+    return ",".join(names)
+
 
 class UsageError(ValueError):
     """A mistake on the command line or in a PET_* variable: reported in one line, exit 2."""

@@ -157,6 +157,7 @@ def _worker_spec(
         virtual_local_rank=config.virtual_local_rank,
         signals_to_handle=config.signals_to_handle,
         event_log_handler=config.event_log_handler,
+        prewarm=config.prewarm,
         **extra,
     )
 

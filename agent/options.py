@@ -16,7 +16,7 @@ import os
 import sys
 from typing import Any
 
-from etcdrun.agent.flags import UsageError
+from etcdrun.agent.flags import DEFAULT_PREWARM, UsageError
 
 __all__ = ["DEFAULT_MASTER_PORT", "ETCDRUN_ONLY", "PROG", "build_parser"]
 
@@ -25,7 +25,7 @@ DEFAULT_MASTER_PORT = 29500  # torchrun's
 # Our options that torchrun does not have; every other option string is torchrun's (a test
 # compares the two parsers). An abbreviation means what it means under torchrun.
 ETCDRUN_ONLY = frozenset(
-    {"--stop-grace", "--stop_grace", "--metrics-port", "--metrics_port", "--version"}
+    {"--stop-grace", "--stop_grace", "--metrics-port", "--metrics_port", "--prewarm", "--version"}
 )
 
 
@@ -213,6 +213,16 @@ def _add_entrypoint_options(p: argparse.ArgumentParser) -> None:
         action=_EnvFlag,
         help="run the script with runpy.run_path in a fresh interpreter per worker "
         "(takes precedence over --no-python)",
+    )
+    _opt(
+        p,
+        "--prewarm",
+        action=_Env,
+        default=DEFAULT_PREWARM,
+        metavar="none|auto|MODULE,...",
+        help="standby workers: one warm Python per slot, started ahead of the round, with these "
+        "modules imported (auto: torch if installed; none: spawn each round) (default: "
+        "%(default)s)",
     )
 
 

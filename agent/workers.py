@@ -64,12 +64,14 @@ class WorkerGroup:
         on_spawn: Callable[[int], None] | None = None,
         extra_env: dict[str, str] | None = None,
         host: str | None = None,
+        standbys: Any = None,
     ) -> None:
         self._logs = LogDir(log_dir)
         self._console = (console_out, console_err)
         self._on_exit = on_exit
         self._on_spawn = on_spawn  # (pidfd): a worker started (the warden takes a dup of it)
         self._extra_env = dict(extra_env or {})  # in every worker's environment
+        self._standbys = standbys  # standby.Standbys: warm interpreters that become workers
         self.host = host or socket.gethostname()
         self._cond = threading.Condition()
         self._generation = 0
@@ -83,8 +85,6 @@ class WorkerGroup:
         self._payload_file: str | None = None
         self._stopped = True
         self._result: RunResult | None = None
-
-    # ---- properties ----------------------------------------------------------------------------
 
     @property
     def workers(self) -> list[Worker]:
@@ -220,6 +220,7 @@ class WorkerGroup:
             proc.modes,
             self._payload_file,
             self._extra_env,
+            self._standbys,
         )
         with self._cond:
             proc.handle = handle

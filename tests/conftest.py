@@ -43,11 +43,27 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "ddp: examples/ddp_elastic.py under real agents and torchrun (needs torch)"
     )
+    _prewarm_switch()
     # Become a child subreaper: orphans of our children (a worker whose agent was killed -9)
     # are re-parented to the test process instead of init, so the leak check still sees them.
     if sys.platform == "linux":
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+
+
+def _prewarm_switch() -> None:
+    """``ETCDRUN_TEST_PREWARM=none|auto|...``: run the suite with standby workers off or on.
+
+    Why both ways: a standby-run worker must be invisible, so every test passes either way. The
+    value reaches in-process LaunchConfigs (their default) and every ``etcdrun`` the tests start
+    (``PET_PREWARM``, the flag's variable); unset, the suite runs the shipped default.
+    """
+    value = os.environ.get("ETCDRUN_TEST_PREWARM")
+    if value:
+        from etcdrun.agent import flags
+
+        flags.DEFAULT_PREWARM = flags.parse_prewarm(value)
+        os.environ["PET_PREWARM"] = flags.DEFAULT_PREWARM
 
 
 # --- leak checks ------------------------------------------------------------------------------

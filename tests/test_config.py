@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 
+from etcdrun.agent import flags
 from etcdrun.agent.config import LaunchConfig
 
 # The reference's fields, in its order, with its defaults ("factory" = an empty dict per instance).
@@ -31,7 +32,12 @@ SEED_FIELDS = [
     ("master_addr", None),
     ("master_port", None),
 ]
-EXTRA_FIELDS = [("local_ranks_filter", None), ("stop_grace", None), ("entrypoint_kind", "auto")]
+EXTRA_FIELDS = [
+    ("local_ranks_filter", None),
+    ("stop_grace", None),
+    ("entrypoint_kind", "auto"),
+    ("prewarm", flags.DEFAULT_PREWARM),  # a factory: the test suite's switch may change it
+]
 # torch 2.13's newer LaunchConfig fields, with torch's defaults, after ours.
 TORCH_213_FIELDS = [
     ("logs_specs", None),
@@ -54,6 +60,8 @@ def test_fields_order_and_declared_defaults_match_the_reference():
     ):
         if default == "factory":
             assert f.default_factory() == {}, name
+        elif name == "prewarm":
+            assert f.default_factory() == default, name
         else:
             assert f.default == default, name
 

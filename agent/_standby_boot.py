@@ -1,0 +1,217 @@
+"""The standby's own code: a worker interpreter started ahead of need, that becomes the worker.
+
+Why: a worker's start is mostly round-independent (the interpreter, ``sys.path``, ``import
+torch``: 1.4-5.9 s on this machine's 2 shared cores), while the round's facts (RANK,
+WORLD_SIZE, MASTER_*) arrive only at the freeze. A standby does the first part early and waits
+for the second on a socket; then it runs the command line a fresh worker would have run
+(``python -u script.py ...``, ``-m module``, or the ``-c`` of a spawned callable), in this
+process, as ``__main__``.
+
+Invisible to the script, by construction: ``os.environ`` is replaced wholesale by the round's
+(nothing of the standby's own start stays; the block ``/proc/<pid>/environ`` shows is rewritten
+in place too, from the room ``ROOM_VAR`` reserved, so the warden's sweep and anyone reading
+/proc see the worker's variables), ``sys.argv``/``sys.orig_argv``/``sys.path[0]``, ``__main__``
+(its dict rebuilt as the interpreter builds it: ``__file__`` absolute, unnormalised, a
+``SourceFileLoader``, ``__cached__`` None), stdout/stderr moved onto the round's fds (what was
+printed while importing is replayed there first), the parent-death signal set at start (it holds
+across the hand-over), default signal handlers, and an uncaught exception printed without
+our frames, then left to the interpreter, so exit codes (1, SystemExit's, death by SIGINT)
+are its own. What differs: more modules already in ``sys.modules`` (the point of it), and
+``ps`` shows the standby's command line (with the worker's command at its end).
+
+How it runs: ``python -u -c LOADER <this file> <agent pid> <socket fd> <prewarm> <command...>``;
+LOADER executes this file in a namespace of its own (neither ``__main__`` nor in
+``sys.modules``), so the script finds ``__main__`` pristine. Standard library only (builtins
+where possible: ``marshal``, not ``json``); etcdrun itself is never imported here.
+"""
+
+import marshal
+import os
+import sys
+
+PR_SET_PDEATHSIG, SIGKILL = 1, 9
+EXIT_PARENT_GONE = 128 + SIGKILL
+ROOM_VAR = "ETCDRUN_STANDBY_ROOM"  # only in the standby's start environment: room to rewrite
+READY = b"R"
+
+
+def _die_with_agent(agent_pid):
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0)
+    except Exception:  # noqa: BLE001 - not Linux
+        pass
+    if os.getppid() != agent_pid:
+        os._exit(EXIT_PARENT_GONE)
+
+
+def _path0(command):
+    """``sys.path[0]`` as the interpreter computes it for this command line (None: -P)."""
+    if sys.flags.safe_path:
+        return None
+    if command[0] == "-c":
+        return ""
+    if command[0] == "-m":
+        return os.getcwd()
+    return os.path.dirname(os.path.realpath(command[0]))
+
+
+def _set_path0(command, had_path0):
+    path0 = _path0(command)
+    if had_path0 and path0 is not None:
+        sys.path[0] = path0
+
+
+def _prewarm(names):
+    """Import what the user named; ``auto``: torch when importable. A failure is left for the
+    worker's own import to report (it fails there the same way)."""
+    for name in names.split(","):
+        name = name.strip()
+        if not name or name == "none":
+            continue
+        try:
+            __import__("torch" if name == "auto" else name)
+        except Exception:  # noqa: BLE001, S112 - the worker's own import will say it
+            continue
+
+
+def _receive(sock):
+    """The hand-over: 8-byte length, then a marshal'd {argv, env}, with stdout/stderr fds."""
+    import socket
+
+    head, fds, _flags, _addr = socket.recv_fds(sock, 8, 2)
+    if len(head) < 8:
+        os._exit(0)  # the agent closed our socket without a round: nothing to run
+    size, body = int.from_bytes(head, "big"), b""
+    while len(body) < size:
+        chunk = sock.recv(size - len(body))
+        if not chunk:
+            os._exit(0)
+        body += chunk
+    return marshal.loads(body), fds
+
+
+def _move_streams(fds):
+    """Put the round's stdout/stderr on fds 1/2; what was printed before goes there first."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    for fd, new in zip((1, 2), fds, strict=True):
+        early = []
+        os.lseek(fd, 0, os.SEEK_SET)
+        while chunk := os.read(fd, 65536):
+            early.append(chunk)
+        os.dup2(new, fd)
+        os.close(new)
+        for chunk in early:
+            os.write(fd, chunk)
+
+
+def _set_environ(env, exec_env):
+    """``os.environ`` as the exit hook leaves a fresh worker's; /proc/<pid>/environ as its
+    exec left it (``exec_env``, what the agent would have passed to the exec)."""
+    os.environ.clear()
+    os.environ.update(env)
+    env = exec_env
+    try:  # what /proc/<pid>/environ shows: the block the kernel handed us at exec
+        with open("/proc/self/stat", "rb") as fp:
+            fields = fp.read().rsplit(b")", 1)[1].split()
+        start, end = int(fields[47]), int(fields[48])
+        blob = b"".join(os.fsencode(f"{k}={v}") + b"\0" for k, v in env.items())
+        if len(blob) <= end - start:
+            import ctypes
+
+            ctypes.memmove(start, blob.ljust(end - start, b"\0"), end - start)
+    except (OSError, IndexError, ValueError):
+        pass
+
+
+def _fresh_main(keep):
+    """``__main__``'s dict as the interpreter starts it (``keep``: its start-up entries)."""
+    d = sys.modules["__main__"].__dict__
+    d.clear()
+    d.update(keep)
+    return d
+
+
+def _strip_ours(ours):
+    """Print an uncaught exception without the standby's frames, as a fresh worker shows it."""
+    hook = sys.excepthook
+
+    def excepthook(kind, value, tb):
+        while tb is not None and tb.tb_frame.f_code in ours:
+            tb = tb.tb_next
+        sys.excepthook = hook
+        hook(kind, value, tb)
+
+    sys.excepthook = excepthook
+
+
+def _run(command, keep, ours):
+    ours.add(sys._getframe().f_code)
+    d = _fresh_main(keep)
+    try:
+        if command[0] == "-c":
+            sys.argv = ["-c", *command[2:]]
+            exec(compile(command[1], "<string>", "exec", dont_inherit=True), d)
+        elif command[0] == "-m":
+            import runpy
+
+            sys.argv = ["-m", *command[2:]]
+            runpy._run_module_as_main(command[1], alter_argv=True)
+        else:
+            _run_script(command, d)
+    except SystemExit:
+        raise
+    except BaseException:
+        _strip_ours(ours)
+        raise
+
+
+def _run_script(command, d):
+    from importlib.machinery import SourceFileLoader
+
+    path = command[0]
+    sys.argv = list(command)
+    file = path if os.path.isabs(path) else os.getcwd() + os.sep + path
+    d.update(__loader__=SourceFileLoader("__main__", file), __file__=file, __cached__=None)
+    try:
+        with open(file, "rb") as fp:
+            code = compile(fp.read(), file, "exec", dont_inherit=True)
+        exec(code, d)
+    finally:
+        d.pop("__file__", None)
+        d.pop("__cached__", None)
+
+
+def main(argv):
+    import socket
+
+    agent_pid, sock_fd, prewarm, command = int(argv[0]), int(argv[1]), argv[2], argv[3:]
+    _die_with_agent(agent_pid)
+    keep = dict(sys.modules["__main__"].__dict__)
+    had_path0 = bool(sys.path) and sys.path[0] == "" and not sys.flags.safe_path
+    _set_path0(command, had_path0)
+    _prewarm(prewarm)
+    sock = socket.socket(fileno=sock_fd)
+    try:
+        sock.sendall(READY)  # for whoever measures; the round may already wait in the socket
+    except OSError:
+        pass  # the agent handed over (and closed its end) while we were importing
+    msg, fds = _receive(sock)
+    sock.close()
+    _move_streams(fds)
+    _set_environ(msg["env"], msg["exec_env"])
+    sys.orig_argv = list(msg["argv"])
+    command = msg["argv"][2:]  # after the interpreter and -u
+    _set_path0(command, had_path0)
+    ours, f = set(), sys._getframe()
+    while f is not None:
+        ours.add(f.f_code)
+        f = f.f_back
+    del f
+    _run(command, keep, ours)
+
+
+if __name__ == "etcdrun_standby":  # run by LOADER (argv[1] is this file), never imported
+    main(sys.argv[2:])

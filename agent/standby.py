@@ -1,0 +1,242 @@
+"""Standby workers, the agent's side: one warm interpreter per local slot, handed the round.
+
+Why: after a round freezes, what users wait for is *ready* (``init_process_group`` returned
+everywhere), and most of that was the workers' own start: Python, ``sys.path``, ``import torch``
+(1.4-5.9 s on this machine's 2 shared cores, the same under torchrun). That part does not
+depend on the round, so a standby does it ahead of need — at agent start, and again for a slot
+right after its standby became a worker — and at the freeze the agent sends the round's argv
+and environment (with the worker's stdout/stderr fds) over a socket instead of spawning
+(agent/_standby_boot.py: how it stays invisible to the script). Figures: README, "Standby
+workers".
+
+What keeps it as safe as a spawned worker:
+- The standbys are started by one thread of their own that lives until ``close()``: the
+  parent-death signal (which fires when the *thread* that forked a child ends) holds for them and
+  for the workers they become, as the reactor thread does for spawned ones.
+- Each carries the node's tag (``ETCDRUN_NODE_TAG``): the warden's sweep finds them when the
+  agent dies; the agent's own sweep after a stop passes over the waiting ones (``waiting``); a
+  standby that became a worker is a worker (its pidfd reaches the warden as a spawned one's).
+- Its own session and process group, default signal handlers, the agent's stdin: what a
+  spawned worker gets. A standby found dead at a freeze (swept, crashed) is replaced, and the
+  round spawns as before.
+- No CUDA: a standby imports what it is told and nothing touches a device, so
+  ``CUDA_VISIBLE_DEVICES``/``LOCAL_RANK`` (set at the hand-over) still decide the GPU. An opt-in
+  per-slot CUDA warm-up would go here: the slot (local rank) of each standby is known when it
+  starts (docs/design.md §4).
+
+Only Python worker commands take a standby: a ``.py`` script, ``-m`` module, and callables and
+``--run-path`` under start method spawn. ``--no-python``, other executables and fork/forkserver
+callables spawn as before, and so does everything with ``--prewarm none``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import marshal
+import os
+import queue
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Iterator, Mapping
+
+from . import _spawn
+from .api import EntrypointKind, WorkerSpec
+from .warden import TAG_VAR
+
+log = logging.getLogger("etcdrun.agent")
+
+BOOT_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_standby_boot.py")
+# Runs the boot file in a namespace of its own, binding no name in __main__.
+LOADER = (
+    "exec(compile(open(__import__('sys').argv[1],'rb').read(),__import__('sys').argv[1],"
+    "'exec'),{'__name__':'etcdrun_standby'})"
+)
+ROOM_VAR = "ETCDRUN_STANDBY_ROOM"  # the boot file's name for it
+ROOM = 32768  # bytes of environment block the hand-over may rewrite (/proc/<pid>/environ)
+NONE, AUTO = "none", "auto"
+
+
+def python_command(spec: WorkerSpec, kind: EntrypointKind) -> list[str] | None:
+    """The command a standby of this spec prepares for: ``[python, -u, -c|-m|script, ...]``,
+    or None when its workers cannot start from one (module docstring)."""
+    if kind in (EntrypointKind.CALLABLE, EntrypointKind.RUN_PATH):
+        return (
+            [sys.executable, "-u", "-c", "", "0", "", ""] if spec.start_method == "spawn" else None
+        )
+    command = _spawn.command_for(spec, kind)  # the CLI's: [python, -u, (-m) script, ...]
+    if command[:2] != [sys.executable, "-u"] or len(command) < 3:
+        return None
+    if command[2] == "-m":
+        return command if len(command) > 3 else None
+    script = command[2]
+    return command if script.endswith(".py") and os.path.isfile(script) else None
+
+
+def check_importable(names: str, path0: str) -> None:
+    """Bad input is one line: a ``--prewarm`` module the workers' Python cannot find."""
+    import importlib.machinery
+
+    for name in names.split(","):
+        top = name.partition(".")[0]
+        if (
+            name != AUTO
+            and importlib.machinery.PathFinder.find_spec(top, [path0, *sys.path]) is None
+        ):
+            if top not in sys.builtin_module_names:
+                raise ValueError(f"--prewarm: no module named {top!r} for {sys.executable}")
+
+
+class _Standby:
+    def __init__(self, proc: subprocess.Popen[bytes], sock: socket.socket) -> None:
+        self.proc, self.sock = proc, sock
+
+
+class Standbys:
+    """The pool: ``start()`` at agent start, ``take()`` per worker at a freeze, ``close()``."""
+
+    def __init__(self, spec: WorkerSpec, kind: EntrypointKind, extra_env: Mapping[str, str]):
+        self._spec = spec
+        command = python_command(spec, kind)
+        assert command is not None, "for_agent() checks"
+        self._command = command
+        self._env = self._start_env(extra_env)
+        self._lock = threading.Lock()
+        self._slots: dict[int, _Standby] = {}
+        self._todo: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="etcdrun-standby")
+
+    def _start_env(self, extra_env: Mapping[str, str]) -> dict[str, str]:
+        """The agent's environment, the tag first (its bytes never move at the rewrite), the
+        round-independent variables a worker gets that libraries read at load
+        (OMP_NUM_THREADS: libgomp reads it once), and the room for the rewrite."""
+        env = {TAG_VAR: extra_env[TAG_VAR]} if TAG_VAR in extra_env else {}
+        env.update(os.environ)
+        env.update(extra_env)
+        if "OMP_NUM_THREADS" not in os.environ and self._spec.local_world_size > 1:
+            env["OMP_NUM_THREADS"] = "1"
+        env.update(_spawn.exit_hook_env(env))
+        env[ROOM_VAR] = "." * ROOM
+        return env
+
+    def start(self) -> None:
+        self._thread.start()
+        for slot in range(self._spec.local_world_size):
+            self._todo.put(slot)
+
+    def _loop(self) -> None:
+        # The thread that forks the standbys: their parent-death signal is tied to it.
+        while (slot := self._todo.get()) is not None:
+            try:
+                self._start_one(slot)
+            except Exception as e:  # noqa: BLE001 - the thread must live: the round spawns
+                log.warning("could not start a standby worker (%s): the round spawns", e)
+
+    def _start_one(self, slot: int) -> None:
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        prewarm = self._spec.prewarm
+        argv = [sys.executable, "-u", "-c", LOADER, BOOT_FILE, str(os.getpid())]
+        argv += [str(theirs.fileno()), prewarm, *self._command[2:]]
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, self._lock:
+            if self._closed:
+                mine.close()
+                theirs.close()
+                return
+            try:
+                proc = subprocess.Popen(
+                    argv, env=self._env, stdout=out, stderr=err, pass_fds=[theirs.fileno()],
+                    start_new_session=True, close_fds=True,
+                )  # fmt: skip
+            finally:
+                theirs.close()
+            self._slots[slot] = _Standby(proc, mine)
+
+    def taker(self, slot: int) -> Callable[..., subprocess.Popen[bytes] | None]:
+        """``take`` for one slot: what ``_spawn.launch`` calls before it spawns."""
+        return functools.partial(self.take, slot)
+
+    def take(
+        self, slot: int, command: list[str], env: Mapping[str, str], stdout: int, stderr: int
+    ) -> subprocess.Popen[bytes] | None:
+        """Hand ``command`` (what a fresh worker would exec) to the slot's standby; its process,
+        now the worker; None when there is no live standby for it (then spawn)."""
+        if command[:2] != [sys.executable, "-u"] or command[2:3] != self._command[2:3]:
+            return None
+        with self._lock:
+            standby = self._slots.pop(slot, None)
+            if not self._closed:
+                self._todo.put(slot)  # the next round's, right away
+        if standby is None:
+            return None
+        final = dict(env)  # as the exit hook leaves it in a fresh worker (sitecustomize.py)
+        user = final.pop(_spawn.USER_PYTHONPATH, "")
+        final.pop("PYTHONPATH", None)
+        if user:
+            final["PYTHONPATH"] = user
+        body = marshal.dumps({"argv": list(command), "env": final, "exec_env": dict(env)})
+        try:
+            if standby.proc.poll() is not None:
+                raise OSError("the standby is gone")
+            socket.send_fds(standby.sock, [len(body).to_bytes(8, "big")], [stdout, stderr])
+            standby.sock.sendall(body)
+        except OSError:
+            _end(standby)
+            return None
+        standby.sock.close()
+        return standby.proc
+
+    @contextlib.contextmanager
+    def waiting(self) -> Iterator[set[int]]:
+        """The pids of the waiting standbys, none started meanwhile (the agent's sweep skips
+        them)."""
+        with self._lock:
+            yield {s.proc.pid for s in self._slots.values()}
+
+    def close(self) -> None:
+        """Kill every waiting standby and stop the thread (the workers are the group's)."""
+        with self._lock:
+            self._closed = True
+            standbys, self._slots = list(self._slots.values()), {}
+        for standby in standbys:
+            _end(standby)
+        if self._thread.is_alive():
+            self._todo.put(None)
+            self._thread.join()
+
+
+def _end(standby: _Standby) -> None:
+    standby.sock.close()
+    with contextlib.suppress(ProcessLookupError):
+        standby.proc.kill()
+    standby.proc.wait()
+
+
+@contextlib.contextmanager
+def waiting(pool: Standbys | None) -> Iterator[set[int]]:
+    """``pool.waiting()``, or nothing to skip without a pool."""
+    if pool is None:
+        yield set()
+        return
+    with pool.waiting() as pids:
+        yield pids
+
+
+def for_agent(spec: WorkerSpec, extra_env: Mapping[str, str]) -> Standbys | None:
+    """The agent's pool, or None when ``--prewarm none`` or the entrypoint cannot use one."""
+    if spec.prewarm == NONE or spec.entrypoint is None:
+        return None
+    kind = spec.resolved_kind()
+    command = python_command(spec, kind)
+    if command is None:
+        log.info("standby workers: not for this entrypoint (%s): workers spawn", kind.value)
+        return None
+    if spec.prewarm != AUTO:
+        script = command[2] not in ("-c", "-m")
+        path0 = os.path.dirname(os.path.realpath(command[2])) if script else os.getcwd()
+        check_importable(spec.prewarm, path0)
+    return Standbys(spec, kind, extra_env)
