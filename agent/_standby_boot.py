@@ -33,6 +33,9 @@ PR_SET_PDEATHSIG, SIGKILL = 1, 9
 EXIT_PARENT_GONE = 128 + SIGKILL
 ROOM_VAR = "ETCDRUN_STANDBY_ROOM"  # only in the standby's start environment: room to rewrite
 READY = b"R"
+# What a fresh interpreter's __main__ holds before it runs anything (python 3.10-3.13).
+MAIN_AT_START = ("__name__", "__doc__", "__package__", "__loader__", "__spec__", "__annotations__",
+                 "__builtins__")  # fmt: skip
 
 
 def _die_with_agent(agent_pid):
@@ -142,13 +145,15 @@ def _strip_ours(ours):
         while tb is not None and tb.tb_frame.f_code in ours:
             tb = tb.tb_next
         sys.excepthook = hook
+        if isinstance(value, BaseException):  # the default hook prints value.__traceback__
+            value = value.with_traceback(tb)
         hook(kind, value, tb)
 
     sys.excepthook = excepthook
 
 
 def _run(command, keep, ours):
-    ours.add(sys._getframe().f_code)
+    ours.update((sys._getframe().f_code, _run_script.__code__))
     d = _fresh_main(keep)
     try:
         if command[0] == "-c":
@@ -189,7 +194,7 @@ def main(argv):
 
     agent_pid, sock_fd, prewarm, command = int(argv[0]), int(argv[1]), argv[2], argv[3:]
     _die_with_agent(agent_pid)
-    keep = dict(sys.modules["__main__"].__dict__)
+    keep = {k: v for k, v in vars(sys.modules["__main__"]).items() if k in MAIN_AT_START}
     had_path0 = bool(sys.path) and sys.path[0] == "" and not sys.flags.safe_path
     _set_path0(command, had_path0)
     _prewarm(prewarm)

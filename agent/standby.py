@@ -51,14 +51,15 @@ from .warden import TAG_VAR
 log = logging.getLogger("etcdrun.agent")
 
 BOOT_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_standby_boot.py")
-# Runs the boot file in a namespace of its own, binding no name in __main__.
+# Runs the boot file in a namespace of its own (what it binds in __main__, the boot drops).
 LOADER = (
-    "exec(compile(open(__import__('sys').argv[1],'rb').read(),__import__('sys').argv[1],"
-    "'exec'),{'__name__':'etcdrun_standby'})"
+    "with open(__import__('sys').argv[1],'rb') as f:c=f.read()\n"
+    "exec(compile(c,f.name,'exec'),{'__name__':'etcdrun_standby'})"
 )
 ROOM_VAR = "ETCDRUN_STANDBY_ROOM"  # the boot file's name for it
 ROOM = 32768  # bytes of environment block the hand-over may rewrite (/proc/<pid>/environ)
 NONE, AUTO = "none", "auto"
+START_WAIT = 5.0  # seconds a hand-over waits for its slot's standby to be forked (~10-50 ms)
 
 
 def python_command(spec: WorkerSpec, kind: EntrypointKind) -> list[str] | None:
@@ -105,8 +106,9 @@ class Standbys:
         assert command is not None, "for_agent() checks"
         self._command = command
         self._env = self._start_env(extra_env)
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
         self._slots: dict[int, _Standby] = {}
+        self._pending: set[int] = set()  # queued for the thread, not started yet
         self._todo: queue.SimpleQueue[int | None] = queue.SimpleQueue()
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="etcdrun-standby")
@@ -127,7 +129,13 @@ class Standbys:
     def start(self) -> None:
         self._thread.start()
         for slot in range(self._spec.local_world_size):
-            self._todo.put(slot)
+            self._queue(slot)
+
+    def _queue(self, slot: int) -> None:
+        with self._lock:
+            if not self._closed:
+                self._pending.add(slot)
+                self._todo.put(slot)
 
     def _loop(self) -> None:
         # The thread that forks the standbys: their parent-death signal is tied to it.
@@ -136,6 +144,9 @@ class Standbys:
                 self._start_one(slot)
             except Exception as e:  # noqa: BLE001 - the thread must live: the round spawns
                 log.warning("could not start a standby worker (%s): the round spawns", e)
+            with self._lock:
+                self._pending.discard(slot)
+                self._lock.notify_all()
 
     def _start_one(self, slot: int) -> None:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -167,10 +178,10 @@ class Standbys:
         now the worker; None when there is no live standby for it (then spawn)."""
         if command[:2] != [sys.executable, "-u"] or command[2:3] != self._command[2:3]:
             return None
-        with self._lock:
+        with self._lock:  # a start already queued costs less than a spawn: wait for it
+            self._lock.wait_for(lambda: slot not in self._pending, START_WAIT)
             standby = self._slots.pop(slot, None)
-            if not self._closed:
-                self._todo.put(slot)  # the next round's, right away
+        self._queue(slot)  # the next round's, right away
         if standby is None:
             return None
         final = dict(env)  # as the exit hook leaves it in a fresh worker (sitecustomize.py)

@@ -47,6 +47,8 @@ def clean_env(**extra: str) -> dict[str, str]:
     with worker lines prefixed ``[<global rank>]:`` (``RANK_PREFIX``)."""
     drop = ("PET_", "ETCDCTL_", "TORCHELASTIC_", "OMP_NUM_THREADS", "PYTHON_EXEC", "LOGLEVEL")
     env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    if os.environ.get("ETCDRUN_TEST_PREWARM"):  # the suite's standby switch (conftest.py)
+        env["PET_PREWARM"] = os.environ["PET_PREWARM"]
     env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = RANK_PREFIX
     env.update(extra)
     return env

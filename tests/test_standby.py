@@ -1,0 +1,230 @@
+"""Standby workers (issue 14): a worker started from a standby is the same worker, and no
+standby outlives its agent.
+
+Each comparison runs the same real ``etcdrun`` twice, ``--prewarm none`` (a spawn per worker, as
+before) and ``--prewarm json`` (a standby per slot that imported json: a module the probe does
+not import before it looks, so ``json_at_start`` proves which path ran), and compares what the
+script can see: argv, ``__main__``, ``__file__``, sys.path, os.environ, /proc/self/environ, open
+fds, the error file and the exit code. Standbys are found from outside by the room their start
+environment reserves (``ETCDRUN_STANDBY_ROOM``, gone from /proc once the hand-over rewrote it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from agent_helpers import SCRIPTS, Agent, Job, clean_env, etcdrun_bin, wait_for
+
+from etcdrun.agent.standby import ROOM_VAR
+
+PROBE = str(SCRIPTS / "standby_probe.py")
+PER_RUN = ("MASTER_PORT", "TORCHELASTIC_RUN_ID", "ETCDRUN_NODE_TAG")
+
+
+def standbys_of(agent_pid: int) -> list[int]:
+    """Live waiting standbys whose parent is ``agent_pid``."""
+    needle = f"{ROOM_VAR}=".encode()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()
+            if int(stat[1]) != agent_pid or stat[0] in ("Z", "X"):
+                continue
+            env = Path(f"/proc/{name}/environ").read_bytes()
+        except OSError:
+            continue
+        if any(kv.startswith(needle) for kv in env.split(b"\0")):
+            found.append(int(name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except OSError:
+        return False
+
+
+def run_standalone(tmp: Path, prewarm: str, entry: tuple[str, ...], mode: str, *flags: str):
+    """One ``etcdrun --standalone`` of the probe (the user's PYTHONPATH holds its folder, so
+    ``-m standby_probe`` finds it, and the path's hand-over is checked too); (agent, out dir)."""
+    out, logs = tmp / f"out-{prewarm}", tmp / f"logs-{prewarm}"
+    out.mkdir()
+    argv = [etcdrun_bin(), "--standalone", "--prewarm", prewarm, "--log-dir", str(logs), *flags,
+            *entry, str(out), mode]  # fmt: skip
+    return Agent(argv, tmp, prewarm, clean_env(PYTHONPATH=str(SCRIPTS))), out
+
+
+def normalised(info: dict, tmp: Path, prewarm: str) -> dict:
+    """A probe's dump without what differs between any two runs (ports, ids, the log dir)."""
+    text = json.dumps(info).replace(str(tmp / f"logs-{prewarm}"), "LOGS")
+    text = text.replace(info["env"]["TORCHELASTIC_RUN_ID"], "RUN")
+    text = text.replace(str(tmp / f"out-{prewarm}"), "OUT")
+    info = json.loads(text)
+    for var in PER_RUN:
+        info["env"].pop(var, None)
+    info["proc_env"] = [kv for kv in info["proc_env"] if kv.split("=", 1)[0] not in PER_RUN]
+    info.pop("pid")
+    info.pop("json_at_start")
+    return info
+
+
+@pytest.mark.parametrize("entry", [(PROBE,), ("-m", "standby_probe")], ids=["script", "module"])
+def test_a_script_sees_the_same_start_from_a_standby(tmp_path, entry):
+    dumps = {}
+    for prewarm in ("none", "json"):
+        agent, out = run_standalone(tmp_path, prewarm, entry, "ok", "--nproc-per-node", "2")
+        assert agent.wait(60) == 0, agent.stderr[-2000:]
+        dumps[prewarm] = {r: json.loads((out / f"probe_{r}.json").read_text()) for r in (0, 1)}
+    for rank in (0, 1):
+        spawned, warm = dumps["none"][rank], dumps["json"][rank]
+        assert (spawned["json_at_start"], warm["json_at_start"]) == (False, True), rank
+        assert normalised(spawned, tmp_path, "none") == normalised(warm, tmp_path, "json")
+        assert not any(kv.startswith(ROOM_VAR) for kv in warm["proc_env"])
+        assert warm["env"]["RANK"] == str(rank) and f"RANK={rank}" in warm["proc_env"]
+
+
+def _root_cause(agent: Agent) -> list[str]:
+    """The agent's root-cause lines, without what differs between runs (pids, times, paths)."""
+    keep = ("exit code", "ValueError", "probe failure", "error_file", "SIGINT")
+    lines = [ln for ln in agent.stderr.splitlines() if any(k in ln for k in keep)]
+    return [ln.split("]", 1)[-1] for ln in lines if "pid" not in ln and "/" not in ln]
+
+
+@pytest.mark.parametrize("mode", ["exit3", "raise", "interrupt"])
+def test_error_files_exit_codes_and_output_are_the_same(tmp_path, mode):
+    seen = {}
+    for prewarm in ("none", "json"):
+        agent, out = run_standalone(tmp_path, prewarm, (PROBE,), mode, "--nproc-per-node", "1")
+        code = agent.wait(60)
+        probe = json.loads((out / "probe_0.json").read_text())
+        error_files = list((tmp_path / f"logs-{prewarm}").glob("*/attempt_*/0/error.json"))
+        error = json.loads(error_files[0].read_text())["message"] if error_files else None
+        if error is not None:
+            error = {"message": error["message"], "frames": error["extraInfo"]["py_callstack"]}
+            error["frames"] = error["frames"].replace(str(os.getpid()), "PID")
+        worker_lines = [ln for ln in agent.stdout.splitlines() + agent.stderr.splitlines()
+                        if ln.startswith("[0]:")]  # fmt: skip
+        seen[prewarm] = (probe["json_at_start"], code, error, worker_lines, _root_cause(agent))
+    assert seen["none"][0] is False and seen["json"][0] is True, "which path ran"
+    assert seen["none"][1:] == seen["json"][1:]
+    assert seen["none"][1] == 1  # the agent fails for a worker that failed
+    if mode == "raise":
+        assert "probe failure on rank 0" in seen["json"][2]["message"]
+        assert any("standby_probe.py" in ln for ln in seen["json"][3])  # the traceback
+        assert not any("_standby_boot" in ln for ln in seen["json"][3])  # without our frames
+    elif mode == "exit3":
+        assert seen["json"][2] is None  # sys.exit(3): no error file, exit code 3 reported
+        assert any("exit code 3" in ln for ln in seen["json"][4])
+    else:
+        assert any("killed by SIGINT" in ln for ln in seen["json"][4])
+
+
+def test_standbys_wait_beside_the_workers_and_none_outlives_the_agent(tmp_path):
+    """At start, and again right after the hand-over, one standby per slot; none after a
+    normal exit."""
+    agent, out = run_standalone(tmp_path, "json", (PROBE,), "sleep", "--nproc-per-node", "2")
+    try:
+        wait_for(lambda: len(list(out.glob("probe_*.json"))) == 2, 60, "both workers running")
+        workers = {json.loads(p.read_text())["pid"] for p in out.glob("probe_*.json")}
+        waiting = wait_for(lambda: len(standbys_of(agent.pid)) == 2 and standbys_of(agent.pid),
+                           30, "two new standbys beside the two workers")  # fmt: skip
+        assert not set(waiting) & workers
+        agent.proc.send_signal(signal.SIGTERM)
+        assert agent.wait(60) == 143
+        assert not any(alive(p) for p in [*waiting, *workers])
+    finally:
+        if agent.proc.poll() is None:
+            agent.proc.kill()
+            agent.proc.wait()
+
+
+def test_kill_9_of_the_agent_leaves_no_standby(tmp_path):
+    agent, out = run_standalone(tmp_path, "json", (PROBE,), "sleep", "--nproc-per-node", "2")
+    try:
+        wait_for(lambda: len(list(out.glob("probe_*.json"))) == 2, 60, "both workers running")
+        waiting = wait_for(lambda: len(standbys_of(agent.pid)) == 2 and standbys_of(agent.pid),
+                           30, "two standbys")  # fmt: skip
+        workers = [json.loads(p.read_text())["pid"] for p in out.glob("probe_*.json")]
+        agent.proc.kill()
+        agent.proc.wait()
+        wait_for(lambda: not any(alive(p) for p in [*waiting, *workers]), 5, "all of them gone")
+    finally:
+        if agent.proc.poll() is None:
+            agent.proc.kill()
+            agent.proc.wait()
+
+
+def test_a_failed_run_leaves_no_standby(etcd, tmp_path):
+    """Workers fail with the budget spent: the agent exits 1 and takes its standbys along."""
+    job = Job(etcd.endpoints, tmp_path, nnodes="1", nproc=2, conf="lease_ttl=2",
+              extra=("--prewarm", "json", "--max-restarts", "1"))  # fmt: skip
+    try:
+        agent = job.start(PROBE, str(job.out), "exit3")
+        seen: set[int] = set()
+
+        def exited() -> bool:
+            seen.update(standbys_of(agent.pid))
+            return agent.proc.poll() is not None
+
+        wait_for(exited, 60, "the agent to give up")
+        assert agent.proc.returncode == 1
+        assert seen, "no standby was ever seen"
+        assert not any(alive(p) for p in seen)
+    finally:
+        job.close()
+
+
+def test_prewarm_none_spawns_as_before(tmp_path):
+    agent, out = run_standalone(tmp_path, "none", (PROBE,), "sleep", "--nproc-per-node", "2")
+    try:
+        wait_for(lambda: len(list(out.glob("probe_*.json"))) == 2, 60, "both workers running")
+        assert standbys_of(agent.pid) == []
+        for p in out.glob("probe_*.json"):
+            pid = json.loads(p.read_text())["pid"]
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:3]
+            assert cmdline[1:] == [b"-u", PROBE.encode()], cmdline  # exec'd: no standby's -c
+    finally:
+        agent.proc.send_signal(signal.SIGTERM)
+        agent.wait(60)
+
+
+def test_a_standby_run_worker_is_fenced_by_the_warden(etcd, tmp_path):
+    """The agent frozen (SIGSTOP) past its lease: the warden kills the standby-run worker, as
+    it kills a spawned one (its pidfd reached the warden at the hand-over)."""
+    job = Job(etcd.endpoints, tmp_path, nnodes="1", nproc=1, conf="lease_ttl=2",
+              extra=("--prewarm", "json"))  # fmt: skip
+    agent = job.start(PROBE, str(job.out), "sleep")
+    try:
+        probe = job.out / "probe_0.json"
+        wait_for(probe.exists, 60, "the worker running")
+        info = json.loads(probe.read_text())
+        assert info["json_at_start"], "the worker did not start from a standby"
+        waiting = wait_for(lambda: standbys_of(agent.pid), 30, "the next standby")
+        os.kill(agent.pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        wait_for(lambda: not alive(info["pid"]), 10, "the warden to kill the worker")
+        took = time.monotonic() - t0
+        assert took < 2.0, f"the worker outlived the lease's presumed loss by {took:.2f} s"
+        # The warden's sweep takes the waiting standby too (tagged); the agent starts another.
+        wait_for(lambda: not any(alive(p) for p in waiting), 5, "the swept standby gone")
+    finally:
+        os.kill(agent.pid, signal.SIGCONT)
+        job.close()
+
+
+def test_bad_prewarm_values_are_one_line(tmp_path):
+    for value, words in (("no_such_module_xyz", "no module named"), ("a b", "expected none")):
+        (tmp_path / value.replace(" ", "_")).mkdir()
+        agent, _ = run_standalone(tmp_path / value.replace(" ", "_"), value, (PROBE,), "ok")
+        assert agent.wait(60) != 0
+        errors = [ln for ln in agent.stderr.splitlines() if ln.startswith("etcdrun: error: ")]
+        assert len(errors) == 1 and words in errors[0], agent.stderr
+        assert "Traceback" not in agent.stderr
