@@ -39,8 +39,9 @@ TORCH_PIN = "torch==2.13.0"  # the CPU build pip finds on this machine; never a 
 LOAD_MAX = 1.5
 
 
-def ensure_venv() -> None:
-    """Create the bench venv if missing, install this checkout into it, re-exec under it (once).
+def ensure_venv(script: str = __file__) -> None:
+    """Create the bench venv if missing, install this checkout into it, re-exec ``script`` (this
+    one, or another bench's) under it (once).
 
     Why a regular install of the working tree on every run, not an editable one: that is what a
     user runs (byte-compiled modules, no import hook). An editable install adds an import hook
@@ -88,7 +89,7 @@ def ensure_venv() -> None:
     for cmd in steps:
         if subprocess.run(cmd).returncode != 0:
             sys.exit(f"compare.py: setup step failed: {' '.join(cmd)}")
-    os.execv(str(VENV_PY), [str(VENV_PY), str(Path(__file__).resolve()), *sys.argv[1:]])
+    os.execv(str(VENV_PY), [str(VENV_PY), str(Path(script).resolve()), *sys.argv[1:]])
 
 
 def loadavg() -> float:
