@@ -32,7 +32,6 @@ import sys
 PR_SET_PDEATHSIG, SIGKILL = 1, 9
 EXIT_PARENT_GONE = 128 + SIGKILL
 ROOM_VAR = "ETCDRUN_STANDBY_ROOM"  # only in the standby's start environment: room to rewrite
-READY = b"R"
 # What a fresh interpreter's __main__ holds before it runs anything (python 3.10-3.13).
 MAIN_AT_START = ("__name__", "__doc__", "__package__", "__loader__", "__spec__", "__annotations__",
                  "__builtins__")  # fmt: skip
@@ -198,11 +197,7 @@ def main(argv):
     had_path0 = bool(sys.path) and sys.path[0] == "" and not sys.flags.safe_path
     _set_path0(command, had_path0)
     _prewarm(prewarm)
-    sock = socket.socket(fileno=sock_fd)
-    try:
-        sock.sendall(READY)  # for whoever measures; the round may already wait in the socket
-    except OSError:
-        pass  # the agent handed over (and closed its end) while we were importing
+    sock = socket.socket(fileno=sock_fd)  # the round may already wait in it: any time is fine
     msg, fds = _receive(sock)
     sock.close()
     _move_streams(fds)

@@ -49,6 +49,15 @@ def _cell(values: list[float]) -> str:
     return f"{statistics.median(values):.2f} s ({min(values):.2f}–{max(values):.2f}) ×{len(values)}"
 
 
+def _record(row: dict, trial) -> None:
+    if trial.value is None:
+        row["other"].append(f"{trial.outcome}: {trial.note}")
+        return
+    row["ready"].append(round(trial.value, 3))
+    if trial.spawn is not None:
+        row["running"].append(round(trial.spawn, 3))
+
+
 def run_scenarios(args: argparse.Namespace, out: Path, tag: str) -> dict:
     import scenarios as sc
 
@@ -65,13 +74,7 @@ def run_scenarios(args: argparse.Namespace, out: Path, tag: str) -> dict:
         for i in range(args.trials):
             for la in _launchers():
                 trial = fn(la, f"standby-{len(rows)}-{la.key}-{i}")
-                row = rows.setdefault(la.label, {"ready": [], "running": [], "other": []})
-                if trial.value is None:
-                    row["other"].append(f"{trial.outcome}: {trial.note}")
-                else:
-                    row["ready"].append(round(trial.value, 3))
-                    if trial.spawn is not None:
-                        row["running"].append(round(trial.spawn, 3))
+                _record(rows.setdefault(la.label, {"ready": [], "running": [], "other": []}), trial)
                 print(f"  [{case}] {la.label} {i + 1}/{args.trials}: ready {trial.value} "
                       f"running {trial.spawn} {trial.note} (load {os.getloadavg()[0]:.1f})",
                       flush=True)  # fmt: skip
