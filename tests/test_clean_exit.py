@@ -59,8 +59,11 @@ json.dump({
 """
 
 
-def test_exit_hook_is_invisible_to_the_worker(tmp_path):
-    """Under etcdrun a script sees what plain ``python -u`` shows it, plus one atexit hook."""
+@pytest.mark.parametrize("prewarm", ["none", "json"])
+def test_exit_hook_is_invisible_to_the_worker(tmp_path, prewarm):
+    """Under etcdrun a script sees what plain ``python -u`` shows it, plus one atexit hook:
+    spawned, and from a standby (whose pre-import, json, registers nothing at exit; torch,
+    ``--prewarm auto``'s, registers 6 handlers of its own, as in any worker that imports it)."""
     user_dir = tmp_path / "user_site"
     user_dir.mkdir()
     (user_dir / "sitecustomize.py").write_text("import os\nos.environ['USER_SITE_RAN'] = '1'\n")
@@ -70,7 +73,16 @@ def test_exit_hook_is_invisible_to_the_worker(tmp_path):
     env = clean_env(PYTHONPATH=str(user_dir))
     subprocess.run([sys.executable, "-u", str(probe), out], env=env, check=True, timeout=60)
     launched = subprocess.run(
-        [etcdrun_bin(), "--standalone", "--nproc-per-node", "1", str(probe), out],
+        [
+            etcdrun_bin(),
+            "--standalone",
+            "--prewarm",
+            prewarm,
+            "--nproc-per-node",
+            "1",
+            str(probe),
+            out,
+        ],  # fmt: skip
         env=env,
         capture_output=True,
         text=True,
