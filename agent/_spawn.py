@@ -22,6 +22,7 @@ from . import _boot
 from .api import EntrypointKind, Std, Worker, WorkerSpec
 from .reactor import STDERR, STDOUT, Reactor
 from .worker_output import filtered_file, line_prefix
+from .worker_secrets import credential_names, scrubbed
 
 if TYPE_CHECKING:  # pragma: no cover
     from etcdrun.rendezvous.api import RendezvousInfo
@@ -247,22 +248,15 @@ def launch(
 ) -> Handle:
     """Start one worker in its own session, with the parent-death signal armed."""
     agent_pid = os.getpid()
-    full_env = {**os.environ, **env}
+    full_env = scrubbed({**os.environ, **env})  # no etcd credentials for user code
     full_env.update(exit_hook_env(full_env))  # fork/forkserver children never finalize: not them
     if kind is not EntrypointKind.CALLABLE and kind is not EntrypointKind.RUN_PATH:
         argv = _boot.shim_argv(agent_pid, command_for(spec, kind))
         return Handle(_popen(argv, full_env, stdout, stderr), via_mp=False, forkserver=False)
     if spec.start_method == "spawn":
         assert payload_file is not None
-        argv = [
-            sys.executable,
-            "-u",
-            "-c",
-            _boot.SPAWN_CODE,
-            str(agent_pid),
-            payload_file,
-            files.return_file,
-        ]
+        argv = [sys.executable, "-u", "-c", _boot.SPAWN_CODE, str(agent_pid)]
+        argv += [payload_file, files.return_file]
         return Handle(_popen(argv, full_env, stdout, stderr), via_mp=False, forkserver=False)
     fn, args = callable_target(spec, kind)
     params = {
@@ -272,6 +266,7 @@ def launch(
         "stdout": _boot.InheritFd(stdout),
         "stderr": _boot.InheritFd(stderr),
         "env": dict(env),
+        "drop_env": credential_names({**os.environ, **env}),
         "fn": fn,
         "args": args,
         "return_file": files.return_file,
@@ -393,8 +388,8 @@ def _relay(
 
 
 def _popen(argv: list[str], env: dict[str, str], stdout: int, stderr: int) -> subprocess.Popen:
-    # No preexec_fn (unsafe with threads): the session is made by _posixsubprocess in C, the
-    # death signal by the child itself.
+    # No preexec_fn (unsafe with threads): the session, by _posixsubprocess; the death signal,
+    # by the child.
     return subprocess.Popen(
         argv, env=env, stdout=stdout, stderr=stderr, start_new_session=True, close_fds=True
     )
