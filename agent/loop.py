@@ -308,11 +308,13 @@ def _restart(stopped: State, info: RendezvousInfo, result: RunResult) -> Step:
     caused by a peer's death costs nothing; a report earlier than the one the next round
     already carries replaces it (the root cause is the first failure, not the first report)."""
     failure, what = failure_of(info, result)
-    left = info.max_restarts - info.restart_count
-    spent = "none left, so unless a lost node caused this failure, the job fails"
-    note = (
-        f"round {info.round}: {what}; asking the rendezvous for a new round (restarts used "
-        f"{info.restart_count} of {info.max_restarts}: {f'{left} left' if left > 0 else spent})"
+    left, used = info.max_restarts - info.restart_count, info.restart_count
+    note = f"round {info.round}: {what}; " + (
+        f"asking the rendezvous for a new round (restarts used {used} of {info.max_restarts}: "
+        f"{left} left)"
+        if left > 0
+        else f"the restart budget is spent ({used} of {info.max_restarts} used): the job fails "
+        "unless a lost node caused this failure"
     )
     restarting = replace(stopped, phase=Phase.RESTARTING, our_failure=(info.node_id, result))
     return Step(restarting, RequestRestart(what, failure, note=note, level=logging.WARNING))

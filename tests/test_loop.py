@@ -109,7 +109,10 @@ def test_failure_reports_the_root_cause_and_asks_for_a_restart():
     spent = walk(
         State(), loop.Joined(info(restarts=2)), loop.WorkersFailed(), loop.WorkersStopped(result)
     )[-1].action
-    assert "restarts used 2 of 2: none left, so unless a lost node caused" in spent.note
+    assert spent.note == (
+        "round 3: worker rank 1 on h failed (exit code 3); the restart budget is spent (2 of 2 "
+        "used): the job fails unless a lost node caused this failure"
+    )
 
 
 def test_a_single_node_does_not_say_it_waits_for_other_nodes():
