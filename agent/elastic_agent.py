@@ -297,8 +297,8 @@ class ElasticAgent:
             self._wake.clear()
             self._check_deferred()
             if changed.is_set():
-                if self._h.session_lost():
-                    return loop.LeaseLost()
+                if self._h.session_lost() or not self._h.confirm_session():
+                    return loop.LeaseLost()  # our own lease vanished: fencing, not a change
                 return loop.RoundSuperseded(self._h.round_reason())
             result = self._group.poll()
             if result is not None:

@@ -286,6 +286,8 @@ def _stopping(state: State, event: Event) -> Step | None:
     info, stopped = state.info, replace(state, result=event.result)
     if state.then is Then.REJOIN:
         note = f"round {info.round} superseded ({state.reason}): restarting workers"
+        if state.reason == "lease lost":
+            note = f"round {info.round}: this node's lease was lost: workers killed, rejoining"
         if event.closed_failure is not None:  # the run failed elsewhere meanwhile
             done = replace(stopped, phase=Phase.DONE)
             return Step(done, FailWithRemoteRootCause(event.closed_failure, note=note))

@@ -202,6 +202,13 @@ class RendezvousHandler(abc.ABC):
         lost): its workers must stop at once, without a grace period (fencing, S4)."""
         return False
 
+    def confirm_session(self) -> bool:
+        """Ask now whether this node's place in the job still holds (etcd: its lease lives);
+        False means ``session_lost()``. Why: the agent asks before stopping workers for a
+        superseded round — when the cause is its own lost lease, that is fencing (no grace).
+        Default: the place holds while it is not lost."""
+        return not self.session_lost()
+
     def on_membership_change(self, callback: Callable[[], None]) -> Callable[[], None]:
         """Call ``callback`` whenever ``membership_changed`` is set; return an unsubscribe.
 

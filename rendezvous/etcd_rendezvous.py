@@ -54,6 +54,7 @@ from etcdrun.rendezvous.protocol import Phase, Round, Settings
 from etcdrun.rendezvous.round_view import RoundView
 from etcdrun.rendezvous.run_gate import RunGate
 from etcdrun.rendezvous.session import Session
+from etcdrun.rendezvous.session_fence import SessionFence
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ class _Reopen(Exception):
     """This session is done with: start over with a new one (or "shut down")."""
 
 
-class EtcdRendezvousHandler(RendezvousHandler):
+class EtcdRendezvousHandler(SessionFence, RendezvousHandler):
     """Elastic rendezvous for one node; see the module docstring for the moving parts.
 
     Connection loss: etcd calls retry across endpoints for ``retry_timeout``; a lease that cannot
@@ -155,20 +156,8 @@ class EtcdRendezvousHandler(RendezvousHandler):
         return ok
 
     # ---- RendezvousHandler: what the agent needs beyond torch's --------------------------------
-    def session_lost(self) -> bool:
-        sess = self._session
-        return sess is not None and sess.lost.is_set()
-
     def on_membership_change(self, callback: Callable[[], None]) -> Callable[[], None]:
         return self.view.listen(callback)
-
-    def fence_deadline(self) -> float | None:
-        sess = self._session
-        return sess.presumed_lost_at if sess is not None and not sess.lost.is_set() else None
-
-    def on_fence_deadline(self, callback: Callable[[float], None]) -> Callable[[], None]:
-        self._fence_listeners.append(callback)
-        return lambda: self._fence_listeners.remove(callback)
 
     def round_reason(self) -> str:
         return self.view.reason()

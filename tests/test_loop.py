@@ -168,7 +168,9 @@ def test_superseded_without_a_reason_says_membership_changed():
 def test_lease_lost_stops_at_once():
     steps = walk(State(), loop.Joined(info()), loop.LeaseLost(), loop.WorkersStopped(OK))
     assert steps[1].action == loop.StopWorkers(grace=0.0)
-    assert steps[2].action == loop.Join(note="round 3 superseded (lease lost): restarting workers")
+    assert steps[2].action == loop.Join(
+        note="round 3: this node's lease was lost: workers killed, rejoining"
+    )
 
 
 def test_superseded_while_the_run_failed_elsewhere_reports_the_remote_cause():

@@ -91,6 +91,28 @@ class Lease:
             except Exception:  # a callback must not kill the keeper thread
                 log.exception("lease-lost callback failed")
 
+    def confirm(self, timeout: float) -> bool | None:
+        """Ask etcd now whether the lease still lives (LeaseTimeToLive, one bounded call):
+        False — and ``lost`` set — when it is gone (revoked by someone else, expired); None
+        when etcd did not answer in time (the keep-alives go on deciding). Why: a round
+        superseded because our own lease vanished must be fenced at once, not stopped with a
+        grace, and the next keep-alive could be TTL/3 away."""
+        from etcdrun.rendezvous.client.errors import EtcdError, EtcdLeaseNotFoundError
+
+        if self._keeper is None or self.lost.is_set():
+            return not self.lost.is_set()
+        try:
+            req = pb.LeaseTimeToLiveRequest(ID=self.id)
+            if self._keeper._t.call("LeaseTimeToLive", req, timeout=timeout).TTL > 0:
+                return True
+        except EtcdLeaseNotFoundError:
+            pass
+        except EtcdError:
+            return None
+        self._keeper.forget(self)
+        self._mark_lost("gone on the server (revoked or expired)")
+        return False
+
     def orphan(self) -> None:
         """Stop keeping it alive, and forget it, without revoking: on the server it expires
         after its TTL, exactly as if this process had died (etcd's Session.Orphan). Nothing is
