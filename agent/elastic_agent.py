@@ -34,6 +34,7 @@ from etcdrun.agent import loop
 from etcdrun.agent.api import RunResult, WorkerSpec, WorkerState, handled_signals
 from etcdrun.agent.errors import ChildFailedError, ProcessFailure, write_error_json
 from etcdrun.agent.fencing import Fencing
+from etcdrun.agent.grace import stop_grace
 from etcdrun.agent.metrics import MetricsConfig
 from etcdrun.agent.observer import AgentObserver
 from etcdrun.agent.workers import WorkerGroup
@@ -208,7 +209,9 @@ class ElasticAgent:
         return self._wait()
 
     def _stop(self, action: loop.StopWorkers) -> loop.Event:
-        result = self._stop_workers(grace=action.grace)
+        spec = self._spec
+        grace = stop_grace(action.grace, action.restart, spec.stop_grace, spec.restart_grace)
+        result = self._stop_workers(grace=grace)
         st = self._state
         why = st.reason or (st.then.value if st.then is not None else "")
         self.observer.stopped(result, self._group.workers, why)

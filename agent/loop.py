@@ -154,7 +154,8 @@ class StartWorkers(Action):
 
 @dataclass(frozen=True)
 class StopWorkers(Action):
-    grace: float | None = None  # None: the spec's stop_grace; 0: at once
+    grace: float | None = None  # None: the spec's grace (restart_grace if ``restart``); 0: now
+    restart: bool = False  # between rounds (a broken world): the short restart grace
 
 
 @dataclass(frozen=True)
@@ -269,10 +270,10 @@ def _running(state: State, event: Event) -> Step | None:
     if isinstance(event, WorkersSucceeded):
         return Step(replace(stopping, then=Then.FINISH), StopWorkers())
     if isinstance(event, WorkersFailed):
-        return Step(replace(stopping, then=Then.RESTART), StopWorkers())
+        return Step(replace(stopping, then=Then.RESTART), StopWorkers(restart=True))
     if isinstance(event, RoundSuperseded):
         reason = event.reason or "membership changed"
-        return Step(replace(stopping, then=Then.REJOIN, reason=reason), StopWorkers())
+        return Step(replace(stopping, then=Then.REJOIN, reason=reason), StopWorkers(restart=True))
     if isinstance(event, LeaseLost):
         return Step(
             replace(stopping, then=Then.REJOIN, reason="lease lost"), StopWorkers(grace=0.0)

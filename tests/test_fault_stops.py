@@ -70,3 +70,32 @@ def test_a_revoked_lease_kills_deaf_workers_at_once_and_says_so(etcd, tmp_path):
         assert "superseded (membership changed)" not in a0.stderr
     finally:
         job.close()
+
+
+def test_survivors_with_deaf_workers_run_again_after_the_restart_grace(etcd, tmp_path):
+    """kill -9 of one of 3 agents whose workers ignore SIGTERM (blocked in a collective): the
+    survivors' workers get SIGTERM, then SIGKILL after the restart grace (3 s by default), not
+    the 30 s stop grace of the job's end. The bound: the lease's TTL (the death is seen when it
+    expires) + the restart grace + 3 s for the round and the starts on 2 shared cores."""
+    from etcdrun.agent.grace import DEFAULT_RESTART_GRACE
+
+    conf = f"lease_ttl={TTL},last_call_timeout=1,join_timeout=60"
+    job = Job(etcd.endpoints, tmp_path, nnodes="2:3", nproc=2, conf=conf)
+    try:
+        agents = [job.start(WORKER, str(job.out), "deaf") for _ in range(3)]
+        first = job.wait_round(6, timeout=60)
+        victim = job.agent_of(next(s for s in first if s.rank == 2))  # not the rank-0 node
+        t_kill = time.time()
+        victim.proc.kill()
+        second = job.wait_round(4, after=first[0].round, timeout=60)
+        recovery = max(s.t for s in second) - t_kill
+        grace = DEFAULT_RESTART_GRACE
+        print(f"kill -9, deaf workers: survivors running again after {recovery:.2f} s "
+              f"(restart grace {grace:g} s, lease TTL {TTL} s)")  # fmt: skip
+        survivors = {s.pid for s in first if s.ppid != victim.pid}
+        termed = {pid for pid in job.signals() if pid in survivors}
+        assert termed == survivors, "SIGTERM comes first, so a worker can still flush"
+        assert recovery < TTL + grace + 3.0, f"survivors waited {recovery:.2f} s"
+        assert {s.ppid for s in second} == {a.pid for a in agents if a is not victim}
+    finally:
+        job.close()

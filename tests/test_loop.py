@@ -95,6 +95,7 @@ def test_barrier_timeout_returns_with_a_warning_or_fails_with_the_remote_cause()
 def test_failure_reports_the_root_cause_and_asks_for_a_restart():
     i, result = info(), failed_result()
     steps = walk(State(), loop.Joined(i), loop.WorkersFailed(), loop.WorkersStopped(result))
+    assert steps[1].action == loop.StopWorkers(restart=True)  # the rest of a failed world
     ask = steps[-1].action
     assert isinstance(ask, loop.RequestRestart) and ask.level == logging.WARNING
     assert ask.reason == "worker rank 1 on h failed (exit code 3)"
@@ -145,14 +146,14 @@ def test_closed_by_a_failure_before_we_ever_failed_is_remote():
     assert next_step(State(), loop.RunClosed(PEER)).action == loop.FailWithRemoteRootCause(PEER)
 
 
-def test_superseded_round_stops_with_grace_and_rejoins():
+def test_superseded_round_stops_with_the_restart_grace_and_rejoins():
     steps = walk(
         State(),
         loop.Joined(info()),
         loop.RoundSuperseded("node(s) left: n2"),
         loop.WorkersStopped(OK),
     )
-    assert steps[1].action == loop.StopWorkers(grace=None)
+    assert steps[1].action == loop.StopWorkers(restart=True)  # a broken world: the short grace
     assert steps[1].state.then is Then.REJOIN
     assert steps[2].action == loop.Join(
         note="round 3 superseded (node(s) left: n2): restarting workers"
