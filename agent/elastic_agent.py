@@ -96,7 +96,7 @@ class ElasticAgent:
     # ---- public --------------------------------------------------------------------------
     def run(self) -> RunResult:
         unsubscribe = self._h.on_membership_change(self._wake.set)
-        self._fencing.start()
+        self._fencing.start(self._wake.set)
         result: RunResult | None = None
         try:
             self.observer.open(self._group.log_root())
@@ -302,7 +302,9 @@ class ElasticAgent:
             if changed.is_set():
                 if self._h.session_lost() or not self._h.confirm_session():
                     return loop.LeaseLost()  # our own lease vanished: fencing, not a change
-                return loop.RoundSuperseded(self._h.round_reason())
+                paused = self._fencing.paused_at is not None  # a broken world: no grace
+                return loop.RoundSuperseded(self._h.round_reason(), paused)
+            self._fencing.follow()  # the lease in doubt: pause; etcd answered: resume
             result = self._group.poll()
             if result is not None:
                 if result.state == WorkerState.SUCCEEDED:
@@ -317,6 +319,7 @@ class ElasticAgent:
     ) -> RunResult:
         with self._deferring():
             if forward is not None:  # torchrun's way: the signal itself, then SIGKILL
+                self._fencing.resume(f"got {forward.name}")  # a paused worker must see it
                 result = self._group.stop(grace, sig=forward)
             else:
                 result = self._group.stop(grace)

@@ -90,6 +90,7 @@ class WorkersFailed:
 @dataclass(frozen=True)
 class RoundSuperseded:
     reason: str = ""  # the handler's round_reason(), when it has one
+    paused: bool = False  # the workers were paused (lease in doubt): kill them, no grace
 
 
 @dataclass(frozen=True)
@@ -273,7 +274,8 @@ def _running(state: State, event: Event) -> Step | None:
         return Step(replace(stopping, then=Then.RESTART), StopWorkers(restart=True))
     if isinstance(event, RoundSuperseded):
         reason = event.reason or "membership changed"
-        return Step(replace(stopping, then=Then.REJOIN, reason=reason), StopWorkers(restart=True))
+        stop = StopWorkers(grace=0.0) if event.paused else StopWorkers(restart=True)
+        return Step(replace(stopping, then=Then.REJOIN, reason=reason), stop)
     if isinstance(event, LeaseLost):
         return Step(
             replace(stopping, then=Then.REJOIN, reason="lease lost"), StopWorkers(grace=0.0)

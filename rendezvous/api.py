@@ -218,6 +218,23 @@ class RendezvousHandler(abc.ABC):
         """
         return _no_op
 
+    def session_in_doubt(self) -> bool:
+        """True while this node's lease is in doubt: keep-alives unanswered past the fence
+        deadline, yet etcd cannot have expired it. Why: an etcd leader election longer than
+        the margin is not a loss — the workers pause (SIGSTOP) rather than die, and resume when
+        etcd answers. Default: never."""
+        return False
+
+    def fence_margin(self) -> float:
+        """Seconds from the fence deadline (pause) to the moment the lease could have expired
+        (kill). Default 0: no pause, the deadline kills."""
+        return 0.0
+
+    def on_lease_change(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback()`` after every keep-alive and when the lease falls in doubt (a
+        backend thread; return at once); return an unsubscribe. Default: never."""
+        return _no_op
+
     def fence_deadline(self) -> float | None:
         """The monotonic moment this node's right to run workers must be presumed lost (its
         lease may be expiring: fencing, S4), or None when the backend has no such limit."""

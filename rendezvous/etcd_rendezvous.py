@@ -93,6 +93,7 @@ class EtcdRendezvousHandler(SessionFence, RendezvousHandler):
         self._joined: int | None = None  # the round number this session has joined
         self._gate = RunGate(self.client, self.keys, self.view)
         self._fence_listeners: list[Callable[[float], None]] = []
+        self._lease_listeners: list[Callable[[], None]] = []
         self._shutdown = False
         self._superseded: int | None = None  # the running round whose end was reported
         self.view.listen(self._on_superseded)
@@ -317,7 +318,7 @@ class EtcdRendezvousHandler(SessionFence, RendezvousHandler):
             run_ttl=self.cfg.run_lease_ttl,
         )
         sess.on_lost(lambda s: self._on_lost(s, driver))
-        sess.on_refreshed(lambda at: [cb(at) for cb in list(self._fence_listeners)])
+        self._wire_fence(sess)
         self._driver = driver
         driver.start()
         rev, pid = sess.create_revision, os.getpid()

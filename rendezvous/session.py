@@ -132,6 +132,15 @@ class Session:
         """The monotonic moment the lease must be presumed lost without a newer keep-alive."""
         return self._lease.presumed_lost_at
 
+    @property
+    def in_doubt(self) -> bool:
+        """Keep-alives unanswered past ``presumed_lost_at``, not (yet) lost: workers pause."""
+        return self._lease.in_doubt.is_set() and not self._lease.lost.is_set()
+
+    def on_doubt(self, callback: Callable[[], None]) -> None:
+        """Run ``callback()`` each time the lease falls in doubt (keeper thread)."""
+        self._lease.on_doubt(lambda _lease: callback())
+
     def on_refreshed(self, callback: Callable[[float], None]) -> None:
         """Run ``callback(presumed_lost_at)`` after every keep-alive (keeper thread)."""
         self._lease.on_refreshed(lambda lease: callback(lease.presumed_lost_at))

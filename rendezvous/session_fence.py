@@ -16,12 +16,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from etcdrun.rendezvous.client.lease import fence_margin
 from etcdrun.rendezvous.session import Session
 
 
 class SessionFence:
     _session: Session | None
     _fence_listeners: list[Callable[[float], None]]
+    _lease_listeners: list[Callable[[], None]]
 
     def session_lost(self) -> bool:
         sess = self._session
@@ -34,6 +36,33 @@ class SessionFence:
         if sess is None or sess.lost.is_set():
             return sess is None
         return sess.confirm() is not False
+
+    def session_in_doubt(self) -> bool:
+        sess = self._session
+        return sess is not None and sess.in_doubt
+
+    def fence_margin(self) -> float:
+        sess = self._session
+        return fence_margin(sess.ttl) if sess is not None else 0.0
+
+    def on_lease_change(self, callback: Callable[[], None]) -> Callable[[], None]:
+        self._lease_listeners.append(callback)
+        return lambda: self._lease_listeners.remove(callback)
+
+    def _wire_fence(self, sess: Session) -> None:
+        """A new session: its keep-alives move the fence deadline, its doubt wakes the agent."""
+
+        def refreshed(at: float) -> None:
+            for cb in list(self._fence_listeners):
+                cb(at)
+            self._tell_lease_listeners()
+
+        sess.on_refreshed(refreshed)
+        sess.on_doubt(self._tell_lease_listeners)
+
+    def _tell_lease_listeners(self) -> None:
+        for cb in list(self._lease_listeners):
+            cb()
 
     def fence_deadline(self) -> float | None:
         sess = self._session

@@ -12,7 +12,16 @@ from __future__ import annotations
 import os
 import threading
 import time
+import uuid
 from pathlib import Path
+
+from agent_helpers import clean_env
+
+
+def tagged_env() -> tuple[str, dict[str, str]]:
+    """A fresh job tag and the agents' environment carrying it (the sampler finds it)."""
+    tag = uuid.uuid4().hex[:8]
+    return tag, clean_env(ETCDRUN_TEST_JOB=tag)
 
 
 class RankSampler:

@@ -11,10 +11,9 @@ the survivors reused the ranks.
 from __future__ import annotations
 
 import time
-import uuid
 
-from agent_helpers import WORKER, Job, clean_env, wait_for
-from rank_sampler import RankSampler, alive
+from agent_helpers import WORKER, Job, wait_for
+from rank_sampler import RankSampler, alive, tagged_env
 
 from etcdrun.proto import etcd_api_pb2 as pb
 from etcdrun.rendezvous import codec
@@ -45,8 +44,7 @@ def test_a_revoked_lease_kills_deaf_workers_at_once_and_says_so(etcd, tmp_path):
     """etcdctl lease revoke of the rank-0 node's lease: its workers ignore SIGTERM, yet they are
     gone within the S4 margin, before the survivor runs their ranks, and the log says the lease
     was lost (before: 30 s of grace, "superseded (membership changed)")."""
-    tag = uuid.uuid4().hex[:8]
-    env = clean_env(ETCDRUN_TEST_JOB=tag)
+    tag, env = tagged_env()
     conf = f"lease_ttl={TTL},last_call_timeout=0,join_timeout=60"
     job = Job(etcd.endpoints, tmp_path, nnodes="1:2", nproc=2, conf=conf)
     try:

@@ -303,3 +303,8 @@ def test_a_superseded_round_whose_workers_had_failed_still_reports_the_failure()
     assert isinstance(ask, loop.RequestRestart) and ask.failure.global_rank == 1
     quiet = walk(State(), loop.Joined(i), loop.RoundSuperseded("x"), loop.WorkersStopped(OK))
     assert isinstance(quiet[-1].action, loop.Join)  # workers that had not failed: just rejoin
+
+
+def test_a_round_superseded_while_the_workers_are_paused_kills_them_at_once():
+    steps = walk(State(), loop.Joined(info()), loop.RoundSuperseded("x", paused=True))
+    assert steps[1].action == loop.StopWorkers(grace=0.0)  # stopped processes ignore SIGTERM
