@@ -304,7 +304,8 @@ class ElasticAgent:
                     return loop.LeaseLost()  # our own lease vanished: fencing, not a change
                 paused = self._fencing.paused_at is not None  # a broken world: no grace
                 return loop.RoundSuperseded(self._h.round_reason(), paused)
-            self._fencing.follow()  # the lease in doubt: pause; etcd answered: resume
+            if self._fencing.follow():  # the lease in doubt: pause; etcd answered: resume
+                return loop.LeaseLost()
             result = self._group.poll()
             if result is not None:
                 if result.state == WorkerState.SUCCEEDED:

@@ -94,12 +94,15 @@ class Fencing:
             self._fenced = self._link.fenced()
         return self._fenced
 
-    def follow(self) -> None:
+    def follow(self) -> bool:
         """The agent's own pause and resume (it is not frozen): pause the workers' trees while
         the lease is in doubt, resume them once etcd answered again (the caller has checked
-        that the round did not change)."""
-        if not self._running or sys.platform != "linux":
-            return
+        that the round did not change). True: in doubt where nothing can pause them (no
+        /proc to find the trees): fence now, as before the pause existed."""
+        if not self._running:
+            return False
+        if sys.platform != "linux":
+            return self._h.session_in_doubt()
         if self._h.session_in_doubt() and self.paused_at is None:
             self.paused_at = time.monotonic()
             warden.sweep(self.tag, signal.SIGSTOP)
@@ -110,6 +113,7 @@ class Fencing:
             )
         elif self.paused_at is not None and not self._h.session_in_doubt():
             self.resume("etcd answered: the lease is alive and the round unchanged")
+        return False
 
     def resume(self, why: str) -> None:
         """SIGCONT the paused trees (the lease is alive, or a forwarded signal must reach them)."""

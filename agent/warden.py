@@ -135,8 +135,8 @@ class Warden:
         self.deadline = self.kill_at = math.inf
         self.paused = False
         print(
-            f"etcdrun warden: agent {self.agent_pid} gave no sign of life past the moment its "
-            f"lease must be presumed lost; killed {killed} worker process(es) (fencing)",
+            f"etcdrun warden: agent {self.agent_pid} gave no sign of life until its lease could "
+            f"have expired; killed {killed} worker process(es) (fencing)",
             file=sys.stderr,
             flush=True,
         )
