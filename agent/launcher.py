@@ -140,6 +140,7 @@ def _worker_spec(
     grace = config.grace()  # --shutdown-timeout or --stop-grace (or torch's variable)
     if grace is not None:  # None: WorkerSpec's default (30 s, like torchrun)
         extra["stop_grace"] = grace
+    extra["restart_grace"] = config.restart_grace  # None: agent/grace.py's default
     return WorkerSpec(
         role=config.role,
         local_world_size=config.nproc_per_node,
