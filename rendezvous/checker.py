@@ -39,13 +39,14 @@ def round_history(client: EtcdClient, keys: RunKeys, timeout: float = 10.0) -> l
             if batch is None:
                 break
             for ev in batch.events:
-                out.append(_version(ev, keys))
+                out.append(version(ev, keys))
     finally:
         w.cancel()
     return out
 
 
-def _version(ev: pb.Event, keys: RunKeys) -> Version:
+def version(ev: pb.Event, keys: RunKeys) -> Version:
+    """One watch event of the round key as a Version (also for histories kept live)."""
     if ev.type == pb.Event.DELETE:
         return Version(ev.kv.mod_revision, None)
     try:
@@ -121,7 +122,8 @@ def check(
 def _backwards(prev: st.RoundState, s: st.RoundState) -> bool:
     """S5: rounds move forward only; within a round JOINING → FROZEN → CLOSED. A JOINING round
     may be rewritten as JOINING only to carry an earlier failure (the root cause is the first
-    failure, not the first report): nothing else of it may change."""
+    failure, not the first report) and its reason line (lifecycle._attach_if_earlier: every
+    node prints the earliest failure as the cause): nothing else of it may change."""
     if s.number != prev.number:
         return s.number < prev.number
     return s.phase <= prev.phase and s.phase != st.CLOSED and not _failure_replaced(prev, s)
@@ -135,8 +137,9 @@ def _failure_replaced(a: st.RoundState, b: st.RoundState) -> bool:
     ka, kb = st.RoundState(), st.RoundState()
     ka.CopyFrom(a)
     kb.CopyFrom(b)
-    ka.ClearField("failure")
-    kb.ClearField("failure")
+    for k in (ka, kb):
+        k.ClearField("failure")
+        k.ClearField("reason")
     return ka == kb
 
 
