@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -38,7 +39,10 @@ def run_one(seed: int, etcd_bin: str, keep: bool = False) -> Result:
             return Trial(generate(seed), etcd_bin, root).run()
         except Exception as e:  # the harness's own failure is a failed trial, never a pass
             r = Result(generate(seed))
-            r.violations.append(f"trial crashed: {type(e).__name__}: {e}"[:2000])
+            load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+            r.violations.append(
+                f"trial crashed (load average {load}): {type(e).__name__}: {e}"[:2000]
+            )
             return r
     finally:
         reap_orphans()

@@ -6,7 +6,7 @@ saturated), each a real trial checked for S1-S6, duplicate ranks in /proc, the j
 and leftovers. A failure names its seed and the command replaying it. The long soak is
 ``python bench/soak.py --trials 500 --seed 1000`` (README, 'Chaos and soak').
 
-Measured here: ~7 s a trial on 2 shared cores, ~60 s for the eight.
+Measured here: 7-18 s a trial on 2 shared cores; the six took 50-80 s (load average 3-18).
 """
 
 from __future__ import annotations
@@ -15,7 +15,10 @@ import pytest
 from chaos_schedule import FAULTS, generate
 from chaos_trial import Trial
 
-SEEDS = [1, 3, 20, 37, 77, 2, 4, 9]  # 1, 3, 20, 37, 77 cover every fault and the busy cores
+# 1, 3, 20, 37, 77 cover every fault and the busy cores; 4 kills an agent and freezes another
+# past the TTL (the harness's first lost job, before its workers behaved as a collective); 37
+# found the repair bug (tests/test_bad_data.py), 20 the checker's false S5 (tests/test_checker.py)
+SEEDS = [1, 3, 20, 37, 77, 4]
 
 
 def test_the_ci_seeds_cover_every_fault():
