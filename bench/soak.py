@@ -33,23 +33,22 @@ from etcdrun.rendezvous.localetcd import find_etcd  # noqa: E402
 
 
 def run_one(seed: int, etcd_bin: str, keep: bool = False) -> Result:
+    """One trial; its files (agents' logs, events, worker start files) are kept when it fails:
+    a timing-dependent failure may not come back on replay (seed 1160 did not)."""
     root = Path(tempfile.mkdtemp(prefix=f"etcdrun-soak-{seed}-"))
+    r = Result(generate(seed))
     try:
-        try:
-            return Trial(generate(seed), etcd_bin, root).run()
-        except Exception as e:  # the harness's own failure is a failed trial, never a pass
-            r = Result(generate(seed))
-            load = " ".join(f"{x:.1f}" for x in os.getloadavg())
-            r.violations.append(
-                f"trial crashed (load average {load}): {type(e).__name__}: {e}"[:2000]
-            )
-            return r
+        r = Trial(generate(seed), etcd_bin, root).run()
+    except Exception as e:  # the harness's own failure is a failed trial, never a pass
+        load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+        r.violations.append(f"trial crashed (load average {load}): {type(e).__name__}: {e}"[:2000])
     finally:
         reap_orphans()
-        if keep:
-            print(f"  files kept in {root}")
+        if keep or not r.ok:
+            r.log.append(f"files kept in {root}")
         else:
             shutil.rmtree(root, ignore_errors=True)
+    return r
 
 
 def pct(values: list[float], q: float) -> float | None:
