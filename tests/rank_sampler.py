@@ -1,10 +1,16 @@
-"""Who holds which RANK, seen from /proc: the check of S4 from outside the agents (issue 11).
+"""Who holds which RANK, seen from /proc every 10 ms: the check of S4 from outside the agents.
+
+Why from /proc and not from the launcher: S4 is about processes, not about what an agent
+believes; a worker its agent cannot fence (the agent frozen, killed) still shows here. Used by
+tests/test_fencing.py, test_fault_stops.py, test_lease_doubt.py and the chaos trials.
 
 The rule, explicit: a process is *live* unless it is a zombie or dead (state Z or X). A stopped
-process (state T: SIGSTOP, paused by fencing) counts as live — it holds its rank and could be
-resumed, so a paused worker of round n beside a running worker of round n+1 with the same RANK is
-a violation too. Pausing is therefore never a way around the check: the paused tree must be
-killed before anyone else can be given its ranks.
+process (state T: SIGSTOP, paused by fencing) counts as live by default — it holds its rank and
+could be resumed, so a paused worker of round n beside a running worker of round n+1 with the
+same RANK is a violation too, and pausing is never a way around the check: the paused tree must
+be killed before anyone else can be given its ranks. ``running_only`` counts only processes that
+can run: the chaos trials freeze whole node trees (agent, warden and workers), where nothing on
+the node can act until the thaw (the thaw window is counted apart; docs/design.md S4).
 """
 
 from __future__ import annotations
@@ -27,11 +33,13 @@ def tagged_env() -> tuple[str, dict[str, str]]:
 class RankSampler:
     """Every 10 ms: which (RANK, round) pairs are held by live processes of this job."""
 
-    def __init__(self, job_tag: str) -> None:
+    def __init__(self, job_tag: str, running_only: bool = False) -> None:
         self.needle = f"ETCDRUN_TEST_JOB={job_tag}".encode()
+        self.dead_states = ("Z", "X", "T", "t") if running_only else ("Z", "X")
         self.samples = 0
         self.seen: set[tuple[str, str]] = set()  # every (RANK, round) ever held
         self.overlaps: list[str] = []
+        self.overlap_times: list[float] = []  # time.time() of each line in ``overlaps``
         self.paused: set[int] = set()  # pids ever seen stopped (state T)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rank-sampler")
@@ -46,17 +54,25 @@ class RankSampler:
 
     def _run(self) -> None:
         while not self._stop.wait(0.01):
-            held: dict[str, set[str]] = {}
-            for pid, state, env in self._processes():
-                if state == "T":
-                    self.paused.add(pid)
-                rank, rnd = env[b"RANK"].decode(), env[b"ETCDRUN_ROUND"].decode()
-                held.setdefault(rank, set()).add(rnd)
-                self.seen.add((rank, rnd))
-            self.samples += 1
-            for rank, rounds in held.items():
-                if len(rounds) > 1:
-                    self.overlaps.append(f"t={time.monotonic():.2f} RANK {rank}: rounds {rounds}")
+            self.sample()
+
+    def sample(self) -> None:
+        """One look at /proc (the thread's tick; tests call it directly)."""
+        held: dict[str, set[str]] = {}
+        for pid, state, env in self._processes():
+            if state in ("T", "t"):
+                self.paused.add(pid)
+                if state in self.dead_states:
+                    continue
+            rank, rnd = env[b"RANK"].decode(), env[b"ETCDRUN_ROUND"].decode()
+            held.setdefault(rank, set()).add(rnd)
+            self.seen.add((rank, rnd))
+        self.samples += 1
+        for rank, rounds in held.items():
+            if len(rounds) > 1:
+                now = time.time()
+                self.overlaps.append(f"t={now:.2f} RANK {rank}: rounds {sorted(rounds)}")
+                self.overlap_times.append(now)
 
     def _processes(self):
         for name in os.listdir("/proc"):
