@@ -190,6 +190,8 @@ def mp_child_main(params: dict[str, Any]) -> None:
     for fd in {out, err} - {1, 2}:
         os.close(fd)
     os.environ.update(params["env"])
+    for name in params["drop_env"]:  # a forked worker inherits the agent's environment whole
+        os.environ.pop(name, None)
     _fresh_std_streams()
     code = run_callable(params["fn"], params["args"], params["return_file"])
     sys.stdout.flush()

@@ -13,6 +13,7 @@ from . import _spawn
 from ._spawn import WorkerFiles
 from .api import Worker
 from .errors import ProcessFailure
+from .logdir import full_disk_line
 from .reactor import TAIL_LINES
 
 
@@ -48,12 +49,20 @@ class WorkerProc:
                 global_rank=self.worker.global_rank,
                 host=host,
                 exit_time=self.exit_time,
-                stderr_tail=self.stderr_lines(),
+                stderr_tail=self._tail_for(code),
             )
             if self.signalled_at is not None and not f.failed_before(self.signalled_at):
                 f.stopped_by_agent, f.stop_signal = True, self.stop_signal
             self.failure = f
         return self.failure
+
+    def _tail_for(self, code: int) -> tuple[str, ...]:
+        tail = self.stderr_lines()
+        if code > 0 and _spawn.FILE in self.modes:  # the worker may have died writing to it
+            full = full_disk_line(self.files.dir)
+            if full is not None:
+                tail += (full,)
+        return tail
 
     def stderr_lines(self) -> tuple[str, ...]:
         """The last lines of its stderr: relayed ones if it had a pipe, else its log file's."""

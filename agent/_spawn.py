@@ -22,6 +22,7 @@ from . import _boot
 from .api import EntrypointKind, Std, Worker, WorkerSpec
 from .reactor import STDERR, STDOUT, Reactor
 from .worker_output import filtered_file, line_prefix
+from .worker_secrets import credential_names, scrubbed
 
 if TYPE_CHECKING:  # pragma: no cover
     from etcdrun.rendezvous.api import RendezvousInfo
@@ -249,7 +250,7 @@ def launch(
     """Start one worker in its own session, with the parent-death signal armed; a Python
     command goes to ``takeover(command, env, stdout, stderr)`` first (a standby: standby.py)."""
     agent_pid = os.getpid()
-    full_env = {**os.environ, **env}
+    full_env = scrubbed({**os.environ, **env})  # no etcd credentials for user code
     full_env.update(exit_hook_env(full_env))  # fork/forkserver children never finalize: not them
     is_fn = kind in (EntrypointKind.CALLABLE, EntrypointKind.RUN_PATH)
     if not is_fn or spec.start_method == "spawn":
@@ -268,6 +269,7 @@ def launch(
         "stdout": _boot.InheritFd(stdout),
         "stderr": _boot.InheritFd(stderr),
         "env": dict(env),
+        "drop_env": credential_names({**os.environ, **env}),
         "fn": fn,
         "args": args,
         "return_file": files.return_file,
@@ -391,8 +393,8 @@ def _relay(
 
 
 def _popen(argv: list[str], env: dict[str, str], stdout: int, stderr: int) -> subprocess.Popen:
-    # No preexec_fn (unsafe with threads): the session is made by _posixsubprocess in C, the
-    # death signal by the child itself.
+    # No preexec_fn (unsafe with threads): the session, by _posixsubprocess; the death signal,
+    # by the child.
     return subprocess.Popen(
         argv, env=env, stdout=stdout, stderr=stderr, start_new_session=True, close_fds=True
     )

@@ -250,6 +250,7 @@ class WorkerSpec:
     signals_to_handle: str = DEFAULT_SIGNALS
     event_log_handler: str = "null"
     prewarm: str = "none"  # ours: standby workers (agent/standby.py); LaunchConfig checks it
+    restart_grace: float | None = None  # between rounds; None: agent/grace.py's default (3 s)
 
     def __post_init__(self) -> None:
         if not isinstance(self.local_world_size, int) or self.local_world_size < 1:
@@ -262,6 +263,8 @@ class WorkerSpec:
             raise ValueError("monitor_interval must be non-negative")
         if self.stop_grace < 0:
             raise ValueError(f"stop_grace ({self.stop_grace}) must be non-negative")
+        if self.restart_grace is not None and self.restart_grace < 0:
+            raise ValueError(f"restart_grace ({self.restart_grace}) must be non-negative")
         if self.start_method not in START_METHODS:
             raise ValueError(
                 f"start_method {self.start_method!r} is not one of {', '.join(START_METHODS)}"

@@ -183,6 +183,7 @@ def config_from_args(
             local_ranks_filter=parse_ranks_filter(ns.local_ranks_filter),
             stop_grace=ns.stop_grace,
             prewarm=ns.prewarm,
+            restart_grace=ns.restart_grace,
             entrypoint_kind=kind,
             logs_specs=find_logs_specs(ns.logs_specs),
             log_line_prefix_template=os.environ.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"),

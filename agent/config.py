@@ -39,13 +39,15 @@ class LaunchConfig:
     ``dynamic_rendezvous`` acts as null) are the
     reference's fields, given a meaning here (agent/metrics.py, agent/event_sink.py).
 
-    ``local_ranks_filter``, ``stop_grace`` and ``entrypoint_kind`` are ours, not the
-    reference's; their defaults change nothing:
+    ``local_ranks_filter``, ``stop_grace``, ``entrypoint_kind`` and ``restart_grace`` are ours,
+    not the reference's; their defaults change nothing but the last:
     ``local_ranks_filter`` (only these local ranks' output reaches the console; None: all),
     ``stop_grace`` (seconds between SIGTERM and SIGKILL when stopping workers; None: the agent's
     default, 30 s like torchrun) and ``entrypoint_kind`` (how a string entrypoint runs: "auto"
     guesses like torch; the CLI says exactly, e.g. "executable" for ``--no-python``; see
-    ``etcdrun.agent.api.EntrypointKind``).
+    ``etcdrun.agent.api.EntrypointKind``) and ``restart_grace`` (the grace of a stop between
+    rounds — a membership change, a superseded round, a restart after a failure —; None: 3 s,
+    see agent/grace.py; the job's end keeps ``stop_grace``).
 
     After them, torch 2.13's newer fields under torch's names, defaults and meanings:
     ``logs_specs`` (a LogsSpecs object: its log_dir, redirects, tee and local_ranks_filter are
@@ -85,6 +87,7 @@ class LaunchConfig:
     stop_grace: float | None = None
     entrypoint_kind: str = "auto"
     prewarm: str = field(default_factory=lambda: flags.DEFAULT_PREWARM)
+    restart_grace: float | None = None
     # torch 2.13's newer fields, after ours (see the class docstring).
     logs_specs: Any = None
     log_line_prefix_template: str | None = None
@@ -120,6 +123,8 @@ class LaunchConfig:
         # Ours.
         if self.stop_grace is not None and self.stop_grace < 0:
             raise ValueError(f"stop_grace ({self.stop_grace}) must be non-negative")
+        if self.restart_grace is not None and self.restart_grace < 0:
+            raise ValueError(f"restart_grace ({self.restart_grace}) must be non-negative")
         if self.local_ranks_filter is not None and any(r < 0 for r in self.local_ranks_filter):
             raise ValueError(
                 f"local_ranks_filter ({sorted(self.local_ranks_filter)}) must hold "

@@ -34,6 +34,7 @@ from etcdrun.agent import loop, standby
 from etcdrun.agent.api import RunResult, WorkerSpec, WorkerState, handled_signals
 from etcdrun.agent.errors import ChildFailedError, ProcessFailure, write_error_json
 from etcdrun.agent.fencing import Fencing
+from etcdrun.agent.grace import stop_grace
 from etcdrun.agent.metrics import MetricsConfig
 from etcdrun.agent.observer import AgentObserver
 from etcdrun.agent.workers import WorkerGroup
@@ -97,7 +98,7 @@ class ElasticAgent:
     # ---- public --------------------------------------------------------------------------
     def run(self) -> RunResult:
         unsubscribe = self._h.on_membership_change(self._wake.set)
-        self._fencing.start()
+        self._fencing.start(self._wake.set)
         if self._standbys is not None:
             self._standbys.start()  # ahead of the first round
         result: RunResult | None = None
@@ -214,7 +215,9 @@ class ElasticAgent:
         return self._wait()
 
     def _stop(self, action: loop.StopWorkers) -> loop.Event:
-        result = self._stop_workers(grace=action.grace)
+        spec = self._spec
+        grace = stop_grace(action.grace, action.restart, spec.stop_grace, spec.restart_grace)
+        result = self._stop_workers(grace=grace)
         st = self._state
         why = st.reason or (st.then.value if st.then is not None else "")
         self.observer.stopped(result, self._group.workers, why)
@@ -303,9 +306,12 @@ class ElasticAgent:
             self._wake.clear()
             self._check_deferred()
             if changed.is_set():
-                if self._h.session_lost():
-                    return loop.LeaseLost()
-                return loop.RoundSuperseded(self._h.round_reason())
+                if self._h.session_lost() or not self._h.confirm_session():
+                    return loop.LeaseLost()  # our own lease vanished: fencing, not a change
+                paused = self._fencing.paused_at is not None  # a broken world: no grace
+                return loop.RoundSuperseded(self._h.round_reason(), paused)
+            if self._fencing.follow():  # the lease in doubt: pause; etcd answered: resume
+                return loop.LeaseLost()
             result = self._group.poll()
             if result is not None:
                 if result.state == WorkerState.SUCCEEDED:
@@ -320,6 +326,7 @@ class ElasticAgent:
     ) -> RunResult:
         with self._deferring():
             if forward is not None:  # torchrun's way: the signal itself, then SIGKILL
+                self._fencing.resume(f"got {forward.name}")  # a paused worker must see it
                 result = self._group.stop(grace, sig=forward)
             else:
                 result = self._group.stop(grace)

@@ -26,6 +26,8 @@ import sys
 import threading
 from typing import Any, TextIO
 
+from .logdir import NOTICES
+
 HANDLERS = ("null", "console", "dynamic_rendezvous")
 FILE_NAME = "events.jsonl"
 
@@ -58,7 +60,10 @@ class EventSink:
         line = json.dumps(record, default=str) + "\n"
         with self._lock:
             if self._fd is not None:
-                os.write(self._fd, line.encode())
+                try:
+                    os.write(self._fd, line.encode())
+                except OSError as e:  # a full disk: said once, and the run goes on
+                    NOTICES("events", self.path or "", e, "events go unrecorded from now on")
             if self._console is not None:
                 self._console.write(line)
                 self._console.flush()

@@ -8,6 +8,13 @@ rendezvous after every keep-alive: ``on_fence_deadline``), and ``inf`` when none
 tags every worker's environment, so that after every stop whatever the workers started — double
 forked, setsid'd — is found and killed (``warden.sweep``).
 
+Pausing, not killing, at the fence deadline: an etcd leader election longer than the margin
+left the leases alive (etcd renews them when a new leader takes over) yet restarted the whole
+job. So while the lease is in doubt the workers are paused (SIGSTOP of every tagged process: a
+stopped process does not talk, S4 holds) by the agent (``follow()``) and by the warden (for a
+frozen agent), resumed when etcd answers with TTL > 0 and the round is unchanged, and killed
+once etcd could have expired the lease (TTL after the last acknowledged keep-alive was sent).
+
 Measured before: SIGSTOP of an agent for 8 s left two live processes per RANK for 5.6 s; after
 kill -9 of an agent a grandchild survived with parent 1. Linux only (pidfds); elsewhere the
 agent fences itself as before and nothing here runs.
@@ -18,7 +25,10 @@ from __future__ import annotations
 import logging
 import math
 import os
+import signal
 import sys
+import time
+from collections.abc import Callable
 
 from etcdrun.agent import warden
 from etcdrun.rendezvous.api import RendezvousHandler
@@ -36,14 +46,19 @@ class Fencing:
         self._link: warden.Link | None = None
         self._running = False
         self._fenced = False
+        self.paused_at: float | None = None  # monotonic: when the agent paused the workers
         self._unsubscribe = None
+        self._unsubscribe_lease = None
 
     @property
     def env(self) -> dict[str, str]:
         """What every worker's environment carries, for the sweep to find its whole tree."""
         return {warden.TAG_VAR: self.tag}
 
-    def start(self) -> None:
+    def start(self, wake: Callable[[], None]) -> None:
+        """Start the warden; ``wake`` runs after every keep-alive and when the lease falls in
+        doubt (the agent then calls ``follow()``)."""
+        self._unsubscribe_lease = self._h.on_lease_change(wake)
         if sys.platform != "linux" or not hasattr(os, "pidfd_open"):
             return
         try:
@@ -62,14 +77,12 @@ class Fencing:
     def started(self) -> None:
         """This attempt's workers run: from now on a silent agent gets them killed."""
         self._fenced, self._running = False, True
-        deadline = self._h.fence_deadline()
-        if self._link is not None and deadline is not None:
-            self._link.deadline(deadline)
+        self._deadline(self._h.fence_deadline())
 
     def stopped(self, sweep: bool = True, skip: set[int] = frozenset()) -> int:  # type: ignore[assignment]
         """The workers are gone: no deadline while none run; kill what they left behind (but
         ``skip``: the waiting standbys, which carry the tag too)."""
-        self._running = False
+        self._running, self.paused_at = False, None
         if self._link is not None:
             self._link.deadline(math.inf)
             self._link.new_attempt()
@@ -82,16 +95,47 @@ class Fencing:
             self._fenced = self._link.fenced()
         return self._fenced
 
+    def follow(self) -> bool:
+        """The agent's own pause and resume (it is not frozen): pause the workers' trees while
+        the lease is in doubt, resume them once etcd answered again (the caller has checked
+        that the round did not change). True: in doubt where nothing can pause them (no
+        /proc to find the trees): fence now, as before the pause existed."""
+        if not self._running:
+            return False
+        if sys.platform != "linux":
+            return self._h.session_in_doubt()
+        if self._h.session_in_doubt() and self.paused_at is None:
+            self.paused_at = time.monotonic()
+            warden.sweep(self.tag, signal.SIGSTOP)
+            log.warning(
+                "etcd has not answered keep-alives past the fence deadline: workers paused "
+                "(SIGSTOP) until it answers; killed if the lease could have expired (in %.1f s)",
+                self._h.fence_margin(),
+            )
+        elif self.paused_at is not None and not self._h.session_in_doubt():
+            self.resume("etcd answered: the lease is alive and the round unchanged")
+        return False
+
+    def resume(self, why: str) -> None:
+        """SIGCONT the paused trees (the lease is alive, or a forwarded signal must reach them)."""
+        if self.paused_at is None:
+            return
+        took, self.paused_at = time.monotonic() - self.paused_at, None
+        warden.sweep(self.tag, signal.SIGCONT)
+        log.warning("%s: workers resumed after %.2f s paused", why, took)
+
     def close(self) -> None:
+        if self._unsubscribe_lease is not None:
+            self._unsubscribe_lease()
         if self._unsubscribe is not None:
             self._unsubscribe()
         if self._link is not None:
             self._link.close()  # the warden sweeps once more and leaves
             self._link = None
 
-    def _deadline(self, at: float) -> None:
-        if self._running and self._link is not None:
-            self._link.deadline(at)
+    def _deadline(self, at: float | None) -> None:
+        if self._running and self._link is not None and at is not None:
+            self._link.deadline(at, at + self._h.fence_margin())
 
 
 __all__ = ["Fencing"]

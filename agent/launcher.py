@@ -20,6 +20,7 @@ from etcdrun.agent.api import WorkerSpec, entrypoint_name
 from etcdrun.agent.config import LaunchConfig
 from etcdrun.agent.errors import ChildFailedError, record
 from etcdrun.agent.event_sink import check_handler
+from etcdrun.agent.logdir import NOTICES, AgentLogFile, LogDirError, check_writable, describe
 from etcdrun.agent.metrics import INSTALL, MetricsConfig, prometheus_available
 from etcdrun.rendezvous import registry
 from etcdrun.rendezvous.api import RendezvousHandler, RendezvousParameters
@@ -53,10 +54,15 @@ def _setup_logs(config: LaunchConfig) -> logging.Handler | None:
     The handler is returned so that ``launch_agent`` removes it again: several launches in one
     process (tests, notebooks) must not stack handlers or leak open files.
     """
+    NOTICES.reset()
     if not config.log_dir:
         return None
-    os.makedirs(config.log_dir, exist_ok=True)
-    handler = logging.FileHandler(os.path.join(config.log_dir, "agent.log"))
+    check_writable(config.log_dir)  # read-only: one line now, before the rendezvous is joined
+    path = os.path.join(config.log_dir, "agent.log")
+    try:
+        handler = AgentLogFile(path)
+    except OSError as e:
+        raise LogDirError(f"--log-dir: {describe(path, e)}: cannot write there") from None
     node = _NodeField()
     handler.addFilter(node)
     handler.setFormatter(
@@ -134,6 +140,7 @@ def _worker_spec(
     grace = config.grace()  # --shutdown-timeout or --stop-grace (or torch's variable)
     if grace is not None:  # None: WorkerSpec's default (30 s, like torchrun)
         extra["stop_grace"] = grace
+    extra["restart_grace"] = config.restart_grace  # None: agent/grace.py's default
     return WorkerSpec(
         role=config.role,
         local_world_size=config.nproc_per_node,

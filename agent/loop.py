@@ -90,6 +90,7 @@ class WorkersFailed:
 @dataclass(frozen=True)
 class RoundSuperseded:
     reason: str = ""  # the handler's round_reason(), when it has one
+    paused: bool = False  # the workers were paused (lease in doubt): kill them, no grace
 
 
 @dataclass(frozen=True)
@@ -154,7 +155,8 @@ class StartWorkers(Action):
 
 @dataclass(frozen=True)
 class StopWorkers(Action):
-    grace: float | None = None  # None: the spec's stop_grace; 0: at once
+    grace: float | None = None  # None: the spec's grace (restart_grace if ``restart``); 0: now
+    restart: bool = False  # between rounds (a broken world): the short restart grace
 
 
 @dataclass(frozen=True)
@@ -269,10 +271,11 @@ def _running(state: State, event: Event) -> Step | None:
     if isinstance(event, WorkersSucceeded):
         return Step(replace(stopping, then=Then.FINISH), StopWorkers())
     if isinstance(event, WorkersFailed):
-        return Step(replace(stopping, then=Then.RESTART), StopWorkers())
+        return Step(replace(stopping, then=Then.RESTART), StopWorkers(restart=True))
     if isinstance(event, RoundSuperseded):
         reason = event.reason or "membership changed"
-        return Step(replace(stopping, then=Then.REJOIN, reason=reason), StopWorkers())
+        stop = StopWorkers(grace=0.0) if event.paused else StopWorkers(restart=True)
+        return Step(replace(stopping, then=Then.REJOIN, reason=reason), stop)
     if isinstance(event, LeaseLost):
         return Step(
             replace(stopping, then=Then.REJOIN, reason="lease lost"), StopWorkers(grace=0.0)
@@ -286,6 +289,8 @@ def _stopping(state: State, event: Event) -> Step | None:
     info, stopped = state.info, replace(state, result=event.result)
     if state.then is Then.REJOIN:
         note = f"round {info.round} superseded ({state.reason}): restarting workers"
+        if state.reason == "lease lost":
+            note = f"round {info.round}: this node's lease was lost: workers killed, rejoining"
         if event.closed_failure is not None:  # the run failed elsewhere meanwhile
             done = replace(stopped, phase=Phase.DONE)
             return Step(done, FailWithRemoteRootCause(event.closed_failure, note=note))
@@ -308,11 +313,13 @@ def _restart(stopped: State, info: RendezvousInfo, result: RunResult) -> Step:
     caused by a peer's death costs nothing; a report earlier than the one the next round
     already carries replaces it (the root cause is the first failure, not the first report)."""
     failure, what = failure_of(info, result)
-    left = info.max_restarts - info.restart_count
-    spent = "none left, so unless a lost node caused this failure, the job fails"
-    note = (
-        f"round {info.round}: {what}; asking the rendezvous for a new round (restarts used "
-        f"{info.restart_count} of {info.max_restarts}: {f'{left} left' if left > 0 else spent})"
+    left, used = info.max_restarts - info.restart_count, info.restart_count
+    note = f"round {info.round}: {what}; " + (
+        f"asking the rendezvous for a new round (restarts used {used} of {info.max_restarts}: "
+        f"{left} left)"
+        if left > 0
+        else f"the restart budget is spent ({used} of {info.max_restarts} used): the job fails "
+        "unless a lost node caused this failure"
     )
     restarting = replace(stopped, phase=Phase.RESTARTING, our_failure=(info.node_id, result))
     return Step(restarting, RequestRestart(what, failure, note=note, level=logging.WARNING))

@@ -25,7 +25,8 @@ DEFAULT_MASTER_PORT = 29500  # torchrun's
 # Our options that torchrun does not have; every other option string is torchrun's (a test
 # compares the two parsers). An abbreviation means what it means under torchrun.
 ETCDRUN_ONLY = frozenset(
-    {"--stop-grace", "--stop_grace", "--metrics-port", "--metrics_port", "--prewarm", "--version"}
+    {"--stop-grace", "--stop_grace", "--restart-grace", "--restart_grace", "--metrics-port"}
+    | {"--metrics_port", "--prewarm", "--version"}
 )
 
 
@@ -353,6 +354,10 @@ def _add_torch_213_options(p: argparse.ArgumentParser) -> None:
         ("--shutdown-timeout", "grace between the stop signal and SIGKILL when stopping workers "
          "(default: TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30)"),
         ("--stop-grace", "etcdrun's name of --shutdown-timeout (one setting: give either)"),
+        ("--restart-grace", "grace between SIGTERM and SIGKILL when workers stop between rounds "
+         "(a membership change, a restart after a failure): their world is broken, a worker "
+         "blocked in a collective never ends by itself (default: 3; the job's end keeps the "
+         "--shutdown-timeout)"),
     ):  # fmt: skip
         _opt(p, name, action=_Env, type=float, default=None, metavar="SECONDS", help=say)
     _opt(

@@ -73,8 +73,10 @@ class Reactor:
         console_err: BinaryIO | None = None,
         poll_interval: float = 0.1,
         name: str = "etcdrun-workers",
+        on_file_error: Callable[[str, OSError], None] | None = None,
     ) -> None:
         self._console = {STDOUT: console_out, STDERR: console_err}
+        self._on_file_error = on_file_error  # (path, error): a tee or filtered copy stopped
         self._interval = max(poll_interval, 0.01)
         self._sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = os.pipe()
@@ -256,16 +258,16 @@ class Reactor:
         if stream.duplicate is not None:
             self._write_duplicate(stream, lines)
 
-    @staticmethod
-    def _write_duplicate(stream: _Stream, lines: list[bytes]) -> None:
+    def _write_duplicate(self, stream: _Stream, lines: list[bytes]) -> None:
         sink, filters = stream.duplicate  # type: ignore[misc]
         hits = [ln for ln in lines if any(f in ln for f in filters)]
         if not hits:
             return
         try:
             sink.write(b"".join(stream.prefix + ln + b"\n" for ln in hits))
-        except (OSError, ValueError):  # disk full or closed: keep relaying the rest
+        except (OSError, ValueError) as e:  # disk full or closed: keep relaying the rest
             stream.duplicate = None
+            self._file_error(sink, e)
             with contextlib.suppress(OSError):
                 sink.close()
 
@@ -290,12 +292,18 @@ class Reactor:
         except (OSError, ValueError):
             pass  # a closed or broken console must not stop the relay (workers would block)
 
-    @staticmethod
-    def _write_file(stream: _Stream, data: bytes) -> None:
+    def _write_file(self, stream: _Stream, data: bytes) -> None:
         try:
             stream.file.write(data)  # type: ignore[union-attr]
-        except (OSError, ValueError):
-            stream.file = None  # disk full or closed: keep relaying to the console
+        except (OSError, ValueError) as e:
+            sink, stream.file = stream.file, None  # disk full: keep relaying to the console
+            self._file_error(sink, e)
+            with contextlib.suppress(OSError):
+                sink.close()  # type: ignore[union-attr]
+
+    def _file_error(self, sink: BinaryIO, e: Exception) -> None:
+        if isinstance(e, OSError) and self._on_file_error is not None:
+            self._on_file_error(str(getattr(sink, "name", "?")), e)
 
     def _end_stream(self, stream: _Stream) -> None:
         if stream.pending:

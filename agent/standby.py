@@ -50,7 +50,7 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping
 
-from . import _spawn
+from . import _spawn, worker_secrets
 from .api import EntrypointKind, WorkerSpec
 
 log = logging.getLogger("etcdrun.agent")
@@ -122,7 +122,7 @@ class Standbys:
         """The agent's environment with the node's tag (``extra_env``), the round-independent
         variables a worker gets that libraries read at load (OMP_NUM_THREADS: libgomp reads it
         once), and the room for the rewrite."""
-        env = {**os.environ, **extra_env}
+        env = worker_secrets.scrubbed({**os.environ, **extra_env})  # no etcd credentials
         if "OMP_NUM_THREADS" not in os.environ and self._spec.local_world_size > 1:
             env["OMP_NUM_THREADS"] = "1"
         env.update(_spawn.exit_hook_env(env))

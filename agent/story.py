@@ -65,6 +65,8 @@ def round_change(
         return None
     nodes = "node" if info.node_count == 1 else "nodes"
     new = f"new round {info.round} with {info.node_count} {nodes}"
+    if info.round == prev.round:  # the static backend: one round, restarted in place
+        new = f"the workers restart on {info.node_count} {nodes}"
     if lease_lost:
         return f"this node lost its lease and rejoined as {info.node_id}: {new}"
     cause = info.cause or RoundCause()
@@ -81,7 +83,8 @@ def round_change(
         if node in now:
             facts.append(f"{who(now[node], node)} joined")
     if not facts:
-        facts.append(cause.reason or "the round changed")
+        same = info.round == prev.round
+        facts.append(cause.reason or ("a worker failed" if same else "the round changed"))
     return f"{'; '.join(facts)}; {new} ({charge})"
 
 

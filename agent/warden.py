@@ -7,9 +7,13 @@ with the same ranks (measured: two live processes per RANK for 5.6 s). And an ag
 
 What it does, and nothing more:
 - The agent hands it each worker's pidfd (over a Unix socket: no pid-reuse race) and, after every
-  lease keep-alive, the moment its lease must be presumed lost. When that moment passes without
-  a newer one, the agent is frozen or stuck: the warden kills the workers — before the lease can
-  expire on the server, so before any survivor can be given their ranks (S4) — and says so.
+  lease keep-alive, two moments: when its lease must be presumed lost, and when etcd could have
+  expired it (TTL after the last acknowledged keep-alive was sent). When the first passes
+  without a newer pair, the warden *pauses* the workers' trees (SIGSTOP: a stopped process does
+  not talk) — an etcd leader election longer than the margin is not a loss, and a newer pair
+  (etcd answered) resumes them (SIGCONT). When the second passes, the agent is frozen or its
+  lease is gone: the warden kills them — before any survivor can be given their ranks (S4) —
+  and says so.
 - Every process of a worker's tree carries the agent's tag in its environment (``TAG_VAR``), so
   double-forked and setsid'd descendants are found (``sweep``) and killed with the workers: after
   every stop (the agent sweeps), at fencing, and when the agent dies (the warden sweeps, then
@@ -78,13 +82,18 @@ class Warden:
         self.tag = tag
         self.workers: list[int] = []  # pidfds of the current attempt's workers
         self.deadline = math.inf  # monotonic: when the agent's lease must be presumed lost
+        self.kill_at = math.inf  # monotonic: when etcd could have expired it
+        self.paused = False
 
     def run(self) -> int:
         while True:
-            left = self.deadline - time.monotonic()
-            if left <= 0:
+            now = time.monotonic()
+            if now >= self.kill_at:
                 self.fence()
                 continue
+            if now >= self.deadline and not self.paused:
+                self.pause(signal.SIGSTOP)
+            left = (self.kill_at if self.paused else self.deadline) - now
             timeout = None if math.isinf(left) else left
             ready, _, _ = select.select([self.sock, self.agent_fd], [], [], timeout)
             if self.agent_fd in ready:
@@ -93,8 +102,8 @@ class Warden:
                 return self.agent_died()
 
     def receive(self) -> bool:
-        """One message: ``W`` + pidfds (a worker), ``T<seconds>`` (the deadline; ``Tinf``:
-        none), ``C`` (a new attempt: forget the old pidfds). False at EOF."""
+        """One message: ``W`` + pidfds (a worker), ``T<pause> <kill>`` (the deadlines; ``Tinf
+        inf``: none), ``C`` (a new attempt: forget the old pidfds). False at EOF."""
         try:
             msg, fds, _flags, _addr = socket.recv_fds(self.sock, 64, 16)
         except OSError:
@@ -104,8 +113,11 @@ class Warden:
         kind, body = msg[:1], msg[1:]
         if kind == b"W":
             self.workers += fds
-        elif kind == b"T":
-            self.deadline = float(body)
+        elif kind == b"T":  # b"T<pause> <kill>": etcd answered (a pause, if any, ends)
+            pause, _, kill = body.partition(b" ")
+            self.deadline, self.kill_at = float(pause), float(kill or pause)
+            if self.paused:
+                self.pause(signal.SIGCONT)
         elif kind == b"C":
             self._forget()
         for fd in fds if kind != b"W" else ():
@@ -120,13 +132,20 @@ class Warden:
         except OSError:
             pass
         killed = self._kill_workers() + sweep(self.tag, skip={self.agent_pid})
-        self.deadline = math.inf
+        self.deadline = self.kill_at = math.inf
+        self.paused = False
         print(
-            f"etcdrun warden: agent {self.agent_pid} gave no sign of life past the moment its "
-            f"lease must be presumed lost; killed {killed} worker process(es) (fencing)",
+            f"etcdrun warden: agent {self.agent_pid} gave no sign of life until its lease could "
+            f"have expired; killed {killed} worker process(es) (fencing)",
             file=sys.stderr,
             flush=True,
         )
+
+    def pause(self, sig: int) -> None:
+        """SIGSTOP (the lease is in doubt) or SIGCONT (etcd answered) every worker's tree."""
+        self.paused = sig == signal.SIGSTOP
+        self._kill_workers(sig)
+        sweep(self.tag, sig, skip={self.agent_pid})
 
     def agent_died(self) -> int:
         """The agent is gone: nothing of its workers may outlive it."""
@@ -134,11 +153,11 @@ class Warden:
         sweep(self.tag, skip={self.agent_pid})
         return 0
 
-    def _kill_workers(self) -> int:
+    def _kill_workers(self, sig: int = signal.SIGKILL) -> int:
         n = 0
         for fd in self.workers:
             try:
-                signal.pidfd_send_signal(fd, signal.SIGKILL)
+                signal.pidfd_send_signal(fd, sig)
                 n += 1
             except OSError:  # already gone
                 pass
@@ -176,8 +195,11 @@ class Link:
         """Hand over a (dup of a) worker's pidfd: the warden can kill it, and only it."""
         self._send(b"W", [pidfd])
 
-    def deadline(self, monotonic: float) -> None:
-        self._send(b"T" + repr(float(monotonic)).encode())
+    def deadline(self, monotonic: float, kill_at: float | None = None) -> None:
+        """Pause the workers at ``monotonic`` unless a newer pair comes; kill at ``kill_at``
+        (default: at once at ``monotonic``, no pause)."""
+        kill = monotonic if kill_at is None else kill_at
+        self._send(b"T" + repr(float(monotonic)).encode() + b" " + repr(float(kill)).encode())
 
     def new_attempt(self) -> None:
         self._send(b"C")

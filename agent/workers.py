@@ -31,7 +31,7 @@ from . import _spawn
 from ._proc import WorkerProc
 from .api import EntrypointKind, RunResult, Worker, WorkerSpec, WorkerState
 from .errors import ProcessFailure
-from .logdir import LogDir
+from .logdir import LogDir, copy_stopped
 from .reactor import Reactor
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -144,10 +144,9 @@ class WorkerGroup:
     ) -> list[Worker]:
         """Start ``spec.local_world_size`` workers for this round; returns them with their pids.
 
-        ``attempt`` names the log folder (``attempt_<n>``). By default it is the round number
-        when that is new to this group (etcd rounds: the same on every node and unique within a
-        run, so agents sharing a log_dir on one host never write into each other's folders), else
-        one more than the last attempt (the static backend re-runs round 0 on each restart).
+        ``attempt`` names the log folder (``attempt_<n>``); by default the round number when new
+        to this group (etcd's: the same on every node, unique in a run, so agents sharing a log
+        dir never write into each other's folders), else the last attempt + 1 (static: round 0).
         """
         if not self._stopped:
             raise RuntimeError("workers are running: stop() them before starting new ones")
@@ -161,10 +160,9 @@ class WorkerGroup:
                 f" node {info.node_id})"
             )
         kind = spec.resolved_kind()
-        payload = None
-        if kind in (EntrypointKind.CALLABLE, EntrypointKind.RUN_PATH):
-            if spec.start_method == "spawn":
-                payload = _spawn.spawn_payload(spec, kind)
+        in_python = kind in (EntrypointKind.CALLABLE, EntrypointKind.RUN_PATH)
+        spawned = in_python and spec.start_method == "spawn"
+        payload = _spawn.spawn_payload(spec, kind) if spawned else None
         self._attempt = max(info.round, self._next_attempt) if attempt is None else attempt
         self._next_attempt = self._attempt + 1
         root = spec.log_dir or self.log_root()
@@ -191,6 +189,7 @@ class WorkerGroup:
             console_err=self._console[1],
             poll_interval=spec.monitor_interval,
             name=f"etcdrun-workers-{info.run_id}-{self._attempt}",
+            on_file_error=copy_stopped,
         )
         self._reactor.start()
         try:

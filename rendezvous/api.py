@@ -202,6 +202,13 @@ class RendezvousHandler(abc.ABC):
         lost): its workers must stop at once, without a grace period (fencing, S4)."""
         return False
 
+    def confirm_session(self) -> bool:
+        """Ask now whether this node's place in the job still holds (etcd: its lease lives);
+        False means ``session_lost()``. Why: the agent asks before stopping workers for a
+        superseded round — when the cause is its own lost lease, that is fencing (no grace).
+        Default: the place holds while it is not lost."""
+        return not self.session_lost()
+
     def on_membership_change(self, callback: Callable[[], None]) -> Callable[[], None]:
         """Call ``callback`` whenever ``membership_changed`` is set; return an unsubscribe.
 
@@ -209,6 +216,23 @@ class RendezvousHandler(abc.ABC):
         alike, instead of polling one of them. The callback runs on a backend thread: it must
         return at once (set an event, notify a condition). Default: membership never changes.
         """
+        return _no_op
+
+    def session_in_doubt(self) -> bool:
+        """True while this node's lease is in doubt: keep-alives unanswered past the fence
+        deadline, yet etcd cannot have expired it. Why: an etcd leader election longer than
+        the margin is not a loss — the workers pause (SIGSTOP) rather than die, and resume when
+        etcd answers. Default: never."""
+        return False
+
+    def fence_margin(self) -> float:
+        """Seconds from the fence deadline (pause) to the moment the lease could have expired
+        (kill). Default 0: no pause, the deadline kills."""
+        return 0.0
+
+    def on_lease_change(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback()`` after every keep-alive and when the lease falls in doubt (a
+        backend thread; return at once); return an unsubscribe. Default: never."""
         return _no_op
 
     def fence_deadline(self) -> float | None:

@@ -39,13 +39,14 @@ def round_history(client: EtcdClient, keys: RunKeys, timeout: float = 10.0) -> l
             if batch is None:
                 break
             for ev in batch.events:
-                out.append(_version(ev, keys))
+                out.append(version(ev, keys))
     finally:
         w.cancel()
     return out
 
 
-def _version(ev: pb.Event, keys: RunKeys) -> Version:
+def version(ev: pb.Event, keys: RunKeys) -> Version:
+    """One watch event of the round key as a Version (also for histories kept live)."""
     if ev.type == pb.Event.DELETE:
         return Version(ev.kv.mod_revision, None)
     try:

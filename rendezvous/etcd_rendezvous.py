@@ -54,6 +54,7 @@ from etcdrun.rendezvous.protocol import Phase, Round, Settings
 from etcdrun.rendezvous.round_view import RoundView
 from etcdrun.rendezvous.run_gate import RunGate
 from etcdrun.rendezvous.session import Session
+from etcdrun.rendezvous.session_fence import SessionFence
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ class _Reopen(Exception):
     """This session is done with: start over with a new one (or "shut down")."""
 
 
-class EtcdRendezvousHandler(RendezvousHandler):
+class EtcdRendezvousHandler(SessionFence, RendezvousHandler):
     """Elastic rendezvous for one node; see the module docstring for the moving parts.
 
     Connection loss: etcd calls retry across endpoints for ``retry_timeout``; a lease that cannot
@@ -92,6 +93,7 @@ class EtcdRendezvousHandler(RendezvousHandler):
         self._joined: int | None = None  # the round number this session has joined
         self._gate = RunGate(self.client, self.keys, self.view)
         self._fence_listeners: list[Callable[[float], None]] = []
+        self._lease_listeners: list[Callable[[], None]] = []
         self._shutdown = False
         self._superseded: int | None = None  # the running round whose end was reported
         self.view.listen(self._on_superseded)
@@ -155,20 +157,8 @@ class EtcdRendezvousHandler(RendezvousHandler):
         return ok
 
     # ---- RendezvousHandler: what the agent needs beyond torch's --------------------------------
-    def session_lost(self) -> bool:
-        sess = self._session
-        return sess is not None and sess.lost.is_set()
-
     def on_membership_change(self, callback: Callable[[], None]) -> Callable[[], None]:
         return self.view.listen(callback)
-
-    def fence_deadline(self) -> float | None:
-        sess = self._session
-        return sess.presumed_lost_at if sess is not None and not sess.lost.is_set() else None
-
-    def on_fence_deadline(self, callback: Callable[[float], None]) -> Callable[[], None]:
-        self._fence_listeners.append(callback)
-        return lambda: self._fence_listeners.remove(callback)
 
     def round_reason(self) -> str:
         return self.view.reason()
@@ -328,7 +318,7 @@ class EtcdRendezvousHandler(RendezvousHandler):
             run_ttl=self.cfg.run_lease_ttl,
         )
         sess.on_lost(lambda s: self._on_lost(s, driver))
-        sess.on_refreshed(lambda at: [cb(at) for cb in list(self._fence_listeners)])
+        self._wire_fence(sess)
         self._driver = driver
         driver.start()
         rev, pid = sess.create_revision, os.getpid()

@@ -36,6 +36,7 @@ class RoundView:
         self._msg: st.RoundState | None = None  # the raw value of ``_round`` when read from etcd
         self._running: Round | None = None  # the round this node's workers run in
         self._accepted_rev = 0  # the last round accepted: a stale cached copy is never rerun
+        self._accepted_number = 0  # ... nor a rewrite of it (a repair): S5, found by the chaos soak
         self._corrupt: tuple[int, str] | None = None  # (mod_revision, why) of an unreadable value
         self._listeners: list[Callable[[], None]] = []
         self.membership_changed = threading.Event()
@@ -69,9 +70,9 @@ class RoundView:
             return self._corrupt
 
     def is_fresh(self, r: Round) -> bool:
-        """True unless ``r`` is (a copy of) a round this node already accepted."""
+        """True unless ``r`` is (a copy or a rewrite of) a round this node already accepted."""
         with self._cond:
-            return r.mod_revision > self._accepted_rev
+            return r.mod_revision > self._accepted_rev and r.number > self._accepted_number
 
     # ---- writes --------------------------------------------------------------------------------
     def apply(self, r: Round, msg: st.RoundState | None = None) -> None:
@@ -117,6 +118,7 @@ class RoundView:
         with self._cond:
             self._running = r
             self._accepted_rev = r.mod_revision
+            self._accepted_number = r.number
             self._changed_locked()
 
     def interrupt(self) -> None:

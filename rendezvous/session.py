@@ -33,6 +33,7 @@ from etcdrun.proto import etcdrun_state_pb2 as st
 from etcdrun.rendezvous import codec
 from etcdrun.rendezvous.client import EtcdClient, EtcdError, Lease
 from etcdrun.rendezvous.client import txn as t
+from etcdrun.rendezvous.client.lease import fence_margin
 from etcdrun.rendezvous.errors import RendezvousStateError
 from etcdrun.rendezvous.keys import RunKeys
 
@@ -131,9 +132,23 @@ class Session:
         """The monotonic moment the lease must be presumed lost without a newer keep-alive."""
         return self._lease.presumed_lost_at
 
+    @property
+    def in_doubt(self) -> bool:
+        """Keep-alives unanswered past ``presumed_lost_at``, not (yet) lost: workers pause."""
+        return self._lease.in_doubt.is_set() and not self._lease.lost.is_set()
+
+    def on_doubt(self, callback: Callable[[], None]) -> None:
+        """Run ``callback()`` each time the lease falls in doubt (keeper thread)."""
+        self._lease.on_doubt(lambda _lease: callback())
+
     def on_refreshed(self, callback: Callable[[float], None]) -> None:
         """Run ``callback(presumed_lost_at)`` after every keep-alive (keeper thread)."""
         self._lease.on_refreshed(lambda lease: callback(lease.presumed_lost_at))
+
+    def confirm(self) -> bool | None:
+        """Whether etcd says our lease lives (False: gone, and ``lost`` is set; None: no
+        answer within the fence margin, so the keep-alives decide)."""
+        return self._lease.confirm(fence_margin(self._lease.ttl))
 
     def lease_time_left(self) -> float:
         """Seconds before etcd could expire our lease, counted conservatively from the send time

@@ -41,6 +41,9 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "compose: runs deploy/docker-compose.yml for real (needs Docker and compose)"
     )
     config.addinivalue_line(
+        "markers", "chaos: seeded chaos trials on real etcd and agents (tests/chaos/, ~60 s)"
+    )
+    config.addinivalue_line(
         "markers", "ddp: examples/ddp_elastic.py under real agents and torchrun (needs torch)"
     )
     _prewarm_switch()

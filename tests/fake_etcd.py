@@ -37,6 +37,7 @@ class FakeLease:
         self.id, self.ttl = lease_id, ttl
         self.lost = threading.Event()
         self.lost_reason = ""
+        self.in_doubt = threading.Event()  # never set: keep-alives are never unanswered
         self.keys: set[bytes] = set()
         self._etcd = etcd
         self._callbacks: list[Callable[[FakeLease], None]] = []
@@ -48,6 +49,9 @@ class FakeLease:
 
     def on_refreshed(self, callback: Callable[[FakeLease], None]) -> None:
         pass  # never refreshed: it never expires unless a test says so
+
+    def on_doubt(self, callback: Callable[[FakeLease], None]) -> None:
+        pass
 
     def on_lost(self, callback: Callable[[FakeLease], None]) -> None:
         self._callbacks.append(callback)

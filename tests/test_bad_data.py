@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 
+from agent_helpers import wait_for
 from etcd_helpers import assert_no_leases
 from rdzv_helpers import (
     accepted_events,
@@ -103,22 +104,25 @@ def test_garbage_in_the_dead_leaders_key_does_not_stop_the_election(etcd):
     assert violations(etcd.endpoints, run, 2, 3, acc) == []
 
 
+def garbage_in_the_round_key_then_repaired(endpoints: str, run: str, hs: list):
+    """Put garbage into the round key; the repaired key, once the leader says it repaired it."""
+    repaired = threading.Event()
+    for h in hs:
+        h.events.subscribe(lambda e: repaired.set() if e["event"] == "round_repaired" else None)
+    with EtcdClient(endpoints) as c:
+        c.put(f"/etcdrun/{run}/round", GARBAGE)
+        assert repaired.wait(10)
+        return c.get(f"/etcdrun/{run}/round")
+
+
 def test_garbage_in_the_round_key_is_repaired_and_the_job_goes_on(etcd):
     run = new_run_id()
     hs = [handler(etcd.endpoints, run, 2, 3, lease_ttl=2, last_call_timeout=0) for _ in range(3)]
     with accepted_events(hs) as acc:
         try:
             infos = rendezvous(hs)
-            repaired = threading.Event()
-            for h in hs:
-                h.events.subscribe(
-                    lambda e: repaired.set() if e["event"] == "round_repaired" else None
-                )
-            with EtcdClient(etcd.endpoints) as c:
-                c.put(f"/etcdrun/{run}/round", GARBAGE)
-                assert repaired.wait(10)
-                kv = c.get(f"/etcdrun/{run}/round")
-                r = codec.round_from(kv.key, kv.value, kv.mod_revision, run)
+            kv = garbage_in_the_round_key_then_repaired(etcd.endpoints, run, hs)
+            r = codec.round_from(kv.key, kv.value, kv.mod_revision, run)
             assert (r.number, r.phase.name) == (infos[0].round, "FROZEN")
             assert not any(h.membership_changed.is_set() for h in hs)  # workers undisturbed
             victim = next(h for h, i in zip(hs, infos, strict=True) if i.node_rank == 2)
@@ -174,3 +178,42 @@ def test_nothing_a_run_writes_outlives_it_and_failover_keeps_it_alive(etcd):
         finally:
             shutdown_all(hs)
     assert violations(etcd.endpoints, run, 1, 3, acc) == []
+
+
+def test_a_worker_failure_after_the_round_keys_repair_opens_the_next_round_once(etcd):
+    """Found by the chaos soak (seed 37: garbage in the round key, then a kill -9 broke the
+    workers' collective): the repair rewrites the running round at a new revision, so every
+    agent's request_restart, fenced on the revision it had accepted, failed as if the round had
+    moved on — and then each agent took the repaired copy for a new round and ran round 1 again
+    (S5: a round already accepted is never run again), its failure lost."""
+    from etcdrun.rendezvous.api import FailureInfo
+
+    run = new_run_id()
+    conf = {"lease_ttl": 2, "last_call_timeout": 0, "max_restarts": 1}
+    hs = [handler(etcd.endpoints, run, 2, 3, **conf) for _ in range(3)]
+    with accepted_events(hs) as acc:
+        try:
+            infos = rendezvous(hs)
+            rev = garbage_in_the_round_key_then_repaired(etcd.endpoints, run, hs).mod_revision
+            for h in hs:  # every view has the repaired copy (the watch brings it)
+                wait_for(lambda h=h: h.view.current().mod_revision >= rev, 10, "the repair seen")
+            failed = FailureInfo(hs[1].node_id or "", "host", 1, 1, message="exited with code 1")
+            assert hs[1].request_restart("worker rank 1 failed", failed)
+            again = rendezvous(hs)
+            assert {(i.round, i.restart_count) for i in again} == {(infos[0].round + 1, 1)}
+        finally:
+            shutdown_all(hs)
+    assert violations(etcd.endpoints, run, 2, 3, acc) == []
+
+
+def test_a_rewrite_of_the_accepted_round_is_never_run_again():
+    """S5, whatever rewrote it (the repair above): the round view refuses the same round number
+    at a newer revision, not only an older copy."""
+    from etcdrun.rendezvous.protocol import Phase, Round
+    from etcdrun.rendezvous.round_view import RoundView
+
+    view = RoundView()
+    view.accept(Round(3, Phase.FROZEN, mod_revision=10))
+    assert not view.is_fresh(Round(3, Phase.FROZEN, mod_revision=10))
+    assert not view.is_fresh(Round(3, Phase.FROZEN, mod_revision=12))  # the repaired copy
+    assert view.is_fresh(Round(4, Phase.FROZEN, mod_revision=12))

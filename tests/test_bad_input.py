@@ -260,3 +260,26 @@ def test_a_run_without_log_dir_leaves_no_temp_folder_and_a_failed_one_says_where
                    "--rdzv-conf", "retry_timeout=0.5,request_timeout=0.2", WORKER, "x", "exit",
                    env=env)  # fmt: skip
     assert dead.returncode == 1 and not list(tmp_path.glob("etcdrun_logs_*")), dead.stderr
+
+
+@pytest.mark.parametrize("backend", ["static", "etcd"])
+def test_a_spent_budget_says_so_last_and_never_restarting(request, tmp_path, backend):
+    """Measured before: ``restarting (restarts so far 2/2)`` right before FAILED. Now the last
+    failure says the budget is spent, and nothing after it speaks of a new round."""
+    from agent_helpers import WORKER
+
+    if backend == "etcd":
+        etcd = request.getfixturevalue("etcd")
+        argv = etcd_argv(etcd.endpoints, "lease_ttl=2")[:-3]
+    else:
+        argv = ["--standalone"]
+    proc = run_cli(*argv, "--max-restarts", "2", WORKER, str(tmp_path), "fail", "0")
+    assert proc.returncode == 1, proc.stderr
+    ours = [ln for ln in proc.stderr.splitlines() if ln.startswith("[etcdrun ")]
+    failed = [i for i, ln in enumerate(ours) if "worker rank 0 on " in ln and " failed (" in ln]
+    assert len(failed) == 3, ours  # the first run and its 2 restarts
+    last = ours[failed[-1]]
+    assert "the restart budget is spent (2 of 2 used): the job fails" in last, last
+    after = ours[failed[-1] :]
+    assert not any("restarting" in ln or "new round" in ln for ln in after), after
+    assert any("the restart budget is spent: the job failed" in ln for ln in after[1:]), after

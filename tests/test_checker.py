@@ -43,3 +43,20 @@ def test_the_first_rounds_last_call_published_while_it_gathers_is_no_violation()
     assert checker.check(history, 1, 3) == []
     published.reason = "other"  # but nothing else may change with it
     assert [e.split(" ")[0] for e in checker.check(history, 1, 3)] == ["S5"]
+
+
+def test_the_earlier_failure_comes_with_its_reason_line_and_that_is_no_violation():
+    """What lifecycle._attach_if_earlier writes (found by the chaos soak, seed 20: an etcd
+    restart fenced three nodes, and each one's SIGKILLed worker replaced the failure with its
+    reason; the checker called it S5)."""
+    late = st.Failure(node_id="a", global_rank=0, timestamp_ms=20)
+    early = st.Failure(node_id="b", global_rank=1, timestamp_ms=10)
+    history = [
+        checker.Version(1, joining(2, late, reason="worker rank 0 failed")),
+        checker.Version(2, joining(2, early, reason="worker rank 1 failed")),
+    ]
+    assert checker.check(history, 1, 2) == []
+    moved = joining(2, early, reason="worker rank 1 failed")
+    moved.restart_count = 1  # anything else changed still is one
+    assert [e.split(" ")[0] for e in checker.check([history[0], checker.Version(2, moved)], 1, 2)] \
+        == ["S5"]  # fmt: skip

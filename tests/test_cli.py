@@ -144,6 +144,7 @@ def test_all_flags():
         "--master_port",
         "--local_addr",
         "--stop_grace",
+        "--restart_grace",
     ],
 )
 def test_underscore_spellings_are_accepted(flag):
@@ -163,6 +164,7 @@ def test_underscore_spellings_are_accepted(flag):
         "--master_port": "1",
         "--local_addr": "h",
         "--stop_grace": "1",
+        "--restart_grace": "2",
     }
     argv = [flag, values[flag]] if flag in values else [flag]
     dashed = ["--" + argv[0][2:].replace("_", "-"), *argv[1:]]
@@ -558,3 +560,11 @@ def test_static_parse_imports_nothing_heavy():
     mods = _modules_after("cli.parse_args(['--nproc-per-node', '2', 'train.py'])")
     assert "etcdrun.agent.config" in mods
     assert not {m for m in mods if m.startswith(HEAVY_PREFIXES)}
+
+
+def test_restart_grace_is_its_own_setting_beside_the_stop_grace():
+    c = parse_args(["--restart-grace", "1.5", "--stop-grace", "20", "t.py"])[0]
+    assert (c.restart_grace, c.grace()) == (1.5, 20)
+    assert parse_args(["t.py"])[0].restart_grace is None  # agent/grace.py's default: 3 s
+    with pytest.raises(UsageError, match=r"restart_grace \(-1.0\) must be non-negative"):
+        parse_args(["--restart-grace", "-1", "t.py"])

@@ -37,6 +37,7 @@ EXTRA_FIELDS = [
     ("stop_grace", None),
     ("entrypoint_kind", "auto"),
     ("prewarm", flags.DEFAULT_PREWARM),  # a factory: the test suite's switch may change it
+    ("restart_grace", None),
 ]
 # torch 2.13's newer LaunchConfig fields, with torch's defaults, after ours.
 TORCH_213_FIELDS = [
@@ -100,6 +101,7 @@ def test_positional_construction_follows_the_reference_order():
         (dict(max_nodes=3, node_rank=3), "node_rank (3) must be smaller than max_nodes (3)"),
         # ours
         (dict(stop_grace=-1.0), "stop_grace (-1.0) must be non-negative"),
+        (dict(restart_grace=-0.5), "restart_grace (-0.5) must be non-negative"),
         (dict(local_ranks_filter={0, -1}), "local_ranks_filter ([-1, 0]) must hold non-negative"),
     ],
 )

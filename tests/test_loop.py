@@ -95,6 +95,7 @@ def test_barrier_timeout_returns_with_a_warning_or_fails_with_the_remote_cause()
 def test_failure_reports_the_root_cause_and_asks_for_a_restart():
     i, result = info(), failed_result()
     steps = walk(State(), loop.Joined(i), loop.WorkersFailed(), loop.WorkersStopped(result))
+    assert steps[1].action == loop.StopWorkers(restart=True)  # the rest of a failed world
     ask = steps[-1].action
     assert isinstance(ask, loop.RequestRestart) and ask.level == logging.WARNING
     assert ask.reason == "worker rank 1 on h failed (exit code 3)"
@@ -109,7 +110,10 @@ def test_failure_reports_the_root_cause_and_asks_for_a_restart():
     spent = walk(
         State(), loop.Joined(info(restarts=2)), loop.WorkersFailed(), loop.WorkersStopped(result)
     )[-1].action
-    assert "restarts used 2 of 2: none left, so unless a lost node caused" in spent.note
+    assert spent.note == (
+        "round 3: worker rank 1 on h failed (exit code 3); the restart budget is spent (2 of 2 "
+        "used): the job fails unless a lost node caused this failure"
+    )
 
 
 def test_a_single_node_does_not_say_it_waits_for_other_nodes():
@@ -145,14 +149,14 @@ def test_closed_by_a_failure_before_we_ever_failed_is_remote():
     assert next_step(State(), loop.RunClosed(PEER)).action == loop.FailWithRemoteRootCause(PEER)
 
 
-def test_superseded_round_stops_with_grace_and_rejoins():
+def test_superseded_round_stops_with_the_restart_grace_and_rejoins():
     steps = walk(
         State(),
         loop.Joined(info()),
         loop.RoundSuperseded("node(s) left: n2"),
         loop.WorkersStopped(OK),
     )
-    assert steps[1].action == loop.StopWorkers(grace=None)
+    assert steps[1].action == loop.StopWorkers(restart=True)  # a broken world: the short grace
     assert steps[1].state.then is Then.REJOIN
     assert steps[2].action == loop.Join(
         note="round 3 superseded (node(s) left: n2): restarting workers"
@@ -168,7 +172,9 @@ def test_superseded_without_a_reason_says_membership_changed():
 def test_lease_lost_stops_at_once():
     steps = walk(State(), loop.Joined(info()), loop.LeaseLost(), loop.WorkersStopped(OK))
     assert steps[1].action == loop.StopWorkers(grace=0.0)
-    assert steps[2].action == loop.Join(note="round 3 superseded (lease lost): restarting workers")
+    assert steps[2].action == loop.Join(
+        note="round 3: this node's lease was lost: workers killed, rejoining"
+    )
 
 
 def test_superseded_while_the_run_failed_elsewhere_reports_the_remote_cause():
@@ -300,3 +306,8 @@ def test_a_superseded_round_whose_workers_had_failed_still_reports_the_failure()
     assert isinstance(ask, loop.RequestRestart) and ask.failure.global_rank == 1
     quiet = walk(State(), loop.Joined(i), loop.RoundSuperseded("x"), loop.WorkersStopped(OK))
     assert isinstance(quiet[-1].action, loop.Join)  # workers that had not failed: just rejoin
+
+
+def test_a_round_superseded_while_the_workers_are_paused_kills_them_at_once():
+    steps = walk(State(), loop.Joined(info()), loop.RoundSuperseded("x", paused=True))
+    assert steps[1].action == loop.StopWorkers(grace=0.0)  # stopped processes ignore SIGTERM

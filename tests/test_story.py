@@ -92,3 +92,9 @@ def test_reasons_for_metrics_are_few():
     got = [story.why_class(c, False) for c in (None, lost, left, failed, joined)]
     assert got == ["first", "node_lost", "node_left", "worker_failed", "node_joined"]
     assert story.why_class(lost, True) == "lease_lost"
+
+
+def test_the_static_backend_restarts_in_one_round_and_says_so():
+    # Static: the round number never moves; "new round 0" after every restart would mislead.
+    line = story.round_change(info(0, (A,)), info(0, (A,), restarts=1))
+    assert line == "a worker failed; the workers restart on 1 node (restart 1 of 3 charged)"

@@ -6,6 +6,14 @@ at least until ``sent + TTL``, where ``sent`` is when we sent the keep-alive etc
 ``TTL - margin``, we declare the lease lost *before* it can expire: the owner stops its workers
 while its keys still exist, and no two live agents ever hold the same place.
 
+Why a lease is first *in doubt*, and lost only later: an etcd leader election longer than the
+margin (measured: 2.1 s and 3.1 s at lease_ttl 2) used to fence every agent although etcd renews
+every lease when a new leader takes over. So at ``presumed_lost_at`` the lease is only in doubt
+(``in_doubt`` set, ``on_doubt`` callbacks: the agent pauses its workers, SIGSTOP — a stopped
+process does not talk), keep-alives go on, and an answer with TTL > 0 clears the doubt (the
+workers resume); it is *lost* once etcd could have expired it (``expires_no_earlier_than``,
+TTL after the last acknowledged keep-alive's send time) or answers TTL <= 0.
+
 Why one short stream per keep-alive tick rather than one long-lived stream: a tick is a complete
 request/answer with its own deadline and endpoint, so failover, deadlines and re-login work
 exactly as for unary calls, and a half-dead stream can never silently stall the keep-alives.
@@ -33,11 +41,12 @@ def fence_margin(ttl: float) -> float:
 
 
 class Lease:
-    """A granted lease. ``lost`` is set once it expired, was revoked, or must be presumed gone.
+    """A granted lease. ``lost`` is set once it expired, was revoked, or etcd could have expired it.
 
-    Connection loss: keep-alives are retried across endpoints until ``TTL - margin`` after the
-    last acknowledged one; then ``lost`` is set and the callbacks run (on the keeper thread; keep
-    them short). A lost lease never comes back: the owner grants a new one.
+    Connection loss: keep-alives are retried across endpoints; ``TTL - margin`` after the send
+    time of the last acknowledged one it is ``in_doubt`` (until an answer), at ``TTL`` after it
+    ``lost`` is set and the callbacks run (on the keeper thread; keep them short). A lost lease
+    never comes back: the owner grants a new one.
     """
 
     def __init__(
@@ -50,6 +59,8 @@ class Lease:
         self._keeper = keeper
         self._callbacks: list[Callable[[Lease], None]] = []
         self._refreshed: list[Callable[[Lease], None]] = []
+        self._doubted: list[Callable[[Lease], None]] = []
+        self.in_doubt = threading.Event()  # past presumed_lost_at, unanswered, not yet lost
         self._acked_sent_at = sent_at
         self._interval = interval
         self._next_at = sent_at + interval
@@ -72,6 +83,22 @@ class Lease:
         keep it short): ``presumed_lost_at`` has moved."""
         self._refreshed.append(callback)
 
+    def on_doubt(self, callback: Callable[[Lease], None]) -> None:
+        """Run ``callback(lease)`` each time the lease falls in doubt (keeper thread)."""
+        self._doubted.append(callback)
+
+    @property
+    def next_deadline(self) -> float:
+        """When the keeper must look again without an answer: doubt, then loss."""
+        return self.expires_no_earlier_than if self.in_doubt.is_set() else self.presumed_lost_at
+
+    def _run_callbacks(self, callbacks: list[Callable[[Lease], None]]) -> None:
+        for cb in list(callbacks):
+            try:
+                cb(self)
+            except Exception:  # a listener must not stop the keep-alives
+                log.exception("lease callback failed")
+
     def on_lost(self, callback: Callable[[Lease], None]) -> None:
         """Run ``callback(lease)`` once when the lease is lost (at once if it already is)."""
         self._callbacks.append(callback)
@@ -90,6 +117,28 @@ class Lease:
                 cb(self)
             except Exception:  # a callback must not kill the keeper thread
                 log.exception("lease-lost callback failed")
+
+    def confirm(self, timeout: float) -> bool | None:
+        """Ask etcd now whether the lease still lives (LeaseTimeToLive, one bounded call):
+        False — and ``lost`` set — when it is gone (revoked by someone else, expired); None
+        when etcd did not answer in time (the keep-alives go on deciding). Why: a round
+        superseded because our own lease vanished must be fenced at once, not stopped with a
+        grace, and the next keep-alive could be TTL/3 away."""
+        from etcdrun.rendezvous.client.errors import EtcdError, EtcdLeaseNotFoundError
+
+        if self._keeper is None or self.lost.is_set():
+            return not self.lost.is_set()
+        try:
+            req = pb.LeaseTimeToLiveRequest(ID=self.id)
+            if self._keeper._t.call("LeaseTimeToLive", req, timeout=timeout).TTL > 0:
+                return True
+        except EtcdLeaseNotFoundError:
+            pass
+        except EtcdError:
+            return None
+        self._keeper.forget(self)
+        self._mark_lost("gone on the server (revoked or expired)")
+        return False
 
     def orphan(self) -> None:
         """Stop keeping it alive, and forget it, without revoking: on the server it expires
@@ -207,7 +256,7 @@ class LeaseKeeper:
     def _tick(self, due: list[Lease]) -> None:
         idx = self._t.preferred()
         sent = time.monotonic()
-        until_lost = min(ls.presumed_lost_at for ls in due) - sent
+        until_lost = min(ls.next_deadline for ls in due) - sent
         timeout = self._t.policy.keepalive_timeout(min(ls.ttl for ls in due), until_lost)
         acked: dict[int, int] = {}
         try:
@@ -243,18 +292,22 @@ class LeaseKeeper:
                 ls.keepalives += 1
                 ls._failures = 0
                 ls._next_at = sent + ls._interval
-                for cb in list(ls._refreshed):
-                    try:
-                        cb(ls)
-                    except Exception:  # a listener must not stop the keep-alives
-                        log.exception("lease-refreshed callback failed")
-            elif now >= ls.presumed_lost_at:
+                if ls.in_doubt.is_set():
+                    log.warning("etcd lease %x: etcd answered again (TTL %d s): alive", ls.id, ttl)
+                ls.in_doubt.clear()
+                ls._run_callbacks(ls._refreshed)
+            elif now >= ls.expires_no_earlier_than:
                 self.forget(ls)
                 ls._mark_lost(f"no keep-alive acknowledged for {now - (ls._acked_sent_at):.1f}s")
             else:
+                if now >= ls.presumed_lost_at and not ls.in_doubt.is_set():
+                    ls.in_doubt.set()
+                    log.warning("etcd lease %x in doubt: no keep-alive acknowledged for %.1fs",
+                                ls.id, now - ls._acked_sent_at)  # fmt: skip
+                    ls._run_callbacks(ls._doubted)
                 ls._failures += 1
                 ls._next_at = now + self._t.policy.keepalive_retry_in(
-                    ls._failures, ls.presumed_lost_at - now
+                    ls._failures, ls.next_deadline - now
                 )
 
     def close(self, revoke: bool = True) -> None:

@@ -47,3 +47,8 @@ def run_until_go(marker_dir):
         return rank
     time.sleep(600)
     return None
+
+
+def environment():
+    """The worker's environment as user code sees it."""
+    return dict(os.environ)

@@ -5,10 +5,12 @@ pid, wall time), written atomically so a test polling the folder never reads hal
 SIGTERM is recorded in ``signal_<pid>.json`` before the worker dies of it, so a test can tell
 "the agent forwarded SIGTERM" from "the worker was SIGKILLed".
 
-Modes: ``exit`` returns at once (success); ``sleep`` waits until stopped; ``fail <rank>`` makes
-the worker whose RANK is <rank> raise under ``@record`` while the others sleep; ``raw <rank>``
-the same without ``@record`` (no error file: only its stderr tells). It raises only once every
-worker of its round has recorded its start: a test then sees every attempt whole.
+Modes: ``exit`` returns at once (success); ``sleep`` waits until stopped; ``deaf`` too, but it
+records a SIGTERM and goes on (a worker stuck in a collective: only SIGKILL ends it);
+``fail <rank>`` makes the worker whose RANK is <rank> raise under ``@record`` while the others
+sleep; ``raw <rank>`` the same without ``@record`` (no error file: only its stderr tells). It
+raises only once every worker of its round has recorded its start: a test then sees every
+attempt whole.
 """
 
 import json
@@ -36,6 +38,8 @@ def _on_term(signum, frame):
             "t": time.time(),
         },
     )
+    if sys.argv[2] == "deaf":
+        return
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
 

@@ -1,0 +1,107 @@
+"""Seeded random fault schedules for the chaos trials (issue 11): a pure function of one int.
+
+Why pure and seeded: a failing trial must replay exactly (``bench/soak.py --replay <seed>``),
+so everything random about a trial — how many agents, which faults, when, on whom, for how long,
+whether the cores are saturated — is drawn here from ``random.Random(seed)`` and nothing else.
+The executor (chaos_trial.py) only carries the schedule out.
+
+What a schedule keeps true, so that the job must complete (issue 11: "whenever at least min nodes
+survive"): at most ``agents - min_nodes`` agents are killed, each at most once, and the restart
+budget covers every worker kill. Everything else (stops, etcd restarts, compaction, corrupt
+values) must cost at most new rounds, never the job.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+TTL = 2  # lease_ttl of every trial: short, so that many trials fit
+
+# kind -> (weight, how long it lasts in s: (lo, hi), or None for an instant fault)
+FAULTS: dict[str, tuple[int, tuple[float, float] | None]] = {
+    "agent_kill": (3, None),  # kill -9 of the agent (its warden fences the workers)
+    "agent_stop_short": (2, (0.5, 1.0)),  # SIGSTOP of the agent alone, < presumed loss (1.44 s)
+    "agent_stop_long": (2, (TTL + 0.5, TTL + 2.0)),  # ... past the TTL: fenced, rejoins
+    "node_stop_short": (2, (0.5, 1.0)),  # SIGSTOP of the whole node tree (agent, warden, workers)
+    "node_stop_long": (2, (TTL + 0.5, TTL + 2.0)),
+    "worker_kill": (3, None),  # kill -9 of one worker: a charged restart
+    "etcd_leader_restart": (2, (0.2, 1.5)),  # kill -9 of the raft leader, restarted after
+    "etcd_follower_restart": (2, (0.2, 1.5)),
+    "etcd_all_restart": (1, (0.3, 1.0)),  # every member down at once, then all restarted
+    "compact": (2, None),  # compaction of etcd's history up to now
+    "corrupt_agent": (1, None),  # an etcdctl-style put of garbage into an agent key
+    "corrupt_round": (1, None),  # ... into the round key
+}
+TARGETED = {"agent_kill", "agent_stop_short", "agent_stop_long", "node_stop_short"}
+TARGETED |= {"node_stop_long", "worker_kill", "corrupt_agent"}
+MAX_RESTARTS = 3  # >= the worker kills a schedule holds
+
+
+@dataclass(frozen=True)
+class Fault:
+    at: float  # seconds after the first full round is running
+    kind: str
+    target: int = -1  # the agent's index (start order), for targeted faults
+    duration: float = 0.0  # how long a stop or an etcd outage lasts
+
+    def describe(self) -> str:
+        who = f" agent{self.target}" if self.target >= 0 else ""
+        lasting = f" for {self.duration:.2f}s" if self.duration else ""
+        return f"t+{self.at:.2f}s {self.kind}{who}{lasting}"
+
+
+@dataclass(frozen=True)
+class Schedule:
+    seed: int
+    agents: int  # 3-5 agents, --nnodes min_nodes:agents
+    min_nodes: int
+    nproc: int
+    busy: bool  # every core saturated by other processes for the whole trial
+    faults: tuple[Fault, ...]
+
+    @property
+    def max_nodes(self) -> int:
+        return self.agents
+
+    def killed(self) -> set[int]:
+        return {f.target for f in self.faults if f.kind == "agent_kill"}
+
+    def describe(self) -> str:
+        head = f"seed {self.seed}: {self.agents} agents (min {self.min_nodes}) x {self.nproc}"
+        busy = ", cores saturated" if self.busy else ""
+        return f"{head}{busy}; " + "; ".join(f.describe() for f in self.faults)
+
+
+def generate(seed: int) -> Schedule:
+    """The schedule of trial ``seed``: 1-3 faults within the first 2 s of the running job."""
+    rng = random.Random(seed)
+    agents = rng.randint(3, 5)
+    min_nodes = 2
+    kinds = list(FAULTS)
+    weights = [FAULTS[k][0] for k in kinds]
+    faults: list[Fault] = []
+    kills_left = agents - min_nodes
+    worker_kills_left = MAX_RESTARTS
+    for _ in range(rng.randint(1, 3)):
+        kind = rng.choices(kinds, weights)[0]
+        if kind == "agent_kill" and kills_left == 0:
+            kind = "agent_stop_long"
+        if kind == "worker_kill" and worker_kills_left == 0:
+            kind = "compact"
+        kills_left -= kind == "agent_kill"
+        worker_kills_left -= kind == "worker_kill"
+        span = FAULTS[kind][1]
+        duration = round(rng.uniform(*span), 2) if span else 0.0
+        target = _target(rng, kind, agents, faults)
+        faults.append(Fault(round(rng.uniform(0.0, 2.0), 2), kind, target, duration))
+    faults.sort(key=lambda f: f.at)
+    return Schedule(seed, agents, min_nodes, rng.choice((1, 2)), rng.random() < 0.2, tuple(faults))
+
+
+def _target(rng: random.Random, kind: str, agents: int, earlier: list[Fault]) -> int:
+    """A targeted fault's agent; never one already killed (a kill -9 happens once)."""
+    if kind not in TARGETED:
+        return -1
+    dead = {f.target for f in earlier if f.kind == "agent_kill"}
+    return rng.choice([i for i in range(agents) if i not in dead])
