@@ -18,8 +18,7 @@ the workers as torchrun does: that signal, then SIGKILL after the grace (``--shu
 the agent then leaves the rendezvous (its lease revoked, so peers start a new round at once) and
 raises SignalException, which the CLI turns into exit code 128 + signal (torchrun exits 1).
 Starting and stopping workers and the fenced restart request are critical sections: a signal
-there is held until they end.
-"""
+there is held until they end."""
 
 from __future__ import annotations
 
@@ -30,7 +29,7 @@ import threading
 import time
 from typing import Any, NoReturn
 
-from etcdrun.agent import loop, standby
+from etcdrun.agent import loop, standby, story
 from etcdrun.agent.api import RunResult, WorkerSpec, WorkerState, handled_signals
 from etcdrun.agent.errors import ChildFailedError, ProcessFailure, write_error_json
 from etcdrun.agent.fencing import Fencing
@@ -99,8 +98,7 @@ class ElasticAgent:
     def run(self) -> RunResult:
         unsubscribe = self._h.on_membership_change(self._wake.set)
         self._fencing.start(self._wake.set)
-        if self._standbys is not None:
-            self._standbys.start()  # ahead of the first round
+        standby.start(self._standbys)  # ahead of the first round
         result: RunResult | None = None
         try:
             self.observer.open(self._group.log_root())
@@ -109,8 +107,7 @@ class ElasticAgent:
         finally:
             unsubscribe()
             self._group.close()
-            if self._standbys is not None:
-                self._standbys.close()
+            standby.close(self._standbys)
             self._fencing.close()
             self.observer.close()
             kept = self._group.settle_logs(result is not None and not result.is_failed())
@@ -122,17 +119,12 @@ class ElasticAgent:
         self._wake.set()
 
     def _say_where_logs_are(self) -> None:
-        root = self._group.log_root()
-        files = f"events.jsonl; workers' files under {root}/{self._h.get_run_id()}/attempt_<n>/"
-        if self._given_log_dir:
-            log.info("logs: %s (agent.log, %s)", root, files)
-        else:
-            log.info(
-                "logs: %s (%s); a temporary folder, removed after a successful run unless "
-                "worker output goes to files (-r/-t): give --log-dir to keep it",
-                root,
-                files,
-            )
+        log.info(
+            "%s",
+            story.logs_line(
+                self._group.log_root(), self._h.get_run_id(), bool(self._given_log_dir)
+            ),
+        )
 
     @property
     def group(self) -> WorkerGroup:

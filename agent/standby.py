@@ -244,6 +244,18 @@ def waiting(pool: Standbys | None) -> Iterator[set[int]]:
         yield pids
 
 
+def start(standbys: Standbys | None) -> None:
+    """Start the slots' standbys (none with --prewarm none)."""
+    if standbys is not None:
+        standbys.start()
+
+
+def close(standbys: Standbys | None) -> None:
+    """End every standby still waiting."""
+    if standbys is not None:
+        standbys.close()
+
+
 def for_agent(spec: WorkerSpec, extra_env: Mapping[str, str]) -> Standbys | None:
     """The agent's pool, or None when ``--prewarm none`` or the entrypoint cannot use one."""
     if spec.prewarm == NONE or spec.entrypoint is None:

@@ -88,4 +88,16 @@ def round_change(
     return f"{'; '.join(facts)}; {new} ({charge})"
 
 
-__all__ = ["failure_text", "round_change", "who", "why_class"]
+def logs_line(root: str, run_id: str, given: bool) -> str:
+    """Where this agent's logs are, said once when its first workers start (a temporary folder
+    without --log-dir: the user must know it goes)."""
+    files = f"events.jsonl; workers' files under {root}/{run_id}/attempt_<n>/"
+    if given:
+        return f"logs: {root} (agent.log, {files})"
+    return (
+        f"logs: {root} ({files}); a temporary folder, removed after a successful run unless "
+        "worker output goes to files (-r/-t): give --log-dir to keep it"
+    )
+
+
+__all__ = ["failure_text", "logs_line", "round_change", "who", "why_class"]
