@@ -104,6 +104,33 @@ def test_garbage_in_the_dead_leaders_key_does_not_stop_the_election(etcd):
     assert violations(etcd.endpoints, run, 2, 3, acc) == []
 
 
+def test_garbage_in_the_live_leaders_key_after_a_kill_never_blocks_a_round(etcd):
+    """Near the chaos soak's seed 1434 (a kill -9, then garbage in the live leader's own key while
+    the next round gathers): here the round still comes. The soak's case, whose survivors had
+    also asked for a restart after their workers failed, lost the job (two leaders, each alone);
+    it is not reproduced by this test yet (issue 11's note)."""
+    run = new_run_id()
+    hs = [
+        handler(etcd.endpoints, run, 2, 3, lease_ttl=2, last_call_timeout=0, join_timeout=15)
+        for _ in range(3)
+    ]
+    with accepted_events(hs) as acc:
+        try:
+            infos = rendezvous(hs)
+            by_rank = {i.node_rank: h for h, i in zip(hs, infos, strict=True)}
+            leader, victim = by_rank[0], by_rank[2]
+            crash(victim)  # seed 1434's order: a kill -9, then the leader's key tampered
+            survivors = [leader, by_rank[1]]
+            for h in survivors:
+                assert h.membership_changed.wait(10)
+            with EtcdClient(etcd.endpoints) as c:  # while the next round gathers
+                c.put(leader.session.key, GARBAGE)
+            assert [i.node_count for i in rendezvous(survivors, timeout=20)] == [2, 2]
+        finally:
+            shutdown_all(hs)
+    assert violations(etcd.endpoints, run, 2, 3, acc) == []
+
+
 def garbage_in_the_round_key_then_repaired(endpoints: str, run: str, hs: list):
     """Put garbage into the round key; the repaired key, once the leader says it repaired it."""
     repaired = threading.Event()
