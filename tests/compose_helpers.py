@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rank_sampler import alive
+
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE_FILE = ROOT / "deploy" / "docker-compose.yml"
 BUILD = ROOT / "deploy" / "images" / "build.py"
@@ -150,14 +152,6 @@ def _worker(container: str, pid: int, frozen: bool = False) -> Worker | None:
     return Worker(container, pid, rank, rnd, world, frozen)
 
 
-def _still_alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state not in ("Z", "X")
-
-
 class RankSampler:
     """A thread that lists every agent container's live workers every ``interval`` seconds."""
 
@@ -189,7 +183,7 @@ class RankSampler:
         # One pass reads the containers one after another, so it is no snapshot: a worker read
         # early may be gone before a later one starts. Kept are those still there at the end —
         # alive at their own read and now, so all alive together at the last read.
-        return Sample(time.monotonic(), [w for w in found if _still_alive(w.pid)])
+        return Sample(time.monotonic(), [w for w in found if alive(w.pid)])
 
     def _run(self) -> None:
         while not self._stop.is_set():
