@@ -256,6 +256,10 @@ def _joining(state: State, event: Event) -> Step | None:
     done = replace(state, phase=Phase.DONE)
     if event.failure is None and event.succeeded:  # a hot spare, or a node rejoining late
         note = "the job finished (SUCCEEDED) without needing this node"
+        if state.info is not None:  # we ran workers in it: fenced, the others finished the work
+            note = (
+                f"the job finished (SUCCEEDED) while this node was out of round {state.info.round}"
+            )
         return Step(done, ReturnResult(RunResult(WorkerState.SUCCEEDED), note=note))
     if event.failure is None:
         return Step(done, RaiseClosed())

@@ -209,7 +209,11 @@ class AgentObserver:
             workers=workers,
             lease_expires_in_s=round(left, 3) if left is not None else None,
         )
-        when = f", {left:.1f} s before it could expire" if left is not None else ""
+        when = ""
+        if left is not None and left >= 0:
+            when = f", {left:.1f} s before it could expire"
+        elif left is not None:  # the node could not act in time (frozen, suspended): the warden
+            when = f", {-left:.1f} s after it could have expired (this node was not running)"
         log.warning(
             "fenced: this node's lease was lost; its %d worker(s) were stopped at once%s; "
             "rejoining as a new node",

@@ -169,6 +169,9 @@ class Warden:
         self.workers = []
 
 
+SEND_WAIT = 0.5  # seconds the agent waits on a full socket to its warden
+
+
 class Link:
     """The agent's end: start the warden, feed it, read its word. One per agent."""
 
@@ -187,6 +190,7 @@ class Link:
         )  # fmt: skip
         theirs.close()
         self.sock.setblocking(False)
+        self._said = False  # a failed delivery is said once
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -223,10 +227,32 @@ class Link:
                 self.proc.wait()
 
     def _send(self, msg: bytes, fds: list[int] = ()) -> None:  # type: ignore[assignment]
-        try:
-            socket.send_fds(self.sock, [msg], list(fds)) if fds else self.sock.send(msg)
-        except (BlockingIOError, OSError):
-            pass  # a warden that is gone or busy: the agent goes on (and fences itself)
+        """A full socket (the warden busy, or descheduled under load) is waited on briefly: a
+        worker's pidfd dropped here is a worker the warden could not fence. A warden gone or
+        stuck past that is said once; the agent goes on (and fences itself while it runs)."""
+        deadline = time.monotonic() + SEND_WAIT
+        while True:
+            try:
+                socket.send_fds(self.sock, [msg], list(fds)) if fds else self.sock.send(msg)
+                return
+            except BlockingIOError:
+                left = deadline - time.monotonic()
+                if left > 0 and select.select([], [self.sock], [], left)[1]:
+                    continue
+                why = f"its socket stayed full for {SEND_WAIT:g} s"
+            except OSError as e:
+                why = str(e)
+            if not self._said:
+                self._said = True
+                import logging  # the warden's own side runs without it (-I -S)
+
+                logging.getLogger(__name__).warning(
+                    "warden %d: a message was not delivered (%s): it may not fence this node's "
+                    "workers if the agent freezes",
+                    self.proc.pid,
+                    why,
+                )
+            return
 
 
 def _main() -> int:

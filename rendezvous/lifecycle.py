@@ -199,7 +199,13 @@ def exit_barrier(
     closed_ttl: float,
 ) -> bool:
     """Wait until every node of ``running`` finished (or the run closed); the last one to
-    arrive closes the run as SUCCEEDED. True when everyone made it in time."""
+    arrive closes the run as SUCCEEDED. True when everyone made it in time.
+
+    A member whose lease lapsed before it arrived (frozen past its TTL near the end: the soak's
+    seeds 1259, 1376, 1403) can never arrive as itself. When the round moves on without it, or
+    time is up, and every member still registered has arrived, the run is closed SUCCEEDED all
+    the same — else the fenced node, back, joined a run nobody else would join and waited out
+    join_timeout before failing. It finds the run closed and leaves at once."""
     prefix = keys.barrier(running.number, "exit")
     client.put(prefix + session.node_id, b"", lease=session.lease_id)
     if client.get_prefix(prefix, count_only=True).count >= len(running.members):
@@ -208,11 +214,61 @@ def exit_barrier(
     deadline = time.monotonic() + timeout
     while True:
         cur = view.current()
-        if cur is not None and cur is not running:
-            if cur.phase is Phase.CLOSED or cur.number > running.number:
-                return cur.phase is Phase.CLOSED
+        if cur is not None and cur.phase is Phase.CLOSED:
+            return True
+        if cur is not None and cur.number > running.number:
+            # Opening the next round removed this round's directory, barrier keys and all: who
+            # had arrived is read as it stood just before. Only the departure's own round can say
+            # (a round frozen since ran someone's workers: the run goes on).
+            if cur.number > running.number + 1 or cur.phase is not Phase.JOINING:
+                return False
+            at = cur.mod_revision - 1
+            return _close_if_the_rest_are_gone(
+                client, keys, events, session, running, at, closed_ttl
+            )
         if not view.wait(cur, deadline, stop=lambda: False):
-            return False
+            return _close_if_the_rest_are_gone(
+                client, keys, events, session, running, 0, closed_ttl
+            )
+
+
+def _close_if_the_rest_are_gone(
+    client: EtcdClient,
+    keys: RunKeys,
+    events: EventLog,
+    session: Session,
+    running: Round,
+    at_revision: int,
+    closed_ttl: float,
+) -> bool:
+    """Close the run SUCCEEDED when each member of ``running`` is at the barrier or gone (its
+    agent key lapsed: it cannot come back as itself); True then. A member still registered may
+    still be working, and keeps the run open. Newcomers and spares do not count: the work is
+    done."""
+    try:
+        arrived = _names(client, keys.barrier(running.number, "exit"), at_revision)
+    except EtcdError:  # compacted since: who arrived is unknown, so the run stays open
+        return False
+    live = _names(client, keys.agents)
+    late = [m.node_id for m in running.members if m.node_id not in arrived]
+    if any(node in live for node in late):
+        return False
+    if set_closed(client, keys, events, st.SUCCEEDED, ttl=closed_ttl, by=session.node_id):
+        events.emit("exit_barrier_incomplete", round=running.number, gone=late)
+        log.warning(
+            "run %s round %d: %s left before the exit barrier; every other node finished, so "
+            "the run closed as SUCCEEDED",
+            keys.run_id,
+            running.number,
+            ", ".join(late),
+        )
+    return True
+
+
+def _names(client: EtcdClient, prefix: str, revision: int = 0) -> set[str]:
+    """The last path element of every key under ``prefix`` (at ``revision``; 0: now)."""
+    kvs = client.get_prefix(prefix, keys_only=True, revision=revision).kvs
+    return {kv.key.decode()[len(prefix) :] for kv in kvs}
 
 
 def describe_closed(client: EtcdClient, keys: RunKeys, msg: st.RoundState | None) -> str:

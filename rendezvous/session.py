@@ -31,7 +31,7 @@ from collections.abc import Callable
 from etcdrun.proto import etcd_api_pb2 as pb
 from etcdrun.proto import etcdrun_state_pb2 as st
 from etcdrun.rendezvous import codec
-from etcdrun.rendezvous.client import EtcdClient, EtcdError, Lease
+from etcdrun.rendezvous.client import EtcdClient, EtcdError, Lease, Watch, WatchBatch
 from etcdrun.rendezvous.client import txn as t
 from etcdrun.rendezvous.client.lease import fence_margin
 from etcdrun.rendezvous.errors import RendezvousStateError
@@ -60,6 +60,8 @@ class Session:
         self.create_revision = created
         self._closed = False
         self._orphaned = False
+        self._watch: Watch | None = None
+        self._watch_own_key(created + 1)
 
     @classmethod
     def open(cls, client: EtcdClient, keys: RunKeys, info: st.AgentInfo, ttl: int) -> Session:
@@ -176,6 +178,45 @@ class Session:
         """Run ``callback(session)`` once when the lease is lost (on the keep-alive thread)."""
         self._lease.on_lost(lambda _lease: callback(self))
 
+    # ---- our own key, watched -----------------------------------------------------------------
+    def _watch_own_key(self, start_revision: int) -> None:
+        """Our key deleted or rewritten by anyone else (an ``etcdctl put`` of garbage strips its
+        lease; the leader then removes it as no agent) ends our place in the run while the lease
+        still lives: the others count us gone and hand our ranks out. Found by the soak (seed
+        1434): a node already joined to a gathering round never noticed, led a round alone
+        beside the real leader, and the job was lost at join_timeout. Now the session is lost
+        at once — workers fenced, a new node id — as when the lease lapses."""
+        self._watch = self.client.watch(
+            self.key, start_revision=start_revision, callback=self._on_own_key
+        )
+
+    def _on_own_key(self, batch: WatchBatch) -> None:
+        if batch.error is not None:  # compacted or refused: read again, off the watch thread
+            if not (self._closed or self._orphaned):
+                threading.Thread(target=self._recheck_own_key, daemon=True).start()
+            return
+        for ev in batch.events:
+            if ev.type == pb.Event.DELETE:
+                return self._lease.abandon(f"agent key {self.key} was removed by someone else")
+            if ev.kv.lease != self.lease_id:
+                return self._lease.abandon(f"agent key {self.key} was overwritten by someone else")
+
+    def _recheck_own_key(self) -> None:
+        try:
+            res = self.client.range(self.key)
+        except EtcdError as e:  # etcd unreachable: the keep-alives decide, as for any outage
+            log.warning("session %s: could not re-read its agent key: %s", self.node_id, e)
+            return
+        if not self.owns(res.kvs[0] if res.kvs else None):
+            self._lease.abandon(f"agent key {self.key} was removed or overwritten by someone else")
+        elif not (self._closed or self._orphaned):
+            self._watch_own_key(res.revision + 1)
+
+    def _cancel_watch(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
+
     # ---- the end -------------------------------------------------------------------------------
     @property
     def orphaned(self) -> bool:
@@ -185,6 +226,7 @@ class Session:
         """Stop keeping the lease alive, without revoking it: it expires after its TTL, as if
         this process had died. ``close()`` afterwards revokes nothing."""
         self._orphaned = True
+        self._cancel_watch()
         self._lease.orphan()
 
     def close(self) -> bool:
@@ -193,6 +235,7 @@ class Session:
         if self._closed or self._orphaned:
             return True
         self._closed = True
+        self._cancel_watch()
         try:
             return self._lease.revoke()
         except EtcdError as e:

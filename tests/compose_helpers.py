@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rank_sampler import alive
+
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE_FILE = ROOT / "deploy" / "docker-compose.yml"
 BUILD = ROOT / "deploy" / "images" / "build.py"
@@ -178,7 +180,10 @@ class RankSampler:
                 continue  # the container is gone (killed): so is its cgroup
             frozen = is_frozen(procs)
             found += [w for pid in pids if (w := _worker(name, pid, frozen)) is not None]
-        return Sample(time.monotonic(), found)
+        # One pass reads the containers one after another, so it is no snapshot: a worker read
+        # early may be gone before a later one starts. Kept are those still there at the end —
+        # alive at their own read and now, so all alive together at the last read.
+        return Sample(time.monotonic(), [w for w in found if alive(w.pid)])
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from agent_helpers import Job
 from etcd_helpers import ExternalEtcd, owned_local_etcd, owned_pids, pid_alive
 from tlsgen import TlsFiles, generate
 
@@ -227,3 +228,18 @@ def etcd_auth_ttl(etcd_bin: str) -> Iterator[LocalEtcd]:
     """Simple auth tokens expire after 2 s idle; the test enables auth via the admin RPCs."""
     with owned_local_etcd(etcd_bin=etcd_bin, auth_token_ttl=2) as e:
         yield e
+
+
+@pytest.fixture
+def job_factory(etcd, tmp_path):
+    """Jobs of real agents on the test's etcd (agent_helpers.Job), each closed at the end."""
+    jobs: list[Job] = []
+
+    def make(**kw) -> Job:
+        j = Job(etcd.endpoints, tmp_path / f"job{len(jobs)}", **kw)
+        jobs.append(j)
+        return j
+
+    yield make
+    for j in jobs:
+        j.close()

@@ -59,7 +59,11 @@ class RankSampler:
     def sample(self) -> None:
         """One look at /proc (the thread's tick; tests call it directly)."""
         held: dict[str, set[str]] = {}
-        for pid, state, env in self._processes():
+        # One pass over /proc is no snapshot: a worker read early (lower pid) may be gone before a
+        # later one starts. Kept are those still alive after the pass — alive at their own read
+        # and after it, so all alive together at the last read.
+        found = list(self._processes())
+        for pid, state, env in (f for f in found if alive(f[0])):
             if state in ("T", "t"):
                 self.paused.add(pid)
                 if state in self.dead_states:

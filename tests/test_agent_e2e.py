@@ -21,7 +21,6 @@ import pytest
 from agent_helpers import (
     SCRIPTS,
     WORKER,
-    Job,
     alive,
     clean_env,
     etcdrun_bin,
@@ -58,20 +57,6 @@ ENV_VARS = (
     "OMP_NUM_THREADS",
     "ETCDRUN_ROUND",
 )
-
-
-@pytest.fixture
-def job_factory(etcd, tmp_path):
-    jobs: list[Job] = []
-
-    def make(**kw) -> Job:
-        j = Job(etcd.endpoints, tmp_path / f"job{len(jobs)}", **kw)
-        jobs.append(j)
-        return j
-
-    yield make
-    for j in jobs:
-        j.close()
 
 
 def run_keys(endpoints: str, run_id: str) -> list[bytes]:

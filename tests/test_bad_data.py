@@ -25,6 +25,7 @@ from rdzv_helpers import (
 
 from etcdrun.rendezvous import codec
 from etcdrun.rendezvous.client import EtcdClient
+from etcdrun.rendezvous.keys import RunKeys
 
 GARBAGE = b"\xff\xfe etcdctl put of garbage"
 
@@ -101,6 +102,65 @@ def test_garbage_in_the_dead_leaders_key_does_not_stop_the_election(etcd):
             shutdown_all(hs)
         with EtcdClient(etcd.endpoints) as c:
             assert agent_keys(c, run) == {}  # nothing of the run is left behind
+    assert violations(etcd.endpoints, run, 2, 3, acc) == []
+
+
+def test_garbage_in_the_live_leaders_key_after_a_kill_never_blocks_a_round(etcd):
+    """Near the chaos soak's seed 1434 (a kill -9, then garbage in the live leader's own key while
+    the next round gathers): here the round still comes. The soak's own case, where the leader
+    had already joined the next round, is the test after this one."""
+    run = new_run_id()
+    hs = [
+        handler(etcd.endpoints, run, 2, 3, lease_ttl=2, last_call_timeout=0, join_timeout=15)
+        for _ in range(3)
+    ]
+    with accepted_events(hs) as acc:
+        try:
+            infos = rendezvous(hs)
+            by_rank = {i.node_rank: h for h, i in zip(hs, infos, strict=True)}
+            leader, victim = by_rank[0], by_rank[2]
+            crash(victim)  # seed 1434's order: a kill -9, then the leader's key tampered
+            survivors = [leader, by_rank[1]]
+            for h in survivors:
+                assert h.membership_changed.wait(10)
+            with EtcdClient(etcd.endpoints) as c:  # while the next round gathers
+                c.put(leader.session.key, GARBAGE)
+            assert [i.node_count for i in rendezvous(survivors, timeout=20)] == [2, 2]
+        finally:
+            shutdown_all(hs)
+    assert violations(etcd.endpoints, run, 2, 3, acc) == []
+
+
+def test_garbage_in_the_leaders_key_after_it_joined_the_next_round_never_blocks_it(etcd):
+    """The soak's seed 1434 exactly: the leader had asked for a restart (its workers failed) and
+    joined the next round when garbage went into its own key. The other node then led too,
+    removed the key as no agent, and each leader waited alone (1/1 live nodes joined, min 2)
+    until join_timeout. A session that sees its own key removed or rewritten is lost at once and
+    comes back as a new node."""
+    run = new_run_id()
+    hs = [handler(etcd.endpoints, run, 2, 3, lease_ttl=2, join_timeout=15) for _ in range(2)]
+    with accepted_events(hs) as acc:
+        try:
+            infos = rendezvous(hs)
+            by_rank = {i.node_rank: h for h, i in zip(hs, infos, strict=True)}
+            leader, other = by_rank[0], by_rank[1]
+            old_node = leader.session.node_id
+            assert leader.request_restart("worker failed", None)
+            got: list = [None]
+            th = threading.Thread(target=lambda: got.__setitem__(0, leader.next_rendezvous()))
+            th.start()
+            with EtcdClient(etcd.endpoints) as c:
+                joined = RunKeys("/etcdrun", run).join(2, old_node)
+                wait_for(lambda: c.get(joined) is not None, 10, "the leader joined round 2")
+                c.put(leader.session.key, GARBAGE)  # no --lease: the key loses ours
+            mine = rendezvous([other], timeout=20)[0]
+            th.join(20)
+            assert not th.is_alive() and got[0] is not None
+            assert [got[0].node_count, mine.node_count] == [2, 2]
+            assert got[0].round == mine.round
+            assert leader.session.node_id != old_node  # back as a new node
+        finally:
+            shutdown_all(hs)
     assert violations(etcd.endpoints, run, 2, 3, acc) == []
 
 

@@ -39,7 +39,7 @@ def test_clean():
 
 
 def test_leak_checks_catch_threads_and_processes_but_not_fixtures(pytester, monkeypatch, etcd_bin):
-    for name in ("conftest.py", "etcd_helpers.py", "tlsgen.py"):
+    for name in ("conftest.py", "agent_helpers.py", "etcd_helpers.py", "tlsgen.py"):
         pytester.makefile(Path(name).suffix, **{Path(name).stem: (HERE / name).read_text()})
     pytester.makepyfile(test_inner=INNER)
     monkeypatch.setenv("ETCDRUN_LEAK_GRACE", "0.3")

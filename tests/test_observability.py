@@ -19,8 +19,7 @@ import urllib.request
 from collections import Counter
 from pathlib import Path
 
-import pytest
-from agent_helpers import WORKER, Job, clean_env, etcdrun_bin, wait_for
+from agent_helpers import WORKER, clean_env, etcdrun_bin, wait_for
 
 from etcdrun.agent.event_sink import read
 from etcdrun.rendezvous.ports import reserve_free_port
@@ -28,20 +27,6 @@ from etcdrun.rendezvous.ports import reserve_free_port
 HOST = socket.gethostname()
 # The transitions a node goes through once each per round (per worker for the workers').
 ONCE = ("node_joined", "round_accepted", "worker_started", "worker_stopped", "worker_exited")
-
-
-@pytest.fixture
-def job_factory(etcd, tmp_path):
-    jobs: list[Job] = []
-
-    def make(**kw) -> Job:
-        j = Job(etcd.endpoints, tmp_path / f"job{len(jobs)}", **kw)
-        jobs.append(j)
-        return j
-
-    yield make
-    for j in jobs:
-        j.close()
 
 
 def scrape(port: int, path: str) -> tuple[int, str]:

@@ -268,10 +268,16 @@ def test_torchrun_runs_an_unmodified_ddp_script_on_etcd_v3(etcd, tmp_path, torch
         assert [n.wait(180) for n in nodes] == [0, 0], job.describe()
         out = "".join(n.text for n in nodes)
         lines = re.findall(r"^rank (\d+)/(\d+) all_reduce (\S+) params (\S+)$", out, re.MULTILINE)
-        assert sorted(int(r) for r, *_ in lines) == [0, 1, 2, 3], out
+        attempts = len(re.findall(r"^final loss \d+\.\d+$", out, re.MULTILINE))
+        if attempts > 1:
+            # torch + gloo under torchrun itself: a worker that finished can die of SIGABRT in
+            # interpreter exit ("terminate called without an active exception", 14-17 of 50 in
+            # bench/clean_exit.py); torchrun then runs the whole job again. Only that may repeat it.
+            assert "terminate called without an active exception" in out, out
+        assert sorted(int(r) for r, *_ in lines) == sorted([0, 1, 2, 3] * attempts), out
         assert {(w, s) for _, w, s, _ in lines} == {("4", "10")}  # 1 + 2 + 3 + 4 across nodes
         assert len({c for *_, c in lines}) == 1, out  # DDP kept the replicas identical
-        assert len(re.findall(r"^final loss \d+\.\d+$", out, re.MULTILINE)) == 1, out
+        assert attempts >= 1, out
         # Leases gone with the nodes, store keys with them; only the closed marker stays.
         wait_leases_only(etcd.endpoints, {f"/etcdrun/{job.run_id}/round".encode()}, 10)
     finally:

@@ -67,6 +67,7 @@ class Lease:
         self._failures = 0  # keep-alive ticks failed in a row
         self._revoked = False
         self._orphaned = False
+        self._abandoned = False
         self.keepalives = 0
 
     @property
@@ -140,6 +141,16 @@ class Lease:
         self._mark_lost("gone on the server (revoked or expired)")
         return False
 
+    def abandon(self, reason: str) -> None:
+        """Give the lease up now, though etcd still holds it (its owner learnt it has no place
+        left: its agent key was removed): ``lost`` is set with ``reason`` and the callbacks run
+        — the workers are fenced — and keep-alives stop; ``revoke()`` afterwards still revokes
+        it on the server, so its join records go at once. Safe on the watch thread: no call."""
+        self._abandoned = True
+        if self._keeper is not None:
+            self._keeper.forget(self)
+        self._mark_lost(reason)
+
     def orphan(self) -> None:
         """Stop keeping it alive, and forget it, without revoking: on the server it expires
         after its TTL, exactly as if this process had died (etcd's Session.Orphan). Nothing is
@@ -159,7 +170,7 @@ class Lease:
         was_lost = self.lost.is_set()
         self._revoked = True
         self._mark_lost("revoked")
-        if was_lost and self.lost_reason != "revoked":
+        if was_lost and self.lost_reason != "revoked" and not self._abandoned:
             return True
         return self._keeper.revoke(self.id, timeout)
 

@@ -144,6 +144,7 @@ class Trial:
         """The first full round, the faults, and every agent's exit code (None: killed)."""
         world = self.s.agents * self.s.nproc
         job.wait_round(world, timeout=60)
+        (job.out / "go").touch()  # the workers' work starts now (tests/chaos/chaos_worker.py)
         t0 = time.monotonic()
         ex.run(self.s.faults, t0)
         killed = self.s.killed()

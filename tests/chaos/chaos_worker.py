@@ -8,6 +8,10 @@ before finishing (a broken all_reduce), and finishes only once every peer has (a
 a frozen peer holds everyone, as in a real collective). Without that, a survivor's workers would
 finish alone after a peer's node died or froze, and "the job completed" would mean nothing.
 
+The work starts once the trial has seen a round with every agent (it writes ``go``): agents
+started seconds apart under load would otherwise let the first two finish the job alone before
+the others came (seeds 1002, 1334 counted the late ones' rightful "already ran" as crashes).
+
 Every start leaves ``start_<round>_<rank>_<pid>.json`` (environment, pid, parent pid, wall
 time), written atomically like tests/agent_scripts/worker.py's: the trial reads recovery times
 and the rounds from them, never from the launcher's logs.
@@ -72,6 +76,9 @@ if __name__ == "__main__":
         {"env": env, "pid": os.getpid(), "ppid": os.getppid(), "t": time.time()},
     )
     peers = _meet(out, os.environ["ETCDRUN_ROUND"], int(os.environ["WORLD_SIZE"]))
+    while not os.path.exists(os.path.join(out, "go")):  # the trial's start: every agent is in
+        time.sleep(0.05)
+        _peers_done(out, peers)
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         time.sleep(0.05)

@@ -1,0 +1,112 @@
+"""The exit barrier when a member is gone for good: the job ends for everyone, at once.
+
+Why: the soak (seeds 1259, 1376, 1403, 1447, 1480) froze a whole node past its TTL near the end
+of the work. The others' workers finished, their barrier waited for a node that could never
+come back as itself, and they left without closing the run; the fenced node, thawed, joined a
+run nobody else would join and failed after join_timeout (600 s by default).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+from agent_helpers import Job, clean_env, wait_for
+from rdzv_helpers import crash, handler, new_run_id, rendezvous, shutdown_all
+from torchrun_helpers import descendants
+
+from etcdrun.proto import etcdrun_state_pb2 as st
+from etcdrun.rendezvous import codec
+from etcdrun.rendezvous.client import EtcdClient
+from etcdrun.rendezvous.keys import RunKeys
+
+UNTIL = """
+import os, pathlib, sys, time
+out = pathlib.Path(sys.argv[1])
+(out / f"start_{os.environ['RANK']}_{os.environ['ETCDRUN_ROUND']}").touch()
+while not (out / "finish").exists():
+    time.sleep(0.05)
+"""
+
+
+def _signal_tree(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def test_a_node_frozen_past_its_ttl_at_the_end_does_not_hang_the_job(etcd, tmp_path):
+    script = tmp_path / "until.py"
+    script.write_text(UNTIL)
+    out = tmp_path / "out"
+    job = Job(etcd.endpoints, tmp_path, nnodes="2:3", nproc=1, conf="lease_ttl=2,join_timeout=120")
+    frozen: list[int] = []
+    try:
+        logs = [("--log-dir", str(tmp_path / f"logs{i}")) for i in range(3)]  # kept, to read
+        agents = [job.start(str(script), str(out), env=clean_env(), extra=x) for x in logs]
+        wait_for(lambda: len(list(out.glob("start_*_1"))) == 3, 60, "round 1 with three nodes")
+        victim = agents[2]
+        frozen = [victim.pid, *descendants(victim.pid)]  # agent, warden, worker: the whole node
+        _signal_tree(frozen, signal.SIGSTOP)
+        (out / "finish").touch()  # the others' workers end their work
+        codes = [a.wait(60) for a in agents[:2]]
+        assert codes == [0, 0], job.describe()
+        said = "".join(a.stderr for a in agents[:2])
+        assert "left before the exit barrier" in said and "closed as SUCCEEDED" in said, said
+        assert "leaving anyway" not in said, said
+        t_thaw = time.monotonic()
+        _signal_tree(frozen, signal.SIGCONT)
+        frozen = []
+        assert victim.wait(30) == 0, victim.stderr
+        took = time.monotonic() - t_thaw
+        assert took < 10, f"the thawed node took {took:.1f} s to leave (join_timeout is 120)"
+        assert "SUCCEEDED) while this node was out of round 1" in victim.stderr, victim.stderr
+        assert not list(out.glob("start_*_2")), "nobody ran another round"
+    finally:
+        _signal_tree(frozen, signal.SIGCONT)
+        job.close()
+
+
+def _outcome(endpoints: str, run: str) -> str:
+    with EtcdClient(endpoints) as c:
+        kv = c.get(RunKeys("/etcdrun", run).round)
+    msg = codec.round_message(kv.value, RunKeys("/etcdrun", run).round, run)
+    return st.Phase.Name(msg.phase) + " " + st.Outcome.Name(msg.outcome)
+
+
+def test_the_barrier_closes_the_run_when_the_late_member_is_gone(etcd):
+    run = new_run_id()
+    hs = [handler(etcd.endpoints, run, 2, 3, lease_ttl=2) for _ in range(3)]
+    try:
+        rendezvous(hs)
+        crash(hs[2])  # its lease expires after the TTL: it can never arrive as itself
+        done: list = [None, None]
+        ts = [
+            threading.Thread(target=lambda i=i: done.__setitem__(i, hs[i].exit_barrier(30)))
+            for i in range(2)
+        ]
+        for th in ts:
+            th.start()
+        for th in ts:
+            th.join(30)
+        assert done == [True, True]
+        assert _outcome(etcd.endpoints, run) == "CLOSED SUCCEEDED"
+    finally:
+        shutdown_all(hs)
+
+
+def test_a_late_member_still_registered_keeps_the_run_open(etcd):
+    run = new_run_id()
+    hs = [handler(etcd.endpoints, run, 2, 2, lease_ttl=2) for _ in range(2)]
+    try:
+        rendezvous(hs)
+        assert hs[0].exit_barrier(0.5) is False  # hs[1] is alive: it may still be working
+        assert not _outcome(etcd.endpoints, run).startswith("CLOSED")
+        assert hs[1].exit_barrier(5) is True  # the last to arrive closes it
+        assert _outcome(etcd.endpoints, run) == "CLOSED SUCCEEDED"
+    finally:
+        shutdown_all(hs)
