@@ -88,7 +88,8 @@ def ensure_venv() -> None:
     for cmd in steps:
         if subprocess.run(cmd).returncode != 0:
             sys.exit(f"compare.py: setup step failed: {' '.join(cmd)}")
-    os.execv(str(VENV_PY), [str(VENV_PY), str(Path(__file__).resolve()), *sys.argv[1:]])
+    script = Path(sys.argv[0]).resolve()  # compare.py, or a bench that borrows this (ab.py)
+    os.execv(str(VENV_PY), [str(VENV_PY), str(script), *sys.argv[1:]])
 
 
 def loadavg() -> float:
