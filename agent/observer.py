@@ -210,10 +210,12 @@ class AgentObserver:
             lease_expires_in_s=round(left, 3) if left is not None else None,
         )
         when = ""
-        if left is not None and left >= 0:
+        if left is not None and left >= 0.05:
             when = f", {left:.1f} s before it could expire"
+        elif left is not None and left > -0.1:  # lost on time: the workers were paused till now
+            when = ", as it could expire"
         elif left is not None:  # the node could not act in time (frozen, suspended): the warden
-            when = f", {-left:.1f} s after it could have expired (this node was not running)"
+            when = f", {-left:.1f} s after it could have expired (this node could not act)"
         log.warning(
             "fenced: this node's lease was lost; its %d worker(s) were stopped at once%s; "
             "rejoining as a new node",

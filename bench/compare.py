@@ -39,7 +39,7 @@ TORCH_PIN = "torch==2.13.0"  # the CPU build pip finds on this machine; never a 
 LOAD_MAX = 1.5
 
 
-def ensure_venv(script: str = __file__) -> None:
+def ensure_venv(script: str | None = None) -> None:
     """Create the bench venv if missing, install this checkout into it, re-exec ``script`` (this
     one, or another bench's) under it (once).
 
@@ -89,7 +89,8 @@ def ensure_venv(script: str = __file__) -> None:
     for cmd in steps:
         if subprocess.run(cmd).returncode != 0:
             sys.exit(f"compare.py: setup step failed: {' '.join(cmd)}")
-    os.execv(str(VENV_PY), [str(VENV_PY), str(Path(script).resolve()), *sys.argv[1:]])
+    target = Path(script or sys.argv[0]).resolve()  # compare.py, or a bench borrowing this
+    os.execv(str(VENV_PY), [str(VENV_PY), str(target), *sys.argv[1:]])
 
 
 def loadavg() -> float:

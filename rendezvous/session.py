@@ -191,15 +191,25 @@ class Session:
         )
 
     def _on_own_key(self, batch: WatchBatch) -> None:
+        if self._closed or self._orphaned or self._lease.lost.is_set():
+            return  # ours to end, or already ended: a DELETE is then its consequence
         if batch.error is not None:  # compacted or refused: read again, off the watch thread
-            if not (self._closed or self._orphaned):
-                threading.Thread(target=self._recheck_own_key, daemon=True).start()
+            threading.Thread(target=self._recheck_own_key, daemon=True).start()
             return
         for ev in batch.events:
-            if ev.type == pb.Event.DELETE:
-                return self._lease.abandon(f"agent key {self.key} was removed by someone else")
+            if ev.type == pb.Event.DELETE:  # by a hand, or our lease expired on the server first
+                threading.Thread(target=self._after_delete, daemon=True).start()
+                return
             if ev.kv.lease != self.lease_id:
-                return self._lease.abandon(f"agent key {self.key} was overwritten by someone else")
+                self._lease.abandon(f"agent key {self.key} was overwritten by someone else")
+                return
+
+    def _after_delete(self) -> None:
+        """One LeaseTimeToLive (off the watch thread) says which: a lease gone on the server is
+        lost as such (``confirm`` sets it); a live one means someone removed the key."""
+        alive = self._lease.confirm(fence_margin(self._lease.ttl))
+        if alive is not False:
+            self._lease.abandon(f"agent key {self.key} was removed by someone else")
 
     def _recheck_own_key(self) -> None:
         try:

@@ -165,13 +165,17 @@ class Job:
         return [*argv, *self.extra, *script]
 
     def start(
-        self, *script: str, env: dict[str, str] | None = None, extra: tuple[str, ...] = ()
+        self,
+        *script: str,
+        env: dict[str, str] | None = None,
+        extra: tuple[str, ...] = (),
+        wrap: tuple[str, ...] = (),
     ) -> Agent:
-        """One more agent; ``script`` defaults to the worker with this job's out dir."""
+        """One more agent; ``script`` defaults to the worker with this job's out dir; ``wrap``
+        goes before the command (it must exec it: tests/chaos/chaos_netcut.py)."""
         name = f"agent{len(self.agents)}"
         args = script or self.script or (WORKER, str(self.out), "sleep")
-        argv = self.argv()
-        argv = [*argv, *extra, *args]
+        argv = [*wrap, *self.argv(), *extra, *args]
         agent = Agent(argv, self.root, name, env or clean_env())
         self.agents.append(agent)
         return agent

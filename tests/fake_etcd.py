@@ -66,6 +66,12 @@ class FakeLease:
         for cb in list(self._callbacks):
             cb(self)
 
+    def abandon(self, reason: str) -> None:
+        self.mark_lost(reason)
+
+    def confirm(self, timeout: float) -> bool:
+        return not self.lost.is_set()
+
     def orphan(self) -> None:
         self.orphaned = True
 

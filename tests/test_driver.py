@@ -78,7 +78,10 @@ def test_the_only_agent_leads_and_opens_the_first_round():
         assert a.driver.is_leader and events[:2] == ["leader_elected", "round_started"]
     finally:
         a.driver.stop()
-    assert not [w for w in fake.watches if not w.cancelled]  # every watch it owned is gone
+    own_key = a.session.key.encode()  # the session's own watch is the session's, not the driver's
+    assert not [w for w in fake.watches if not w.cancelled and w.key != own_key]
+    a.session.close()
+    assert not [w for w in fake.watches if not w.cancelled]  # and goes with the session
 
 
 def test_leadership_moves_to_the_next_oldest_when_the_leader_goes():

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from chaos_netcut import NetCut
 from chaos_schedule import Fault
 
 from etcdrun.rendezvous.client import EtcdClient
@@ -76,12 +77,19 @@ class Executor:
     ``<tag>-<i>``, and its etcd. ``log`` says what was done when (wall time), for the report."""
 
     def __init__(
-        self, etcd: LocalEtcd, agents: list, tag: str, run_prefix: str, history_at: Callable
+        self,
+        etcd: LocalEtcd,
+        agents: list,
+        tag: str,
+        run_prefix: str,
+        history_at: Callable,
+        cuts: dict[int, NetCut],
     ) -> None:
         self.etcd, self.agents, self.tag, self.prefix = etcd, agents, tag, run_prefix
         self.history_at = history_at  # the revision the trial's history recorder resumes from
         self.log: list[tuple[float, str]] = []
         self.down: list = []  # etcd members killed and not restarted yet
+        self.cuts = cuts  # by agent index: the groups the cut nodes started in
 
     def node(self, i: int) -> list[int]:
         return tagged(f"{NODE_VAR}={self.tag}-{i}")
@@ -108,6 +116,9 @@ class Executor:
             return lambda: held.extend(self._stop(f.target, whole)), lambda: self._cont(held)
         if f.kind == "worker_kill":
             return lambda: self._kill_worker(f.target), None
+        if f.kind.startswith("net_cut"):
+            cut = self.cuts[f.target]
+            return cut.start, cut.end
         if f.kind.startswith("etcd_"):
             which = f.kind.split("_")[1]
             return lambda: self._etcd_down(which), self._etcd_up

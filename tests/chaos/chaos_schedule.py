@@ -8,7 +8,10 @@ The executor (chaos_trial.py) only carries the schedule out.
 What a schedule keeps true, so that the job must complete (issue 11: "whenever at least min nodes
 survive"): at most ``agents - min_nodes`` agents are killed, each at most once, and the restart
 budget covers every worker kill. Everything else (stops, etcd restarts, compaction, corrupt
-values) must cost at most new rounds, never the job.
+values, network cuts) must cost at most new rounds, never the job.
+
+The schedules changed on 2026-12-01 (network cuts added): a seed names another schedule than it
+did before; the soak figures in README say which set they ran.
 """
 
 from __future__ import annotations
@@ -32,9 +35,11 @@ FAULTS: dict[str, tuple[int, tuple[float, float] | None]] = {
     "compact": (2, None),  # compaction of etcd's history up to now
     "corrupt_agent": (1, None),  # an etcdctl-style put of garbage into an agent key
     "corrupt_round": (1, None),  # ... into the round key
+    "net_cut_short": (2, (0.5, 1.0)),  # every packet the node sends dropped (chaos_netcut.py)
+    "net_cut_long": (2, (TTL + 0.5, TTL + 2.0)),  # ... past the TTL: it fences itself, rejoins
 }
 TARGETED = {"agent_kill", "agent_stop_short", "agent_stop_long", "node_stop_short"}
-TARGETED |= {"node_stop_long", "worker_kill", "corrupt_agent"}
+TARGETED |= {"node_stop_long", "worker_kill", "corrupt_agent", "net_cut_short", "net_cut_long"}
 MAX_RESTARTS = 3  # >= the worker kills a schedule holds
 
 

@@ -29,6 +29,9 @@ from pathlib import Path
 
 from agent_helpers import Job, clean_env, pid_alive, wait_for
 from chaos_faults import NODE_VAR, Busy, Executor, signal_all, tagged
+from chaos_netcut import NetCut
+from chaos_netcut import leftovers as netcut_leftovers
+from chaos_netcut import unavailable as netcut_unavailable
 from chaos_schedule import MAX_RESTARTS, TTL, Schedule
 from rank_sampler import RankSampler
 
@@ -41,7 +44,7 @@ from etcdrun.rendezvous.localetcd import LocalEtcd
 WORKER = str(Path(__file__).with_name("chaos_worker.py"))
 WORK_S = 3.0  # how long each worker runs: a round that lasts this long ends the job
 RESUME_WINDOW = 0.25  # s after SIGCONT of a whole node: its warden's moment (measured < 0.1)
-DISRUPTIVE = ("agent_kill", "agent_stop_long", "node_stop_long", "worker_kill")
+DISRUPTIVE = ("agent_kill", "agent_stop_long", "node_stop_long", "worker_kill", "net_cut_long")
 
 
 @dataclass
@@ -97,20 +100,28 @@ class Trial:
 
     def run(self) -> Result:
         t_begin = time.monotonic()
+        cut = {f.target for f in self.s.faults if f.kind.startswith("net_cut")}
+        why = netcut_unavailable() if cut else None
+        if why is not None:
+            raise RuntimeError(f"seed {self.s.seed} cuts a node's network, which needs root: {why}")
         with ExitStack() as stack:
+            cuts = {i: NetCut(f"{self.tag}-{i}") for i in sorted(cut)}
+            for c in cuts.values():
+                stack.callback(c.close)  # after the teardown: nothing is left in the groups
             etcd = stack.enter_context(LocalEtcd(3, etcd_bin=self.etcd_bin))
             rec = Recorder(etcd.endpoints, self.keys)
             stack.callback(rec.close)
             sampler = stack.enter_context(RankSampler(self.tag, running_only=True))
             if self.s.busy:
                 stack.enter_context(Busy(clean_env()))
-            job = self._job(etcd)
+            job = self._job(etcd, cuts)
             stack.callback(self._teardown, job)
-            ex = Executor(etcd, job.agents, self.tag, self.keys.root, rec.resume_revision)
+            ex = Executor(etcd, job.agents, self.tag, self.keys.root, rec.resume_revision, cuts)
             codes = self._play(job, ex)
             etcd.wait_healthy(30)  # every fault is over: a member down is restarted
             self._check(etcd, job, rec, codes)
         self._overlaps(sampler, ex)
+        self.result.violations += [f"left behind: {x}" for x in netcut_leftovers(self.tag)]
         self.result.violations += rec.errors
         self.result.log += [f"{t:.3f} {what}" for t, what in ex.log]
         self.result.seconds = time.monotonic() - t_begin
@@ -128,7 +139,7 @@ class Trial:
             else:
                 self.result.violations.append(f"/proc: {line}")
 
-    def _job(self, etcd: LocalEtcd) -> Job:
+    def _job(self, etcd: LocalEtcd, cuts: dict[int, NetCut]) -> Job:
         s = self.s
         conf = f"lease_ttl={TTL},last_call_timeout=0.5,join_timeout=30"
         extra = ("--max-restarts", str(MAX_RESTARTS))
@@ -137,7 +148,9 @@ class Trial:
         for i in range(s.agents):
             env = clean_env(ETCDRUN_TEST_JOB=self.tag, **{NODE_VAR: f"{self.tag}-{i}"})
             logs = self.root / f"logs{i}"
-            job.start(WORKER, str(job.out), str(WORK_S), env=env, extra=("--log-dir", str(logs)))
+            wrap = cuts[i].wrap if i in cuts else ()  # a node to cut starts in its group
+            job.start(WORKER, str(job.out), str(WORK_S), env=env, extra=("--log-dir", str(logs)),
+                      wrap=wrap)  # fmt: skip
         return job
 
     def _play(self, job: Job, ex: Executor) -> list[int | None]:

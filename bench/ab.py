@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""etcdrun against an older etcdrun, trial by trial: ``python bench/ab.py --before DIR``.
+
+Why a bench of its own: "status, metrics and events cost nothing on the hot path" (issue 13) is
+a claim about the difference between two versions of etcdrun, and on a shared machine the load
+moves more between two runs of bench/compare.py than 10%. Here both versions run the same
+scenarios (bench/scenarios.py, the same worker, the same torch) in one process, alternating
+ABBA round after round, so that a drift in load falls on both alike; each side's figure is its
+median, and the ratio after/before is printed per scenario with the load average seen.
+
+``--before DIR``: a checkout of the older version whose own ``bench/.venv-torch`` exists (run its
+``python bench/compare.py --help`` once to make it). The newer side is this checkout, installed
+into this checkout's bench venv (bench/compare.py's ``ensure_venv``). Scenarios: ``1s`` (first
+round N=8, the last agent after the others wait), ``3`` (kill -9 of a member, N=4), ``5``
+(scale-up 3 -> 4), ``8`` (idle etcd requests per agent); ``--rounds`` ABBA rounds (default 2:
+4 trials a side).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import compare  # noqa: E402  (bench/ is not a package)
+
+SCENARIOS = ("1s", "3", "5", "8")
+
+
+def _run(sc, ctx, launcher, scenario: str, name: str):
+    if scenario == "1s":
+        return sc.first_round(ctx, launcher, 8, 8, name, stagger=True)
+    if scenario == "3":
+        return sc.kill_node(ctx, launcher, 4, "member", "allreduce", name)
+    if scenario == "5":
+        return sc.scale_up(ctx, launcher, 4, name)
+    return sc.idle_requests(ctx, launcher, 4, name)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--before", required=True, help="older checkout with its bench/.venv-torch")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--only", default=",".join(SCENARIOS))
+    ap.add_argument("--json", help="write every trial here")
+    args = ap.parse_args()
+    before_bin = Path(args.before).resolve() / "bench" / ".venv-torch" / "bin"
+    if not (before_bin / "etcdrun").exists():
+        print(f"ab: no etcdrun in {before_bin}: run its bench/compare.py --help once", flush=True)
+        return 2
+    compare.ensure_venv()  # re-executes under this checkout's bench venv, this checkout installed
+    import scenarios as sc
+    from launchers import LAUNCHERS
+    from procs import become_subreaper
+
+    become_subreaper()
+    sides = {"before": before_bin, "after": Path(sys.executable).parent}
+    only = [s for s in args.only.split(",") if s]
+    out = Path(tempfile.mkdtemp(prefix="etcdrun-ab-"))
+    tag = "ab-" + uuid.uuid4().hex[:6]
+    got: dict[str, dict[str, list]] = {s: {"before": [], "after": []} for s in only}
+    for r in range(args.rounds):
+        order = ("before", "after", "after", "before") if r % 2 == 0 else ("after", "before") * 2
+        for scenario in only:
+            for i, side in enumerate(order):
+                ctx = sc.Ctx(bindir=sides[side], out=out, tag=tag, recover_timeout=90.0)
+                trial = _run(sc, ctx, LAUNCHERS["etcdrun"], scenario, f"{scenario}-{side}-{r}-{i}")
+                load = os.getloadavg()[0]
+                got[scenario][side].append({**trial.to_json(), "load1": round(load, 2)})
+                shown = "-" if trial.value is None else f"{trial.value:.3f}"
+                print(
+                    f"  [{scenario}] {side}: {shown} ({trial.outcome}, load {load:.1f})", flush=True
+                )
+    print(_table(got))
+    if args.json:
+        Path(args.json).write_text(json.dumps(got, indent=1))
+    return 0
+
+
+def _table(got: dict[str, dict[str, list]]) -> str:
+    unit = {"1s": "s ready", "3": "s ready", "5": "s ready", "8": "requests/s/agent"}
+    lines = [
+        "scenario | before (median) | after (median) | after/before | loads",
+        "---|---|---|---|---",
+    ]
+    for scenario, by in got.items():
+        med = {}
+        for side, trials in by.items():
+            vals = [t["value"] for t in trials if t["value"] is not None]
+            med[side] = statistics.median(vals) if vals else None
+        loads = [t["load1"] for ts in by.values() for t in ts]
+        ratio = f"{med['after'] / med['before']:.2f}" if med["before"] and med["after"] else "-"
+        cells = [f"{med[s]:.3f} {unit[scenario]}" if med[s] is not None else "-" for s in by]
+        lines.append(
+            f"{scenario} | {cells[0]} | {cells[1]} | {ratio} | {min(loads):.1f}-{max(loads):.1f}"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.stdout.reconfigure(line_buffering=True)
+    t0 = time.monotonic()
+    rc = main()
+    print(f"ab: {time.monotonic() - t0:.0f} s", flush=True)
+    sys.exit(rc)
