@@ -40,8 +40,8 @@ LOAD_MAX = 1.5
 
 
 def ensure_venv(script: str | None = None) -> None:
-    """Create the bench venv if missing, install this checkout into it, re-exec ``script`` (this
-    one, or another bench's) under it (once).
+    """Create the bench venv if missing, install this checkout into it, re-exec ``script`` (default:
+    the calling script — compare.py, or a bench borrowing this) under it (once).
 
     Why a regular install of the working tree on every run, not an editable one: that is what a
     user runs (byte-compiled modules, no import hook). An editable install adds an import hook
