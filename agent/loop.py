@@ -113,6 +113,7 @@ class RestartRequested:
 class BarrierDone:
     all_finished: bool
     closed_failure: FailureInfo | None = None  # read when not every node finished
+    fenced: bool = False  # our lease was lost first: the others went on in a newer round
 
 
 @dataclass(frozen=True)
@@ -341,6 +342,15 @@ def _barrier(state: State, event: Event) -> Step | None:
     done = replace(state, phase=Phase.DONE)
     if event.all_finished:
         return Step(done, ReturnResult(state.result))
+    if event.fenced:  # a success in a round the others left (soak seed 1579): not the job's end
+        n = state.info.round if state.info is not None else "?"
+        note = (
+            f"round {n}: workers succeeded, but this node's lease was lost first and the others "
+            "went on without it: rejoining as a new node"
+        )
+        return Step(
+            replace(state, phase=Phase.JOINING, result=None), Join(note=note, level=logging.WARNING)
+        )
     if event.closed_failure is not None:
         return Step(done, FailWithRemoteRootCause(event.closed_failure))
     note = "not every node finished in time; leaving anyway"
