@@ -299,7 +299,8 @@ def _stopping(state: State, event: Event) -> Step | None:
         if event.closed_failure is not None:  # the run failed elsewhere meanwhile
             done = replace(stopped, phase=Phase.DONE)
             return Step(done, FailWithRemoteRootCause(event.closed_failure, note=note))
-        if event.result.real_failures():  # ours had failed already: it may be the root cause
+        lost = state.reason == "lease lost"  # the deaths are the fencing's: nobody's failure
+        if not lost and event.result.real_failures():  # ours failed first: maybe the cause
             return _restart(stopped, info, event.result)
         return Step(replace(stopped, phase=Phase.JOINING), Join(note=note))
     if state.then is Then.FINISH:

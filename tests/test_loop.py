@@ -190,6 +190,14 @@ def test_lease_lost_stops_at_once():
     )
 
 
+def test_workers_killed_by_the_fencing_are_nobodys_failure():
+    """Their SIGKILLs are the fencing's (the warden's, or ours): a rejoin, never a restart
+    request charged to the job (soak seed 1591 asked for one)."""
+    fenced = failed_result()
+    steps = walk(State(), loop.Joined(info()), loop.LeaseLost(), loop.WorkersStopped(fenced))
+    assert isinstance(steps[-1].action, loop.Join) and steps[-1].state.phase is Phase.JOINING
+
+
 def test_superseded_while_the_run_failed_elsewhere_reports_the_remote_cause():
     steps = walk(
         State(), loop.Joined(info()), loop.RoundSuperseded("x"), loop.WorkersStopped(OK, PEER)
