@@ -15,6 +15,8 @@ import os
 import threading
 import time
 
+from scale_metrics import thread_cpu
+
 EVENTS = (
     "session_opened",
     "leader_elected",
@@ -173,6 +175,8 @@ class _Host:
             self._round("2", [h for h in self.hs if h.node_id != arg[0]], True)
         elif cmd == "leave":
             self.leave(arg[0])
+        elif cmd == "threads":
+            self.send("threads", thread_cpu())
         elif cmd == "events":
             self.send("events", list(self.seen), self.tally.count, self.tally.first)
         elif cmd == "close":
