@@ -68,6 +68,7 @@ def run_one(n: int, members: int, procs: int, args: argparse.Namespace) -> dict:
     run_id = "bench-" + uuid.uuid4().hex[:8]
     conf = {"last_call_timeout": 600, "join_timeout": args.timeout, "lease_ttl": args.lease_ttl}
     res: dict = {"n": n, "members": members, "procs": p, "counts": counts, "problems": []}
+    res["arrive_over"] = args.arrive_over
     with LocalEtcd(members) as etcd:
         urls = [f"http://{ep}/metrics" for ep in etcd.endpoint_list]
         if members > 1:  # every client prefers the first endpoint: is that the raft leader?
@@ -79,6 +80,7 @@ def run_one(n: int, members: int, procs: int, args: argparse.Namespace) -> dict:
             "min_nodes": max(1, n - 1),
             "max_nodes": n,
             "conf": conf,
+            "arrive_over": args.arrive_over,
         }
         pool = Pool(counts, cfg)
         snap = functools.partial(snapshot, urls, etcd.pids, pool.pids)
@@ -112,7 +114,7 @@ def join_round(
     for i in every:
         pool.send(i, "round1")
     pool.expect("armed", every, 60)
-    done = pool.expect("done", every, args.timeout + 30, partial=True)
+    done = pool.expect("done", every, args.arrive_over + args.timeout + 30, partial=True)
     m1 = snap()
     r1 = {i: done[i][1] for i in done}
     res["problems"] += [
@@ -242,6 +244,14 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[int], list[i
         default="member",
         help="who leaves for round 2 (default: a non-leader member)",
     )
+    ap.add_argument(
+        "--arrive-over",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="round 1: spread the participants' arrivals evenly over S seconds (default 0: all "
+        "at once)",
+    )
     ap.add_argument("--lease-ttl", type=int, default=5, help="rdzv lease_ttl (default 5)")
     ap.add_argument("--timeout", type=float, default=120.0, help="per-round bound, seconds")
     ap.add_argument("--json", help="also write the figures to this file")
@@ -254,12 +264,12 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[int], list[i
         ms = [int(x) for x in args.members.split(",") if x.strip()]
         if not ns or min(ns) < 1 or not ms or min(ms) < 1:
             raise ValueError
-        if args.procs < 1 or args.lease_ttl < 1 or args.timeout <= 0:
+        if args.procs < 1 or args.lease_ttl < 1 or args.timeout <= 0 or args.arrive_over < 0:
             raise ValueError
     except ValueError:
         print(
             f"bad arguments: --n {args.n!r} and --members {args.members!r} must list integers "
-            f">= 1; --procs, --lease-ttl and --timeout must be positive",
+            f">= 1; --procs, --lease-ttl and --timeout must be positive, --arrive-over >= 0",
             file=sys.stderr,
         )
         return None

@@ -73,7 +73,9 @@ def table_row(res: dict, name: str) -> tuple[tuple[str, ...], bool] | None:
     head = (str(n), str(m), str(res["procs"]))
     if r is None:
         return (*head, name, *["-"] * 5, "MISS (not run)", "MISS"), False
-    label = "1: all join" if name == "round1" else f"2: {r['left']} left"
+    w = res.get("arrive_over") or 0
+    join = f"1: join over {w:g}s" if w else "1: all join"
+    label = join if name == "round1" else f"2: {r['left']} left"
     tv, wv = verdicts(r, n, m, name)
     row = (
         *head,
@@ -128,6 +130,8 @@ def _leader_line(r: dict) -> str:
 def details(res: dict) -> str:
     r1, r2 = res.get("round1", {}), res.get("round2", {})
     out = [f"N={res['n']} on {res.get('members', 1)} etcd member(s), {res['procs']} processes"]
+    if res.get("arrive_over"):
+        out[0] += f", arrivals spread over {res['arrive_over']:g} s"
     if res.get("etcd_leader") is not None:
         out.append(
             f"  clients prefer member {res.get('preferred', 0)}; raft leader member "
