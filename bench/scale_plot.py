@@ -80,8 +80,19 @@ def fit_lines(results: list[dict]) -> list[str]:
     return out
 
 
-def _axes(pts: list[tuple[int, float]]) -> tuple[float, float, float, float]:
-    ns = [n for n, _ in pts]
+def failed(results: list[dict]) -> list[tuple[int, int]]:
+    """(N, members) of the runs whose join round never came: shown on the plot, not left out."""
+    return sorted(
+        {
+            (r["n"], r.get("members", 1))
+            for r in results
+            if (r.get("round1") or {}).get("time") is None
+        }
+    )
+
+
+def _axes(pts: list[tuple[int, float]], more_ns: list[int]) -> tuple[float, float, float, float]:
+    ns = [n for n, _ in pts] + more_ns
     ts = [t for _, t in pts] + [2.0, 4.0]  # the targets stay in view
     return (
         math.log10(min(ns)),
@@ -97,7 +108,8 @@ def svg(results: list[dict], title: str = "rendezvous round time vs N") -> str:
     every = [p for pts in ss.values() for p in pts]
     if not every:
         return f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}"></svg>\n'
-    x0, x1, y0, y1 = _axes(every)
+    bad = failed(results)
+    x0, x1, y0, y1 = _axes(every, [n for n, _ in bad])
     x1 = max(x1, x0 + 1e-9)
 
     def px(n: float) -> float:
@@ -112,17 +124,23 @@ def svg(results: list[dict], title: str = "rendezvous round time vs N") -> str:
         f'<rect width="{W}" height="{H}" fill="white"/>',
         f'<text x="{LEFT}" y="18" font-size="14">{title}</text>',
     ]
-    out += _grid(every, y0, y1, px, py)
+    out += _grid(every, bad, y0, y1, px, py)
     out += _targets(px, py)
+    for i, (n, m) in enumerate(bad):
+        x, y = px(n), TOP + 14 + 16 * i
+        out.append(
+            f'<text x="{x:.1f}" y="{y}" text-anchor="end" fill="#b00">x no join round '
+            f"(N={n}, {m} member{'s' if m > 1 else ''})</text>"
+        )
     for i, ((name, m), pts) in enumerate(ss.items()):
         out += _series(name, m, pts, i, px, py)
     out.append("</svg>")
     return "\n".join(out) + "\n"
 
 
-def _grid(every: list, y0: float, y1: float, px, py) -> list[str]:
+def _grid(every: list, failed_ns: list, y0: float, y1: float, px, py) -> list[str]:
     out = []
-    for n in sorted({n for n, _ in every}):
+    for n in sorted({n for n, _ in every} | {n for n, _ in failed_ns}):
         x = px(n)
         out.append(f'<line x1="{x:.1f}" y1="{TOP}" x2="{x:.1f}" y2="{H - BOTTOM}" stroke="#eee"/>')
         out.append(f'<text x="{x:.1f}" y="{H - BOTTOM + 16}" text-anchor="middle">{n}</text>')
