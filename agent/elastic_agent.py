@@ -226,6 +226,8 @@ class ElasticAgent:
     def _barrier(self, action: loop.ExitBarrier) -> loop.Event:
         if self._h.exit_barrier():
             return loop.BarrierDone(True)
+        if self._h.session_lost():
+            return loop.BarrierDone(False, fenced=True)
         return loop.BarrierDone(False, self._h.closed_failure())
 
     def _fail_remote(self, action: loop.FailWithRemoteRootCause) -> NoReturn:

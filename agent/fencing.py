@@ -93,6 +93,8 @@ class Fencing:
         the attempt: it is read before the workers' exits are taken for failures)."""
         if not self._fenced and self._link is not None:
             self._fenced = self._link.fenced()
+            if self._fenced:  # our place is gone with them, even if the lease lives
+                self._h.give_up_session("its warden fenced the workers (the agent was silent)")
         return self._fenced
 
     def follow(self) -> bool:

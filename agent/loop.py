@@ -113,6 +113,7 @@ class RestartRequested:
 class BarrierDone:
     all_finished: bool
     closed_failure: FailureInfo | None = None  # read when not every node finished
+    fenced: bool = False  # our lease was lost first: the others went on in a newer round
 
 
 @dataclass(frozen=True)
@@ -298,7 +299,8 @@ def _stopping(state: State, event: Event) -> Step | None:
         if event.closed_failure is not None:  # the run failed elsewhere meanwhile
             done = replace(stopped, phase=Phase.DONE)
             return Step(done, FailWithRemoteRootCause(event.closed_failure, note=note))
-        if event.result.real_failures():  # ours had failed already: it may be the root cause
+        lost = state.reason == "lease lost"  # the deaths are the fencing's: nobody's failure
+        if not lost and event.result.real_failures():  # ours failed first: maybe the cause
             return _restart(stopped, info, event.result)
         return Step(replace(stopped, phase=Phase.JOINING), Join(note=note))
     if state.then is Then.FINISH:
@@ -341,6 +343,15 @@ def _barrier(state: State, event: Event) -> Step | None:
     done = replace(state, phase=Phase.DONE)
     if event.all_finished:
         return Step(done, ReturnResult(state.result))
+    if event.fenced:  # a success in a round the others left (soak seed 1579): not the job's end
+        n = state.info.round if state.info is not None else "?"
+        note = (
+            f"round {n}: workers succeeded, but this node's lease was lost first and the others "
+            "went on without it: rejoining as a new node"
+        )
+        return Step(
+            replace(state, phase=Phase.JOINING, result=None), Join(note=note, level=logging.WARNING)
+        )
     if event.closed_failure is not None:
         return Step(done, FailWithRemoteRootCause(event.closed_failure))
     note = "not every node finished in time; leaving anyway"

@@ -88,6 +88,9 @@ class Warden:
     def run(self) -> int:
         while True:
             now = time.monotonic()
+            if now >= min(self.deadline, self.kill_at) and not self._drain():
+                return self.agent_died()
+            now = time.monotonic()
             if now >= self.kill_at:
                 self.fence()
                 continue
@@ -100,6 +103,20 @@ class Warden:
                 return self.agent_died()
             if self.sock in ready and not self.receive():
                 return self.agent_died()
+
+    def _drain(self) -> bool:
+        """Take every message already sent before acting on a deadline that passed: a warden
+        frozen with its node, or descheduled, wakes after its deadlines while the agent (thawed
+        first, or never stopped) kept sending newer ones (soak seed 1591: a live lease fenced).
+        False when the agent is gone."""
+        while True:
+            ready, _, _ = select.select([self.sock, self.agent_fd], [], [], 0)
+            if self.agent_fd in ready:
+                return False
+            if self.sock not in ready:
+                return True
+            if not self.receive():
+                return False
 
     def receive(self) -> bool:
         """One message: ``W`` + pidfds (a worker), ``T<pause> <kill>`` (the deadlines; ``Tinf

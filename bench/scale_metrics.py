@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 
@@ -26,17 +27,65 @@ METRICS = {
 }
 
 
-def cpu_seconds(pids: list[int]) -> float:
+def cpu_seconds(pids: list[int], path: str = "/proc/{}/stat") -> float:
     """User + system CPU of these processes (all their threads) so far, from /proc."""
     total = 0
     for pid in pids:
         try:
-            with open(f"/proc/{pid}/stat") as f:
+            with open(path.format(pid)) as f:
                 fields = f.read().rpartition(")")[2].split()
             total += int(fields[11]) + int(fields[12])
         except (OSError, IndexError, ValueError):
             return float("nan")
     return total / os.sysconf("SC_CLK_TCK")
+
+
+def thread_cpu() -> dict[str, float]:
+    """CPU seconds so far of this process's rendezvous driver threads (``rdzv-<node id>``) and
+    its client's threads (``etcd-*``), by thread name, from /proc/self/task/<tid>/stat: to tell
+    the leader's own work apart from the other handlers sharing its process."""
+    out = {}
+    for th in threading.enumerate():
+        if th.native_id is not None and th.name.startswith(("rdzv-", "etcd-")):
+            got = cpu_seconds([th.native_id], f"/proc/self/task/{th.native_id}/stat")
+            if got == got:  # not NaN: the thread was still there
+                out[th.name] = got
+    return out
+
+
+def leader_cpu(
+    evs: list[dict],
+    rnd: int,
+    before: dict[int, dict],
+    after: dict[int, dict],
+    proc_delta: list[float],
+    counts: list[int],
+) -> dict:
+    """The CPU of the node that froze round ``rnd`` (the leader) during the round: its driver
+    thread, its process's watch thread (which runs the leader's watch callbacks, and every other
+    handler's there) and its whole process, beside the other worker processes' mean."""
+    node = next(
+        (e["node"] for e in evs if e["event"] == "round_frozen" and e.get("round") == rnd), None
+    )
+    w = next((e["worker"] for e in evs if node is not None and e.get("node") == node), None)
+    if w is None:
+        return {}
+
+    def spent(name: str) -> float | None:
+        if name not in after.get(w, {}):
+            return None
+        return round(after[w][name] - before.get(w, {}).get(name, 0.0), 2)
+
+    others = [c for i, c in enumerate(proc_delta) if i != w]
+    return {
+        "node": node,
+        "worker": w,
+        "handlers": counts[w],
+        "thread_cpu": spent(f"rdzv-{node}"),
+        "watch_thread_cpu": spent("etcd-watch"),
+        "process_cpu": proc_delta[w] if w < len(proc_delta) else None,
+        "others_mean_cpu": round(sum(others) / len(others), 2) if others else None,
+    }
 
 
 def machine_cpu() -> float:
@@ -49,11 +98,21 @@ def machine_cpu() -> float:
         return float("nan")
 
 
-def snapshot(url: str, etcd_pids: list[int], worker_pids: list[int]) -> dict[str, float]:
+# Served by each member on its own (sum over members); the rest every member applies (max).
+SUMMED = ("ranges", "watch_events", "watch_msgs", "sent_bytes")
+
+
+def snapshot(urls: list[str], etcd_pids: list[int], worker_pids: list[int]) -> dict:
+    """Every figure a round's delta is taken of: etcd's metrics over its members, CPU of etcd
+    (summed and per member), of each worker process, of the whole machine."""
+    per = [scrape(u) for u in urls]
     return {
-        **scrape(url),
+        **{k: (sum if k in SUMMED else max)(p[k] for p in per) for k in METRICS},
+        "watch_events_by_member": [p["watch_events"] for p in per],
         "etcd_cpu": cpu_seconds(etcd_pids),
+        "etcd_cpu_by_member": [cpu_seconds([p]) for p in etcd_pids],
         "workers_cpu": cpu_seconds(worker_pids),
+        "proc_cpu": [cpu_seconds([p]) for p in worker_pids],
         "machine_cpu": machine_cpu(),
         "t": time.monotonic(),
     }
@@ -69,10 +128,14 @@ def scrape(url: str) -> dict[str, float]:
     return {k: out.get(m, float("nan")) for k, m in METRICS.items()}
 
 
+def _diff(k: str, a: object, b: object) -> object:
+    if isinstance(a, list):
+        return [_diff(k, x, y) for x, y in zip(a, b, strict=True)]
+    return round(b - a, 2) if k.endswith("_cpu") or k == "t" else int(b - a)
+
+
 def delta(a: dict, b: dict) -> dict:
-    d = {
-        k: round(b[k] - a[k], 2) if k.endswith("_cpu") or k == "t" else int(b[k] - a[k]) for k in a
-    }
+    d = {k: _diff(k.replace("_by_member", ""), a[k], b[k]) for k in a}
     d["other_cpu"] = round(d.pop("machine_cpu") - d["etcd_cpu"] - d["workers_cpu"], 2)
     return d
 

@@ -15,6 +15,8 @@ import os
 import threading
 import time
 
+from scale_metrics import thread_cpu
+
 EVENTS = (
     "session_opened",
     "leader_elected",
@@ -125,6 +127,9 @@ class _Host:
         self.gc.reset()
 
         def one(i: int) -> None:
+            if tag == "1" and self.cancel.wait(self.arrival(i, len(todo))):
+                out[i] = "cancelled"
+                return
             out[i] = self._join_one(todo[i], wait_change)
 
         ths = [
@@ -137,6 +142,11 @@ class _Host:
         for th in ths:
             th.join()
         self.send("done", tag, out, self.gc.seconds, self.gc.gen2)
+
+    def arrival(self, i: int, count: int) -> float:
+        """When handler ``i`` of ``count`` starts round 1 (seconds after the go): spread evenly
+        over ``arrive_over``, the processes interleaved by their phase; 0 when all at once."""
+        return self.cfg.get("arrive_over", 0.0) * (i + self.cfg.get("phase", 0.0)) / count
 
     def _round(self, tag: str, todo: list, wait_change: bool) -> None:
         threading.Thread(target=self.run_round, args=(tag, todo, wait_change), daemon=True).start()
@@ -173,6 +183,8 @@ class _Host:
             self._round("2", [h for h in self.hs if h.node_id != arg[0]], True)
         elif cmd == "leave":
             self.leave(arg[0])
+        elif cmd == "threads":
+            self.send("threads", thread_cpu())
         elif cmd == "events":
             self.send("events", list(self.seen), self.tally.count, self.tally.first)
         elif cmd == "close":
@@ -203,9 +215,10 @@ class Pool:
     def __init__(self, counts: list[int], cfg: dict) -> None:
         ctx = mp.get_context("spawn")  # never fork a process that may hold a gRPC channel
         self.conns, self.procs = [], []
-        for c in counts:
+        for i, c in enumerate(counts):
             parent, child = ctx.Pipe()
-            p = ctx.Process(target=worker, args=(child, {**cfg, "count": c}), daemon=True)
+            mine = {**cfg, "count": c, "phase": i / len(counts)}
+            p = ctx.Process(target=worker, args=(child, mine), daemon=True)
             p.start()
             child.close()
             self.conns.append(parent)

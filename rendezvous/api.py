@@ -202,6 +202,14 @@ class RendezvousHandler(abc.ABC):
         lost): its workers must stop at once, without a grace period (fencing, S4)."""
         return False
 
+    def give_up_session(self, why: str) -> None:
+        """This node's workers were fenced behind the agent's back (its warden killed them: the
+        agent had fallen silent past its fence deadline): its place in the job is given up even
+        if the lease lives, so that the others hear of it at once and the next join registers
+        a new node (soak seed 1591: it rejoined as itself and the others' barrier waited for
+        it). Default: nothing to give up."""
+        return None
+
     def confirm_session(self) -> bool:
         """Ask now whether this node's place in the job still holds (etcd: its lease lives);
         False means ``session_lost()``. Why: the agent asks before stopping workers for a

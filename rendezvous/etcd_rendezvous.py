@@ -182,8 +182,8 @@ class EtcdRendezvousHandler(SessionFence, RendezvousHandler):
 
     def exit_barrier(self, timeout: float | None = None) -> bool:
         running, sess = self.view.running(), self._session
-        if running is None or sess is None:
-            return False
+        if running is None or sess is None or sess.lost.is_set():
+            return False  # a lost session's success is of a round the others left
         try:
             return lifecycle.exit_barrier(
                 self.client,

@@ -20,7 +20,7 @@ from etcdrun.rendezvous import codec, transitions
 from etcdrun.rendezvous.api import FailureInfo
 from etcdrun.rendezvous.client import EtcdClient, EtcdError, RetryPolicy
 from etcdrun.rendezvous.client import txn as t
-from etcdrun.rendezvous.client.errors import NO_SPACE_REMEDY
+from etcdrun.rendezvous.client.errors import NO_SPACE_REMEDY, EtcdLeaseNotFoundError
 from etcdrun.rendezvous.errors import RendezvousError
 from etcdrun.rendezvous.events import EventLog
 from etcdrun.rendezvous.keys import RunKeys
@@ -207,7 +207,11 @@ def exit_barrier(
     the same — else the fenced node, back, joined a run nobody else would join and waited out
     join_timeout before failing. It finds the run closed and leaves at once."""
     prefix = keys.barrier(running.number, "exit")
-    client.put(prefix + session.node_id, b"", lease=session.lease_id)
+    try:
+        client.put(prefix + session.node_id, b"", lease=session.lease_id)
+    except EtcdLeaseNotFoundError:  # expired while we could not act: ask, so ``lost`` is set
+        session.confirm()
+        return False
     if client.get_prefix(prefix, count_only=True).count >= len(running.members):
         set_closed(client, keys, events, st.SUCCEEDED, ttl=closed_ttl, by=session.node_id)
         return True

@@ -174,6 +174,11 @@ class Session:
         except EtcdError as e:
             log.debug("session %s: could not mark itself leaving: %s", self.node_id, e)
 
+    def abandon(self, why: str) -> None:
+        """Give our place up now, though the lease lives (our workers were fenced behind our
+        back): ``lost`` is set; the owner's next ``close()`` revokes the lease."""
+        self._lease.abandon(why)
+
     def on_lost(self, callback: Callable[[Session], None]) -> None:
         """Run ``callback(session)`` once when the lease is lost (on the keep-alive thread)."""
         self._lease.on_lost(lambda _lease: callback(self))

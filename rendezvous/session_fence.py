@@ -29,6 +29,11 @@ class SessionFence:
         sess = self._session
         return sess is not None and sess.lost.is_set()
 
+    def give_up_session(self, why: str) -> None:
+        sess = self._session
+        if sess is not None and not sess.lost.is_set():
+            sess.abandon(why)
+
     def confirm_session(self) -> bool:
         """False when etcd says our lease is gone (``session_lost()`` is then True too); True
         when it lives or etcd did not answer within the fence margin (the keep-alives decide)."""

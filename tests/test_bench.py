@@ -150,3 +150,77 @@ def test_harness_measures_a_real_job_and_leaves_nothing(etcd_bin, torch_availabl
     finally:
         left = sweep(tag)
     assert left == []
+
+
+# ---- bench/rendezvous_scale.py: its verdicts, its fit, and a small real run -------------------
+def _scale_res(n, members, t1, w1, t2=0.5, w2=None):
+    def rnd(t, w, left=None):
+        r = {"time": t, "writes": w, "watch_events": 3 * n, "etcd_cpu": 1.0}
+        r["leader"] = {"thread_cpu": 0.2, "process_cpu": 0.9}
+        return {**r, "left": left} if left else r
+
+    return {
+        "n": n,
+        "members": members,
+        "procs": 4,
+        "problems": [],
+        "round1": rnd(t1, w1),
+        "round2": rnd(t2, w2 if w2 is not None else n + 4, "member"),
+    }
+
+
+def test_scale_targets_per_cluster_size_and_round():
+    import scale_report as sr
+
+    assert sr.verdicts({"time": 1.9, "writes": 3 * 4096 + 10}, 4096, 1) == ("PASS (<=2)", "PASS")
+    assert sr.verdicts({"time": 2.1, "writes": 3 * 4096 + 11}, 4096, 1) == ("MISS (>2)", "MISS")
+    assert sr.verdicts({"time": 3.9, "writes": 1}, 4096, 3)[0] == "PASS (<=4)"
+    assert sr.verdicts({"time": 9.0, "writes": 1}, 4096, 1, "round2")[0] == "-"  # join only
+    assert sr.verdicts({"time": 3.1, "writes": 1}, 1000, 1, "round2")[0] == "MISS (>3)"
+    assert sr.verdicts({"time": None, "writes": 1}, 10, 1)[0] == "MISS (no time)"
+    text, ok = sr.table([_scale_res(4096, 3, 3.5, 12290), _scale_res(4096, 1, 1.5, 12298)])
+    assert ok and "0.20 / 0.90" in text and "3.000" in text
+    text, ok = sr.table([_scale_res(4096, 1, 2.5, 12298)])
+    assert not ok and "MISS (>2)" in text
+
+
+def test_scale_fit_tells_linear_from_quadratic(tmp_path):
+    import scale_plot as sp
+
+    lin = [_scale_res(n, 1, 0.0004 * n, 3 * n) for n in (10, 100, 1000, 4096)]
+    quad = [_scale_res(n, 3, 1e-7 * n * n, 3 * n) for n in (10, 100, 1000, 4096)]
+    ss = sp.series(lin + quad)
+    assert abs(sp.fit(ss[("round1", 1)])[1] - 1.0) < 1e-9
+    assert abs(sp.fit(ss[("round1", 3)])[1] - 2.0) < 1e-9
+    lines = sp.fit_lines(lin + quad)
+    assert any("1 member(s)" in x and "N^1.00" in x and "about O(N)" in x for x in lines)
+    assert any("3 member(s)" in x and "N^2.00" in x and "O(N^2)" in x for x in lines)
+    out = tmp_path / "plot.svg"
+    sp.write_svg(lin + quad, str(out))
+    text = out.read_text()
+    assert text.startswith("<svg") and text.count("<circle") >= 8 and "~N^2.00" in text
+
+
+@pytest.mark.timeout(120)
+def test_rendezvous_scale_small_real_run(etcd_bin, tmp_path):
+    """N = 6 real handlers in 2 processes, on 1 and on 3 etcd members: every figure the table
+    shows is there, writes are 3 per node plus the round's own, the leader's CPU is found."""
+    import json
+    import subprocess
+
+    out = tmp_path / "scale.json"
+    cmd = [sys.executable, str(BENCH / "rendezvous_scale.py"), "--n", "6", "--members", "1,3"]
+    cmd += ["--procs", "2", "--timeout", "30", "--json", str(out), "--svg", str(tmp_path / "s.svg")]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=110)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    results = json.loads(out.read_text())
+    assert [(r["n"], r["members"]) for r in results] == [(6, 1), (6, 3)]
+    for r in results:
+        assert r["problems"] == [] and r["round2"]["problems"] == []
+        r1 = r["round1"]
+        assert 3 * 6 <= r1["writes"] <= 3 * 6 + 10 and r1["watch_events"] >= 6
+        assert len(r1["watch_events_by_member"]) == len(r1["etcd_cpu_by_member"]) == r["members"]
+        assert r1["leader"]["worker"] in (0, 1) and r1["leader"]["thread_cpu"] is not None
+        assert r["round2"]["leader"]["node"] == r1["leader"]["node"]  # a member left
+    assert "fit join round" not in p.stdout  # N < 100: nothing to fit
+    assert (tmp_path / "s.svg").read_text().startswith("<svg")

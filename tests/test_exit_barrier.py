@@ -110,3 +110,36 @@ def test_a_late_member_still_registered_keeps_the_run_open(etcd):
         assert _outcome(etcd.endpoints, run) == "CLOSED SUCCEEDED"
     finally:
         shutdown_all(hs)
+
+
+def test_a_node_whose_lease_expired_unseen_is_told_it_is_fenced_at_the_barrier(etcd):
+    """The put of its barrier entry meets a lease etcd no longer has: the session is then lost
+    (the agent rejoins, agent/loop.py), never an error that ends the agent."""
+    run = new_run_id()
+    hs = [handler(etcd.endpoints, run, 2, 3, lease_ttl=2) for _ in range(2)]
+    try:
+        rendezvous(hs)
+        with EtcdClient(etcd.endpoints) as c:
+            c.revoke(hs[0].session.lease_id)  # as if it had expired while the node was frozen
+        assert hs[0].exit_barrier(5) is False
+        assert hs[0].session_lost()
+    finally:
+        shutdown_all(hs)
+
+
+def test_a_node_whose_workers_were_fenced_behind_its_back_comes_back_as_a_new_node(etcd):
+    """Its warden killed the workers (give_up_session) though the lease lived: the next join
+    registers a new node, so the others hear of a departure and an arrival, not of a member
+    still running (soak seed 1591)."""
+    run = new_run_id()
+    hs = [handler(etcd.endpoints, run, 2, 3, lease_ttl=2) for _ in range(2)]
+    try:
+        rendezvous(hs)
+        old = hs[0].session.node_id
+        hs[0].give_up_session("its warden fenced the workers")
+        assert hs[0].session_lost()
+        infos = rendezvous(hs)
+        assert hs[0].session.node_id != old
+        assert {i.round for i in infos} == {2} and [i.node_count for i in infos] == [2, 2]
+    finally:
+        shutdown_all(hs)

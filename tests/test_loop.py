@@ -92,6 +92,19 @@ def test_barrier_timeout_returns_with_a_warning_or_fails_with_the_remote_cause()
     assert failed == loop.FailWithRemoteRootCause(PEER)
 
 
+def test_a_success_after_our_lease_was_lost_rejoins_instead_of_ending():
+    """Soak seed 1579: a whole node frozen past its TTL; at the thaw its worker ended 0 before its
+    warden killed it, and the agent went to the barrier with a lease etcd no longer had (exit 1).
+    The others had gone on in a newer round: that success ends nothing."""
+    at_barrier = walk(
+        State(), loop.Joined(info()), loop.WorkersSucceeded(), loop.WorkersStopped(OK)
+    )[-1].state
+    step = next_step(at_barrier, loop.BarrierDone(False, fenced=True))
+    assert isinstance(step.action, loop.Join) and step.state.phase is Phase.JOINING
+    assert step.action.level == logging.WARNING and "lease was lost first" in step.action.note
+    assert step.state.result is None
+
+
 def test_failure_reports_the_root_cause_and_asks_for_a_restart():
     i, result = info(), failed_result()
     steps = walk(State(), loop.Joined(i), loop.WorkersFailed(), loop.WorkersStopped(result))
@@ -175,6 +188,14 @@ def test_lease_lost_stops_at_once():
     assert steps[2].action == loop.Join(
         note="round 3: this node's lease was lost: workers killed, rejoining"
     )
+
+
+def test_workers_killed_by_the_fencing_are_nobodys_failure():
+    """Their SIGKILLs are the fencing's (the warden's, or ours): a rejoin, never a restart
+    request charged to the job (soak seed 1591 asked for one)."""
+    fenced = failed_result()
+    steps = walk(State(), loop.Joined(info()), loop.LeaseLost(), loop.WorkersStopped(fenced))
+    assert isinstance(steps[-1].action, loop.Join) and steps[-1].state.phase is Phase.JOINING
 
 
 def test_superseded_while_the_run_failed_elsewhere_reports_the_remote_cause():

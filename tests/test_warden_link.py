@@ -52,3 +52,33 @@ def test_a_warden_stuck_past_the_wait_is_said_once(stopped_link, caplog):
         stopped_link.new_attempt()
     assert caplog.text.count("a message was not delivered") == 1, caplog.text
     assert "socket stayed full" in caplog.text
+
+
+def test_a_warden_woken_past_its_deadline_reads_the_newer_one_before_it_fences():
+    """Soak seed 1591: a whole node frozen, its agent thawed first and kept its lease alive, its
+    warden thawed last, past the deadlines it held, and fenced a live lease's workers. Messages
+    already sent must count before a deadline does."""
+    import subprocess
+
+    sleeper = subprocess.Popen(["sleep", "60"])
+    link = warden.Link("test-drain")
+    try:
+        link.worker(os.pidfd_open(sleeper.pid))
+        now = time.monotonic()
+        link.deadline(now + 0.2, now + 0.3)
+        os.kill(link.proc.pid, signal.SIGSTOP)
+        while time.monotonic() < now + 0.5:  # past both while it is frozen (the schedule)
+            time.sleep(0.05)
+        kill_at = time.monotonic() + 0.5
+        link.deadline(kill_at - 0.2, kill_at)  # what the thawed agent sent meanwhile
+        os.kill(link.proc.pid, signal.SIGCONT)
+        link.sock.setblocking(True)
+        link.sock.settimeout(10)
+        assert link.sock.recv(16) == warden.FENCED  # the newer deadline's fence, in time ...
+        assert time.monotonic() >= kill_at, "it fenced on the deadline it held when frozen"
+        assert sleeper.wait(5) == -signal.SIGKILL  # ... and then it did kill
+    finally:
+        os.kill(link.proc.pid, signal.SIGCONT)
+        sleeper.kill()
+        sleeper.wait()
+        link.close()

@@ -1,0 +1,189 @@
+"""bench/rendezvous_scale.py's report: the targets, the PASS/MISS table and each run's details.
+
+Why apart: what a figure is judged against and how it is shown is pure logic over the results
+dicts (tests/test_bench.py feeds it synthetic ones); rendezvous_scale.py runs the rounds.
+Targets (issue 14): N=1000 in <= 3 s (both rounds, one member); the N=4096 join round in <= 2 s
+on one etcd member and <= 4 s on three; writes <= 3N + 10 per round (the constant covers the
+round's own start/freeze/run lease, not anything per node).
+"""
+
+from __future__ import annotations
+
+# (N, etcd members) -> (seconds, the rounds it applies to)
+TIME_TARGETS = {
+    (1000, 1): (3.0, ("round1", "round2")),
+    (4096, 1): (2.0, ("round1",)),
+    (4096, 3): (4.0, ("round1",)),
+}
+WRITES_PER_N, WRITES_CONST = 3, 10
+
+HEADER = (
+    "N",
+    "etcd",
+    "procs",
+    "round",
+    "time s",
+    "writes/N",
+    "ev/N",
+    "etcd CPU s",
+    "leader CPU s",
+    "time",
+    f"writes<={WRITES_PER_N}N+{WRITES_CONST}",
+)
+
+
+def time_target(n: int, members: int, name: str) -> float | None:
+    got = TIME_TARGETS.get((n, members))
+    return got[0] if got and name in got[1] else None
+
+
+def verdicts(r: dict, n: int, members: int = 1, name: str = "round1") -> tuple[str, str]:
+    """(time verdict, writes verdict) of one round; "-" where no time target applies."""
+    t, w = r.get("time"), r.get("writes")
+    target = time_target(n, members, name)
+    if t is None:
+        tv = "MISS (no time)"
+    elif target is not None:
+        tv = f"PASS (<={target:g})" if t <= target else f"MISS (>{target:g})"
+    else:
+        tv = "-"
+    wv = "PASS" if w is not None and w <= WRITES_PER_N * n + WRITES_CONST else "MISS"
+    return tv, wv
+
+
+def leader_cpu_text(r: dict) -> str:
+    """ "thread / process": the leader's driver thread, and its whole process (which hosts
+    other handlers and the shared watch thread too)."""
+    ld = r.get("leader") or {}
+    th, pr = ld.get("thread_cpu"), ld.get("process_cpu")
+    if th is None and pr is None:
+        return "-"
+    return f"{_f(th, 2)} / {_f(pr, 2)}"
+
+
+def _f(v: float | None, digits: int = 3) -> str:
+    return "-" if v is None else f"{v:.{digits}f}"
+
+
+def table_row(res: dict, name: str) -> tuple[tuple[str, ...], bool] | None:
+    """One round's row and whether it passed; None for a round that cannot exist."""
+    n, r, m = res["n"], res.get(name), res.get("members", 1)
+    if r is None and n == 1 and name == "round2":
+        return None  # nobody can leave a round of one
+    head = (str(n), str(m), str(res["procs"]))
+    if r is None:
+        return (*head, name, *["-"] * 5, "MISS (not run)", "MISS"), False
+    w = res.get("arrive_over") or 0
+    join = f"1: join over {w:g}s" if w else "1: all join"
+    label = join if name == "round1" else f"2: {r['left']} left"
+    tv, wv = verdicts(r, n, m, name)
+    row = (
+        *head,
+        label,
+        _f(r.get("time")),
+        f"{r['writes'] / n:.3f}",
+        f"{r['watch_events'] / n:.2f}",
+        _f(r.get("etcd_cpu"), 2),
+        leader_cpu_text(r),
+        tv,
+        wv,
+    )
+    return row, "MISS" not in tv and wv == "PASS"
+
+
+def table(results: list[dict]) -> tuple[str, bool]:
+    rows = [HEADER]
+    ok = True
+    for res in results:
+        for name in ("round1", "round2"):
+            got = table_row(res, name)
+            if got is not None:
+                rows.append(got[0])
+                ok &= got[1]
+        ok &= not res["problems"] and not res.get("round2", {}).get("problems")
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
+    return "\n".join(lines), ok
+
+
+OPS = (
+    "writes {writes}, revisions {revisions}, puts {puts}, deletes {deletes}, ranges {ranges}, "
+    "watch events {watch_events} (by member {watch_events_by_member}), watch msgs {watch_msgs}, "
+    "etcd sent {sent_bytes} B\n    CPU s: etcd {etcd_cpu} (by member {etcd_cpu_by_member}), "
+    "workers {workers_cpu}, other programs {other_cpu} in {t} s wall; GC pauses {gc_s} s ({gc2} "
+    "gen-2); sessions opened {opened}, lost {lost}"
+)
+
+
+def _leader_line(r: dict) -> str:
+    ld = r.get("leader") or {}
+    if not ld:
+        return "    leader: unknown"
+    return (
+        f"    leader {ld.get('node')} in worker {ld.get('worker')} ({ld.get('handlers')} "
+        f"handlers): driver thread {_f(ld.get('thread_cpu'), 2)} s, that process's watch "
+        f"thread {_f(ld.get('watch_thread_cpu'), 2)} s, process {_f(ld.get('process_cpu'), 2)} s"
+        f" CPU; other workers' mean {_f(ld.get('others_mean_cpu'), 2)} s"
+    )
+
+
+def details(res: dict) -> str:
+    r1, r2 = res.get("round1", {}), res.get("round2", {})
+    out = [f"N={res['n']} on {res.get('members', 1)} etcd member(s), {res['procs']} processes"]
+    if res.get("arrive_over"):
+        out[0] += f", arrivals spread over {res['arrive_over']:g} s"
+    if res.get("etcd_leader") is not None:
+        out.append(
+            f"  clients prefer member {res.get('preferred', 0)}; raft leader member "
+            f"{res['etcd_leader']}"
+        )
+    if r1:
+        out += [
+            f"  round 1: go->all registered {_f(r1['go_to_registered'])}s, go->last join "
+            f"{_f(r1['go_to_last_join'])}s, last join->frozen {_f(r1['join_to_frozen'])}s, "
+            f"go->all accepted {_f(r1['go_to_all'])}s",
+            f"    frozen->last accepted, per process: {r1['fanout']} s; " + OPS.format(**r1),
+            _leader_line(r1),
+        ]
+    if r2:
+        out += [
+            f"  round 2 ({r2['left']} left): shutdown() {_f(r2['shutdown_s'])}s, "
+            f"leave->round started {_f(r2['leave_to_started'])}s, ->last join "
+            f"{_f(r2['leave_to_last_join'])}s, ->frozen {_f(r2['leave_to_frozen'])}s",
+            f"    frozen->last accepted, per process: {r2['fanout']} s; " + OPS.format(**r2),
+            _leader_line(r2),
+        ]
+    for p in res["problems"] + r2.get("problems", []):
+        out.append(f"  PROBLEM: {p}")
+    for w, info in res.get("warnings", {}).items():
+        out.append(f"  {w}: {info['count']} warning(s), first: {info['first'][0]}")
+    if res.get("leftover_threads"):
+        out.append(f"  leftover: {res['leftover_threads'][:5]}")
+    return "\n".join(out)
+
+
+def busy_notes(results: list[dict]) -> list[str]:
+    """Rounds during which other programs took more than a tenth of the 2-core budget."""
+    notes = []
+    for r in results:
+        for name in ("round1", "round2"):
+            other, wall = (r[name]["other_cpu"], r[name]["t"]) if name in r else (0.0, 0.0)
+            if wall > 0 and other >= 0.2 and other / (2 * wall) > 0.1:
+                notes.append(
+                    f"note: N={r['n']} on {r.get('members', 1)} member(s) {name}: other "
+                    f"programs used {other:.2f} CPU-s in {wall:.2f} s of the 2-core budget; "
+                    f"its time is pessimistic"
+                )
+    return notes
+
+
+def target_lines() -> list[str]:
+    out = []
+    for (n, m), (s, rounds) in TIME_TARGETS.items():
+        which = "both rounds" if len(rounds) == 2 else "join round"
+        out.append(f"N={n} on {m} member(s): {which} <= {s:g} s")
+    return [
+        "time targets: " + "; ".join(out) + " (round 1: last join -> all accepted; round 2: "
+        "leave -> all survivors accepted). writes: raft proposals. leader CPU: its driver "
+        "thread / its whole process."
+    ]
