@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import subprocess
+import threading
 import uuid
 
 import pytest
@@ -83,6 +84,32 @@ def test_a_failed_run_shows_its_outcome_and_root_cause(etcd):
         assert "ended: FAILED" in text and "root cause: rank 3 (local 1) on host-b" in text
     finally:
         shutdown_all([h])
+
+
+def test_a_finished_run_names_no_node_missing(etcd):
+    """Found by a new user: after `ended: SUCCEEDED`, every node of the run was listed MISSING
+    ("its agent is gone") and the world size was 0."""
+    run = new_run_id()
+    hs = [handler(etcd.endpoints, run, 2, 2, lws=2) for _ in range(2)]
+    try:
+        rendezvous(hs)
+        done = [None, None]
+        ts = [
+            threading.Thread(target=lambda i=i: done.__setitem__(i, hs[i].exit_barrier(10)))
+            for i in range(2)
+        ]
+        for th in ts:
+            th.start()
+        for th in ts:
+            th.join(20)
+        assert done == [True, True]
+    finally:
+        shutdown_all(hs)  # the agents leave, as they do after a success
+    s = as_json(etcd.endpoints, run)
+    assert (s["phase"], s["outcome"], s["missing"]) == ("CLOSED", "SUCCEEDED", [])
+    assert s["world_size"] == 4
+    text = status(etcd.endpoints, run).stdout
+    assert "ended: SUCCEEDED" in text and "MISSING" not in text and "world size 4" in text
 
 
 def test_an_unknown_run_is_one_line_and_exit_1(etcd):
