@@ -49,13 +49,17 @@ def _run(sc, ctx, launcher, scenario: str, name: str):
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--before", default="", help="older checkout with its bench/.venv-torch")
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--only", default=",".join(SCENARIOS))
+    ap.add_argument("--rounds", type=int, default=2, help="ABBA rounds: 2 trials a side each")
+    ap.add_argument("--only", default=",".join(SCENARIOS), help="comma list of 1s,3,5,8")
     ap.add_argument("--json", help="write every trial here")
     ap.add_argument("--report", metavar="JSON", help="only print the table of a saved run")
     args = ap.parse_args()
     if args.report:
-        print(_table(json.loads(Path(args.report).read_text())))
+        try:
+            print(_table(json.loads(Path(args.report).read_text())))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            print(f"ab: cannot read {args.report} as a saved run: {e}")
+            return 2
         return 0
     if not args.before:
         ap.error("--before DIR is required (or --report JSON)")
@@ -106,11 +110,21 @@ MEASURES = (
 )
 
 
+def _cell(median: float | None, trials: list, pick, unit: str) -> str:
+    """The median, and the spread it comes from (so a ratio can be judged against it)."""
+    vals = [v for v in (pick(t) for t in trials) if v is not None]
+    if median is None or not vals:
+        return "-"
+    return f"{median:.3f} {unit} ({min(vals):.3f}-{max(vals):.3f})".replace("  ", " ")
+
+
 def _table(got: dict[str, dict[str, list]]) -> str:
-    head = "scenario | measure | before (median) | after (median) | after/before | loads"
+    head = (
+        "scenario | measure | before: median (range) | after: median (range) | after/before | loads"
+    )
     lines = [head, "---|---|---|---|---|---"]
     for scenario, by in got.items():
-        loads = [t["load1"] for ts in by.values() for t in ts]
+        loads = [t["load1"] for ts in by.values() for t in ts] or [0.0]
         span = f"{min(loads):.1f}-{max(loads):.1f}"
         measures = (("requests/s/agent", "", MEASURES[0][2]),) if scenario == "8" else MEASURES
         for what, unit, pick in measures:
@@ -118,7 +132,9 @@ def _table(got: dict[str, dict[str, list]]) -> str:
             if a is None and b is None:
                 continue
             ratio = f"{a / b:.2f}" if a and b else "-"
-            cells = [f"{v:.3f} {unit}".strip() if v is not None else "-" for v in (b, a)]
+            cells = [
+                _cell(v, trials, pick, unit) for v, trials in ((b, by["before"]), (a, by["after"]))
+            ]
             lines.append(f"{scenario} | {what} | {cells[0]} | {cells[1]} | {ratio} | {span}")
     return "\n".join(lines)
 
