@@ -8,6 +8,7 @@ run nobody else would join and failed after join_timeout (600 s by default).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -58,6 +59,13 @@ def test_a_node_frozen_past_its_ttl_at_the_end_does_not_hang_the_job(etcd, tmp_p
         said = "".join(a.stderr for a in agents[:2])
         assert "left before the exit barrier" in said and "closed as SUCCEEDED" in said, said
         assert "leaving anyway" not in said, said
+        assert said.count("round 1: the job SUCCEEDED") == 2, said  # the run's end, said
+        for i in (0, 1):  # the node's departure is in its events; the close is no supersession
+            events = [json.loads(x) for x in (tmp_path / f"logs{i}/events.jsonl").open()]
+            names = [e["event"] for e in events]
+            assert names.count("node_left") == 1
+            superseded = [e for e in events if e["event"] == "round_superseded"]
+            assert [e["phase"] for e in superseded] == ["JOINING"], superseded  # the departure's
         t_thaw = time.monotonic()
         _signal_tree(frozen, signal.SIGCONT)
         frozen = []
