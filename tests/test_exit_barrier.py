@@ -11,11 +11,10 @@ from __future__ import annotations
 import json
 import os
 import signal
-import threading
 import time
 
 from agent_helpers import Job, clean_env, wait_for
-from rdzv_helpers import crash, handler, new_run_id, rendezvous, shutdown_all
+from rdzv_helpers import crash, exit_barriers, handler, new_run_id, rendezvous, shutdown_all
 from torchrun_helpers import descendants
 
 from etcdrun.proto import etcdrun_state_pb2 as st
@@ -92,16 +91,7 @@ def test_the_barrier_closes_the_run_when_the_late_member_is_gone(etcd):
     try:
         rendezvous(hs)
         crash(hs[2])  # its lease expires after the TTL: it can never arrive as itself
-        done: list = [None, None]
-        ts = [
-            threading.Thread(target=lambda i=i: done.__setitem__(i, hs[i].exit_barrier(30)))
-            for i in range(2)
-        ]
-        for th in ts:
-            th.start()
-        for th in ts:
-            th.join(30)
-        assert done == [True, True]
+        assert exit_barriers(hs[:2], 30) == [True, True]
         assert _outcome(etcd.endpoints, run) == "CLOSED SUCCEEDED"
     finally:
         shutdown_all(hs)

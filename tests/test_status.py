@@ -10,12 +10,11 @@ import json
 import os
 import shutil
 import subprocess
-import threading
 import uuid
 
 import pytest
 from agent_helpers import clean_env, etcdrun_bin, wait_for
-from rdzv_helpers import crash, handler, new_run_id, rendezvous, shutdown_all
+from rdzv_helpers import crash, exit_barriers, handler, new_run_id, rendezvous, shutdown_all
 
 from etcdrun.rendezvous.api import FailureInfo
 
@@ -93,16 +92,7 @@ def test_a_finished_run_names_no_node_missing(etcd):
     hs = [handler(etcd.endpoints, run, 2, 2, lws=2) for _ in range(2)]
     try:
         rendezvous(hs)
-        done = [None, None]
-        ts = [
-            threading.Thread(target=lambda i=i: done.__setitem__(i, hs[i].exit_barrier(10)))
-            for i in range(2)
-        ]
-        for th in ts:
-            th.start()
-        for th in ts:
-            th.join(20)
-        assert done == [True, True]
+        assert exit_barriers(hs, 10) == [True, True]
     finally:
         shutdown_all(hs)  # the agents leave, as they do after a success
     s = as_json(etcd.endpoints, run)
