@@ -10,8 +10,7 @@ shared fact it reads after each, the run being closed.
 
 Why it sleeps on one event: the workers' exit callback (the reactor sees a pidfd become readable)
 and the handler's ``on_membership_change`` both set it, so the agent wakes at once for either,
-and never polls (``monitor_interval`` only paces the reactor's polling of a worker that has no
-pidfd; --monitor-interval 0 cannot spin the agent).
+and never polls (``monitor_interval`` only paces polling a worker without a pidfd).
 
 Signals (``--signals-to-handle``: SIGTERM, SIGINT, SIGHUP, SIGQUIT by default) are forwarded to
 the workers as torchrun does: that signal, then SIGKILL after the grace (``--shutdown-timeout``);
@@ -109,6 +108,7 @@ class ElasticAgent:
             self._group.close()
             standby.close(self._standbys)
             self._fencing.close()
+            self._h.shutdown()  # leave before the event log closes: its node_left is kept
             self.observer.close()
             kept = self._group.settle_logs(result is not None and not result.is_failed())
             if kept is not None:

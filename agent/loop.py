@@ -342,7 +342,8 @@ def _barrier(state: State, event: Event) -> Step | None:
         return None
     done = replace(state, phase=Phase.DONE)
     if event.all_finished:
-        return Step(done, ReturnResult(state.result))
+        n = state.info.round if state.info is not None else "?"
+        return Step(done, ReturnResult(state.result, note=f"round {n}: the job SUCCEEDED"))
     if event.fenced:  # a success in a round the others left (soak seed 1579): not the job's end
         n = state.info.round if state.info is not None else "?"
         note = (

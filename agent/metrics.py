@@ -183,6 +183,17 @@ PROMETHEUS = {
 }
 
 
+# Every counter's label names: each family is exposed from the first scrape (an unlabelled one
+# at 0), so an alert on it reads 0, not "no data" (a new user's scrape lacked four of them).
+COUNTER_LABELS: dict[str, tuple[str, ...]] = {
+    "rounds_total": ("reason",),
+    "worker_exits_total": ("how",),
+    "etcd_request_errors_total": ("error", "method"),
+    "lease_lost_total": (),
+    "fenced_total": (),
+}
+
+
 def prometheus_text(store: MetricStore) -> bytes:
     """The exposition, built by prometheus-client from the store (imported here only)."""
     from prometheus_client import CollectorRegistry, generate_latest
@@ -208,6 +219,10 @@ def prometheus_text(store: MetricStore) -> bytes:
                     fams[name] = cls(f"etcdrun_{base}", text, labels=list(labels))
                 return fams[name]
 
+            for name, labels in COUNTER_LABELS.items():  # present (0 when unlabelled) from start
+                fam(name, labels)
+                if not labels and (name, ()) not in snap["counters"]:
+                    fam(name).add_metric([], 0.0)
             for (name, labels), value in snap["counters"].items():
                 fam(name, tuple(k for k, _ in labels)).add_metric([v for _, v in labels], value)
             for name, value in {**snap["gauges"], **live.get("gauges", {})}.items():

@@ -148,12 +148,14 @@ class Warden:
             self.sock.send(FENCED)
         except OSError:
             pass
-        killed = self._kill_workers() + sweep(self.tag, skip={self.agent_pid})
+        workers = self._kill_workers()
+        sweep(self.tag, skip={self.agent_pid})  # their trees (the workers are hit again: no count)
         self.deadline = self.kill_at = math.inf
         self.paused = False
-        print(
-            f"etcdrun warden: agent {self.agent_pid} gave no sign of life until its lease could "
-            f"have expired; killed {killed} worker process(es) (fencing)",
+        print(  # etcd unreachable and the agent frozen look alike from here: say both
+            f"etcdrun warden: no keep-alive of agent {self.agent_pid} was acknowledged (etcd "
+            f"unreachable, or the agent frozen) until its lease could have expired; killed its "
+            f"{workers} worker(s) and their trees (fencing)",
             file=sys.stderr,
             flush=True,
         )

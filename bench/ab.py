@@ -48,11 +48,21 @@ def _run(sc, ctx, launcher, scenario: str, name: str):
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--before", required=True, help="older checkout with its bench/.venv-torch")
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--only", default=",".join(SCENARIOS))
+    ap.add_argument("--before", default="", help="older checkout with its bench/.venv-torch")
+    ap.add_argument("--rounds", type=int, default=2, help="ABBA rounds: 2 trials a side each")
+    ap.add_argument("--only", default=",".join(SCENARIOS), help="comma list of 1s,3,5,8")
     ap.add_argument("--json", help="write every trial here")
+    ap.add_argument("--report", metavar="JSON", help="only print the table of a saved run")
     args = ap.parse_args()
+    if args.report:
+        try:
+            print(_table(json.loads(Path(args.report).read_text())))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            print(f"ab: cannot read {args.report} as a saved run: {e}")
+            return 2
+        return 0
+    if not args.before:
+        ap.error("--before DIR is required (or --report JSON)")
     before_bin = Path(args.before).resolve() / "bench" / ".venv-torch" / "bin"
     if not (before_bin / "etcdrun").exists():
         print(f"ab: no etcdrun in {before_bin}: run its bench/compare.py --help once", flush=True)
@@ -86,23 +96,46 @@ def main() -> int:
     return 0
 
 
+def _median(trials: list, pick) -> float | None:
+    vals = [v for v in (pick(t) for t in trials) if v is not None]
+    return statistics.median(vals) if vals else None
+
+
+# what each row compares: the users' figure (ready), the launcher's own (running: every worker
+# started with the new world), and the agent's CPU where the scenario reads it
+MEASURES = (
+    ("ready", "s", lambda t: t["value"]),
+    ("running", "s", lambda t: t["spawn"]),
+    ("agent CPU", "s", lambda t: t.get("extra", {}).get("agent_cpu_s")),
+)
+
+
+def _cell(median: float | None, trials: list, pick, unit: str) -> str:
+    """The median, and the spread it comes from (so a ratio can be judged against it)."""
+    vals = [v for v in (pick(t) for t in trials) if v is not None]
+    if median is None or not vals:
+        return "-"
+    return f"{median:.3f} {unit} ({min(vals):.3f}-{max(vals):.3f})".replace("  ", " ")
+
+
 def _table(got: dict[str, dict[str, list]]) -> str:
-    unit = {"1s": "s ready", "3": "s ready", "5": "s ready", "8": "requests/s/agent"}
-    lines = [
-        "scenario | before (median) | after (median) | after/before | loads",
-        "---|---|---|---|---",
-    ]
+    head = (
+        "scenario | measure | before: median (range) | after: median (range) | after/before | loads"
+    )
+    lines = [head, "---|---|---|---|---|---"]
     for scenario, by in got.items():
-        med = {}
-        for side, trials in by.items():
-            vals = [t["value"] for t in trials if t["value"] is not None]
-            med[side] = statistics.median(vals) if vals else None
-        loads = [t["load1"] for ts in by.values() for t in ts]
-        ratio = f"{med['after'] / med['before']:.2f}" if med["before"] and med["after"] else "-"
-        cells = [f"{med[s]:.3f} {unit[scenario]}" if med[s] is not None else "-" for s in by]
-        lines.append(
-            f"{scenario} | {cells[0]} | {cells[1]} | {ratio} | {min(loads):.1f}-{max(loads):.1f}"
-        )
+        loads = [t["load1"] for ts in by.values() for t in ts] or [0.0]
+        span = f"{min(loads):.1f}-{max(loads):.1f}"
+        measures = (("requests/s/agent", "", MEASURES[0][2]),) if scenario == "8" else MEASURES
+        for what, unit, pick in measures:
+            b, a = _median(by["before"], pick), _median(by["after"], pick)
+            if a is None and b is None:
+                continue
+            ratio = f"{a / b:.2f}" if a and b else "-"
+            cells = [
+                _cell(v, trials, pick, unit) for v, trials in ((b, by["before"]), (a, by["after"]))
+            ]
+            lines.append(f"{scenario} | {what} | {cells[0]} | {cells[1]} | {ratio} | {span}")
     return "\n".join(lines)
 
 

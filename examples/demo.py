@@ -408,6 +408,7 @@ def main() -> int:
             print(f"demo: worker logs of every attempt kept in {log_dir}")
         else:
             shutil.rmtree(log_dir, ignore_errors=True)
+            print(f"demo: log folders removed ({log_dir}); --keep-logs keeps them")
     if status == 0 and result is not None:
         demo.summary(result, leftovers)
     return status

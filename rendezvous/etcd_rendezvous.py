@@ -336,8 +336,10 @@ class EtcdRendezvousHandler(SessionFence, RendezvousHandler):
         run, sess = self.view.running(), self._session
         if run is None or self._superseded == run.number or sess is None or sess.lost.is_set():
             return
-        self._superseded = run.number
         r = self.view.current()
+        if r is not None and r.phase is Phase.CLOSED:
+            return  # not superseded: the run ended (run_closed says how)
+        self._superseded = run.number
         self.events.emit(
             "round_superseded",
             round=run.number,

@@ -87,7 +87,7 @@ def info(
         node_rank=me.node_rank,
         node_count=len(r.members),
         first_global_rank=me.first_global_rank,
-        world_size=sum(m.local_world_size for m in r.members),
+        world_size=r.world_size,
         master_addr=r.master_addr,
         master_port=r.master_port,
         restart_count=r.restart_count,

@@ -10,6 +10,7 @@ read the round key.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
@@ -68,7 +69,21 @@ class Round:
     run_lease: int = 0
 
     def member(self, node_id: str) -> Member | None:
-        return next((m for m in self.members if m.node_id == node_id), None)
+        return self._by_node.get(node_id)
+
+    @functools.cached_property
+    def _by_node(self) -> dict[str, Member]:
+        """Why an index: a process of the scale bench holds 250 handlers that each look
+        themselves up in one shared round of 1,000 members, and the leader's decide() looks up
+        every agent: a scan made each of those O(N^2) per process and round."""
+        by: dict[str, Member] = {}
+        for m in self.members:
+            by.setdefault(m.node_id, m)  # the first, as a scan would find
+        return by
+
+    @functools.cached_property
+    def world_size(self) -> int:
+        return sum(m.local_world_size for m in self.members)
 
 
 @dataclass(frozen=True)

@@ -196,7 +196,7 @@ def _with_round(
         reason=msg.reason,
         decided_by=msg.decided_by,
         restart_count=msg.restart_count,
-        world_size=msg.world_size,
+        world_size=msg.world_size or sum(n.local_world_size for n in participants),
         master_addr=msg.master_addr,
         master_port=msg.master_port,
         participants=participants,
@@ -206,7 +206,10 @@ def _with_round(
         arrived=tuple(msg.arrived),
         last_call_deadline_unix_ms=msg.last_call_deadline_unix_ms,
         last_call_joined=msg.last_call_joined,
-        missing=tuple(n.node_id for n in participants if n.node_id not in agents)
+        # a closed run's nodes have left: finished, not missing (a new user was told MISSING)
+        missing=()
+        if phase == "CLOSED"
+        else tuple(n.node_id for n in participants if n.node_id not in agents)
         + tuple(d for d in msg.departed if d not in agents and phase == "JOINING"),
         waiting=waiting,
         joining=joining,

@@ -242,6 +242,7 @@ class Cluster:
     images: dict[str, str]
     agents: int = 3
     project: str = field(default_factory=lambda: "etcdrun-t" + uuid.uuid4().hex[:8])
+    _rule: list[str] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         from testcontainers.core.docker_client import DockerClient
@@ -263,7 +264,47 @@ class Cluster:
         return proc.stdout
 
     def up(self) -> None:
-        self.compose("up", "-d", "--scale", f"agent={self.agents}")
+        try:
+            # Created, then opened, then started: the members must reach each other from the start.
+            self.compose("up", "--no-start", "--scale", f"agent={self.agents}")
+            self._open_bridge()
+            self.compose("up", "-d", "--scale", f"agent={self.agents}")
+        except AssertionError as err:  # compose says only "unhealthy": say what etcd said
+            raise AssertionError(f"{err}\n{self.diagnose()}") from None
+
+    def _open_bridge(self) -> None:
+        """Accept forwarding within this project's bridge, for the test's lifetime.
+
+        Why: with br_netfilter on (bridge-nf-call-iptables=1, as here), traffic between two
+        containers on one bridge crosses the host's FORWARD chain. Once any dockerd ran with its
+        iptables rules, or ufw/firewalld is on, that chain's policy is DROP; CI's dockerd runs
+        --iptables=false and adds no ACCEPT of its own, so the members never hear each other's
+        votes and stay unhealthy (CI, 2026-12-01: "failed to commit proposal"). One rule, named by
+        the project, removed by down() and checked by leftovers().
+        """
+        if shutil.which("iptables") is None:
+            return
+        net = self.docker.networks.get(self.network)
+        bridge = net.attrs["Options"].get("com.docker.network.bridge.name") or f"br-{net.id[:12]}"
+        rule = ["FORWARD", "-i", bridge, "-o", bridge, "-m", "comment", "--comment", self.project]
+        _iptables("-I", *rule, "-j", "ACCEPT")
+        self._rule = [*rule, "-j", "ACCEPT"]
+
+    def diagnose(self) -> str:
+        """Each etcd member's state, last health checks and last log lines: what `up` hides."""
+        out = []
+        for service in ("etcd1", "etcd2", "etcd3"):
+            for c in self.containers(service):
+                state = c.attrs["State"]
+                out.append(f"--- {c.name}: {state.get('Status')} exit {state.get('ExitCode')}")
+                for check in (state.get("Health") or {}).get("Log", [])[-3:]:
+                    said = check.get("Output", "").strip().replace("\n", " | ")
+                    out.append(
+                        f"  health {check.get('Start', '')[:23]} rc {check.get('ExitCode')}: {said}"
+                    )
+                logs = c.logs(tail=15).decode(errors="replace").rstrip()
+                out.extend(f"  log: {line}" for line in logs.splitlines())
+        return "\n".join(out)
 
     def containers(self, service: str, all: bool = True) -> list[Any]:
         labels = [f"com.docker.compose.project={self.project}"]
@@ -320,6 +361,9 @@ class Cluster:
         left += [f"network {n.name}" for n in self.docker.networks.list(filters=label)]
         left += [f"volume {v.name}" for v in self.docker.volumes.list(filters=label)]
         left += [f"network {n.name}" for n in self.docker.networks.list(names=[self.network])]
+        if shutil.which("iptables"):
+            rules = _iptables("-S", "FORWARD").splitlines()
+            left += [f"iptables rule {r}" for r in rules if self.project in r]
         return left
 
     def down(self) -> None:
@@ -329,6 +373,15 @@ class Cluster:
         # -t 3: an agent leaves in ~0.3 s (SIGTERM, exit 143); the etcd member stopped last has
         # no quorum left and would spend ~10 s in its graceful stop for nothing.
         self.compose("down", "-v", "--remove-orphans", "-t", "3")
+        if self._rule:
+            _iptables("-D", *self._rule)
+            self._rule = []
         left = self.leftovers()
         self.docker.close()
         assert not left, f"compose down left {left}"
+
+
+def _iptables(*args: str) -> str:
+    res = subprocess.run(["iptables", *args], capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0, f"iptables {' '.join(args)}: {res.stderr.strip()}"
+    return res.stdout

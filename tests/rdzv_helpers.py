@@ -55,6 +55,21 @@ def rendezvous(
     return out
 
 
+def exit_barriers(handlers: Sequence[EtcdRendezvousHandler], timeout: float = 30) -> list:
+    """exit_barrier(timeout) on every handler at once, as finished agents do; their answers."""
+    done: list = [None] * len(handlers)
+
+    def go(i: int) -> None:
+        done[i] = handlers[i].exit_barrier(timeout)
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(len(handlers))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout + 10)
+    return done
+
+
 def crash(h: EtcdRendezvousHandler) -> None:
     """What kill -9 does to an agent: no revoke, no goodbye; its lease expires after the TTL."""
     if h.session is not None:

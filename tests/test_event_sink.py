@@ -121,3 +121,19 @@ def test_the_health_port_answers_healthz_livez_metrics():
         assert _get(base + "/nothing")[0] == 404
     finally:
         server.close()
+
+
+def test_every_counter_is_exposed_from_the_first_scrape():
+    """A fresh agent's /metrics lacked lease_lost, fenced, worker exits and etcd errors until
+    each first happened, so an alert on them read "no data" instead of 0 (a new user's trial)."""
+    fresh = prometheus_text(MetricStore("prometheus")).decode()
+    for name in ("rounds", "worker_exits", "etcd_request_errors", "lease_lost", "fenced"):
+        assert f"# TYPE etcdrun_{name}_total counter" in fresh, name
+    assert "etcdrun_lease_lost_total 0.0" in fresh and "etcdrun_fenced_total 0.0" in fresh
+    m = MetricStore("prometheus")
+    m.on_event({"event": "fenced"})
+    m.on_event({"event": "worker_exited", "how": "SIGKILL"})
+    once = prometheus_text(m).decode()
+    samples = [line for line in once.splitlines() if line.startswith("etcdrun_fenced_total")]
+    assert samples == ["etcdrun_fenced_total 1.0"]
+    assert 'etcdrun_worker_exits_total{how="SIGKILL"} 1.0' in once

@@ -8,13 +8,13 @@ run nobody else would join and failed after join_timeout (600 s by default).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
-import threading
 import time
 
 from agent_helpers import Job, clean_env, wait_for
-from rdzv_helpers import crash, handler, new_run_id, rendezvous, shutdown_all
+from rdzv_helpers import crash, exit_barriers, handler, new_run_id, rendezvous, shutdown_all
 from torchrun_helpers import descendants
 
 from etcdrun.proto import etcdrun_state_pb2 as st
@@ -58,6 +58,13 @@ def test_a_node_frozen_past_its_ttl_at_the_end_does_not_hang_the_job(etcd, tmp_p
         said = "".join(a.stderr for a in agents[:2])
         assert "left before the exit barrier" in said and "closed as SUCCEEDED" in said, said
         assert "leaving anyway" not in said, said
+        assert said.count("round 1: the job SUCCEEDED") == 2, said  # the run's end, said
+        for i in (0, 1):  # the node's departure is in its events; the close is no supersession
+            events = [json.loads(x) for x in (tmp_path / f"logs{i}/events.jsonl").open()]
+            names = [e["event"] for e in events]
+            assert names.count("node_left") == 1
+            superseded = [e for e in events if e["event"] == "round_superseded"]
+            assert [e["phase"] for e in superseded] == ["JOINING"], superseded  # the departure's
         t_thaw = time.monotonic()
         _signal_tree(frozen, signal.SIGCONT)
         frozen = []
@@ -84,16 +91,7 @@ def test_the_barrier_closes_the_run_when_the_late_member_is_gone(etcd):
     try:
         rendezvous(hs)
         crash(hs[2])  # its lease expires after the TTL: it can never arrive as itself
-        done: list = [None, None]
-        ts = [
-            threading.Thread(target=lambda i=i: done.__setitem__(i, hs[i].exit_barrier(30)))
-            for i in range(2)
-        ]
-        for th in ts:
-            th.start()
-        for th in ts:
-            th.join(30)
-        assert done == [True, True]
+        assert exit_barriers(hs[:2], 30) == [True, True]
         assert _outcome(etcd.endpoints, run) == "CLOSED SUCCEEDED"
     finally:
         shutdown_all(hs)

@@ -77,7 +77,7 @@ def test_success_stops_then_waits_at_the_barrier_then_returns():
     assert actions[1] == loop.StopWorkers(grace=None)
     assert isinstance(actions[2], loop.ExitBarrier)
     assert actions[2].note == "round 3: workers succeeded; waiting for the other nodes"
-    assert actions[3] == loop.ReturnResult(OK)
+    assert actions[3] == loop.ReturnResult(OK, note="round 3: the job SUCCEEDED")
     assert steps[-1].state.phase is Phase.DONE
 
 

@@ -255,3 +255,16 @@ def test_a_failed_runs_id_opens_a_fresh_run_once_only_newcomers_are_alive():
     ok = Round(4, Phase.CLOSED, mod_revision=50)  # a run that succeeded stays closed
     assert decide(View(ok, new), Settings(1, 2), 0.0) == Wait("run closed")
     assert decide(View(closed, {}), Settings(1, 2), 0.0) == Wait("run closed")
+
+
+def test_member_lookup_and_world_size_agree_with_the_members():
+    """Round.member() is an index built once per round (the scale bench's handlers each look
+    themselves up in one shared round): it must answer as a scan of the members would."""
+    r = frozen("c", "a", "e", "b")
+    for m in r.members:
+        assert r.member(m.node_id) is m
+    assert r.member("d") is None and r.member("") is None
+    assert r.world_size == sum(m.local_world_size for m in r.members) == 8
+    twice = Round(2, Phase.FROZEN, (*members("a", "b"), *members("a")), mod_revision=5)
+    assert twice.member("a") is twice.members[0]  # the first, as a scan finds it
+    assert Round(3, Phase.JOINING).member("a") is None and Round(3, Phase.JOINING).world_size == 0

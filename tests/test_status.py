@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 from agent_helpers import clean_env, etcdrun_bin, wait_for
-from rdzv_helpers import crash, handler, new_run_id, rendezvous, shutdown_all
+from rdzv_helpers import crash, exit_barriers, handler, new_run_id, rendezvous, shutdown_all
 
 from etcdrun.rendezvous.api import FailureInfo
 
@@ -83,6 +83,23 @@ def test_a_failed_run_shows_its_outcome_and_root_cause(etcd):
         assert "ended: FAILED" in text and "root cause: rank 3 (local 1) on host-b" in text
     finally:
         shutdown_all([h])
+
+
+def test_a_finished_run_names_no_node_missing(etcd):
+    """Found by a new user: after `ended: SUCCEEDED`, every node of the run was listed MISSING
+    ("its agent is gone") and the world size was 0."""
+    run = new_run_id()
+    hs = [handler(etcd.endpoints, run, 2, 2, lws=2) for _ in range(2)]
+    try:
+        rendezvous(hs)
+        assert exit_barriers(hs, 10) == [True, True]
+    finally:
+        shutdown_all(hs)  # the agents leave, as they do after a success
+    s = as_json(etcd.endpoints, run)
+    assert (s["phase"], s["outcome"], s["missing"]) == ("CLOSED", "SUCCEEDED", [])
+    assert s["world_size"] == 4
+    text = status(etcd.endpoints, run).stdout
+    assert "ended: SUCCEEDED" in text and "MISSING" not in text and "world size 4" in text
 
 
 def test_an_unknown_run_is_one_line_and_exit_1(etcd):

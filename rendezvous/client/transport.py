@@ -202,7 +202,7 @@ class Transport:
                     else ""
                 )
                 raise EtcdConnectionError(
-                    f"etcd unreachable at {self.endpoints_text()} (last error: {detail}){hint}",
+                    f"etcd unreachable at {self.endpoints_text()} (gRPC: {detail}){hint}",
                     code=e.code().name,
                 ) from None
             raise self._final(e, last_index[0]) from None
