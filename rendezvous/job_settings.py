@@ -7,6 +7,14 @@ it was started with in its agent key (AgentInfo: min_nodes, max_nodes, max_resta
 compares its own with the oldest agent's *before* registering, so a running job is never
 disturbed, and once more right after (two first agents that start together). Settings a node may
 choose for itself (``--nproc-per-node``, lease_ttl, timeouts) are not compared.
+
+Who speaks for the job: the oldest agent (the leader's rule). Found as "the oldest", that is a
+range sorted by create revision, which etcd 3.4 answers by reading the whole agents/ prefix: two
+per registration, beside the election's one, made N registrations O(N^2) in etcd (3.5 ms of etcd
+CPU each at 4,096 agents; the round never formed, bench/rendezvous_scale.py 2026-12-01). So the
+first look is at the round key's writer, two O(1) gets: once a job runs that is its leader (the
+oldest) or one of its members, and each of them passed this very check. The sorted range is left
+for when there is no round yet (the first agents, a small prefix) or its writer is gone.
 """
 
 from __future__ import annotations
@@ -42,6 +50,28 @@ def oldest_agent(client: EtcdClient, keys: RunKeys) -> st.AgentInfo | None:
         after = res.kvs[-1].create_revision
 
 
+def round_writer(client: EtcdClient, keys: RunKeys) -> st.AgentInfo | None:
+    """The live agent that wrote the round key, or None (no round, unreadable, or it is gone)."""
+    res = client.range(keys.round)
+    if not res.kvs:
+        return None
+    try:
+        writer = codec.decode(st.RoundState, keys.round, res.kvs[0].value).decided_by
+        if writer:
+            got = client.range(keys.agent(writer))
+            if got.kvs:
+                kv = got.kvs[0]
+                return codec.agent_info(kv.key, kv.value, keys.run_id, kv.lease)
+    except RendezvousError:
+        pass  # a corrupt round (repair's business) or a non-agent key: ask the oldest
+    return None
+
+
+def job_agent(client: EtcdClient, keys: RunKeys) -> st.AgentInfo | None:
+    """The agent whose settings are the job's: the round's writer if alive, else the oldest."""
+    return round_writer(client, keys) or oldest_agent(client, keys)
+
+
 def differences(mine: st.AgentInfo, theirs: st.AgentInfo) -> list[str]:
     """What differs, in the flags' words; empty when they agree (or ``theirs`` published no
     settings: an older etcdrun)."""
@@ -59,15 +89,15 @@ def differences(mine: st.AgentInfo, theirs: st.AgentInfo) -> list[str]:
 
 
 def check(client: EtcdClient, keys: RunKeys, mine: st.AgentInfo) -> None:
-    """Raise RendezvousStateError when the job's oldest agent was started differently."""
-    theirs = oldest_agent(client, keys)
+    """Raise RendezvousStateError when the job's agent (job_agent) was started differently."""
+    theirs = job_agent(client, keys)
     if theirs is None or theirs.node_id == mine.node_id:
         return
     diff = differences(mine, theirs)
     if diff:
         raise RendezvousStateError(
             f"this node was started with other job settings than the running job: "
-            f"{'; '.join(diff)} (its oldest node {theirs.node_id} on {theirs.host}); start every "
+            f"{'; '.join(diff)} (its node {theirs.node_id} on {theirs.host}); start every "
             "node of a job with the same settings",
             run_id=keys.run_id,
             node=mine.node_id,
@@ -87,4 +117,4 @@ def open_session(client: EtcdClient, keys: RunKeys, info: st.AgentInfo, ttl: int
     return sess
 
 
-__all__ = ["check", "differences", "oldest_agent", "open_session"]
+__all__ = ["check", "differences", "job_agent", "oldest_agent", "open_session", "round_writer"]

@@ -4,7 +4,10 @@ Why from /proc and not from the launcher: S4 is about processes, not about what 
 believes; a worker its agent cannot fence (the agent frozen, killed) still shows here. Used by
 tests/test_fencing.py, test_fault_stops.py, test_lease_doubt.py and the chaos trials.
 
-The rule, explicit: a process is *live* unless it is a zombie or dead (state Z or X). A stopped
+The rule, explicit: a process is *live* unless it is a zombie or dead (state Z or X), or exiting
+(PF_EXITING in its /proc flags): a SIGKILLed process runs none of its own code again, but the
+kernel takes a while to free its memory and shows it running meanwhile (a 3 GB process: 0.26 s
+in state R here; a worker with torch imported, as every standby worker is, ~0.1-0.2 s). A stopped
 process (state T: SIGSTOP, paused by fencing) counts as live by default — it holds its rank and
 could be resumed, so a paused worker of round n beside a running worker of round n+1 with the
 same RANK is a violation too, and pausing is never a way around the check: the paused tree must
@@ -84,9 +87,9 @@ class RankSampler:
                 continue
             try:
                 raw = Path(f"/proc/{name}/environ").read_bytes()
-                state = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()[0]
             except OSError:
                 continue
+            state = _state(int(name))
             if self.needle not in raw.split(b"\0") or state in ("Z", "X"):
                 continue
             env = dict(kv.split(b"=", 1) for kv in raw.split(b"\0") if b"=" in kv)
@@ -94,9 +97,17 @@ class RankSampler:
                 yield int(name), state, env
 
 
-def alive(pid: int) -> bool:
+PF_EXITING = 0x4  # include/linux/sched.h: set as the process starts to exit
+
+
+def _state(pid: int) -> str:
+    """The process's state letter, "X" when gone, "Z" when exiting (module docstring)."""
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
-        return False
-    return state not in ("Z", "X")
+        return "X"
+    return "Z" if int(fields[6]) & PF_EXITING else fields[0]
+
+
+def alive(pid: int) -> bool:
+    return _state(pid) not in ("Z", "X")

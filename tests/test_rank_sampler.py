@@ -46,3 +46,34 @@ def test_a_worker_gone_before_the_pass_ends_is_no_overlap() -> None:
         assert rs.overlaps == [] and rs.seen == {("0", "2")}
     finally:
         new.communicate(b"")
+
+
+def test_a_killed_worker_is_not_alive_while_the_kernel_frees_its_memory() -> None:
+    """After SIGKILL a big process shows state R for a while (its memory being freed) but runs
+    none of its own code again: it holds no RANK (PF_EXITING; a torch worker takes ~0.1-0.2 s).
+    It sleeps in input() until then (S), so every R seen after the kill is its exit."""
+    import os
+    import signal
+    from pathlib import Path
+
+    from rank_sampler import alive
+
+    big = "b = bytearray(1 << 30); b[::4096] = b'x' * len(b[::4096]); print(flush=True); input()"
+    p = subprocess.Popen([sys.executable, "-c", big], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        p.stdout.readline()  # 1 GiB touched
+        assert alive(p.pid)
+        os.kill(p.pid, signal.SIGKILL)
+        seen: list[tuple[str, bool]] = []
+        while not seen or seen[-1][0] not in ("Z", "X"):
+            try:
+                state = Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                state = "X"
+            seen.append((state, alive(p.pid)))
+        exiting = [a for state, a in seen if state in ("R", "D")]
+        assert exiting, seen[:5]  # the kernel took a while to free 1 GiB
+        assert not any(exiting)
+    finally:
+        p.kill()
+        p.wait()
