@@ -48,13 +48,23 @@ def require_local(etcd: LocalEtcd | ExternalEtcd) -> LocalEtcd:
     return etcd
 
 
-def pid_alive(pid: int) -> bool:
-    """True while ``pid`` exists and is not a zombie (a zombie has already exited)."""
+PF_EXITING = 0x4  # include/linux/sched.h: set as a process starts to exit
+
+
+def proc_state(pid: int) -> str:
+    """``pid``'s state letter from /proc; "X" when gone, and "Z" from the moment it exits: a
+    SIGKILLed process runs none of its own code again, but shows state R while the kernel frees
+    its memory (a 3 GB process: 0.26 s here; a worker with torch imported ~0.1-0.2 s)."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+        return "X"
+    return "Z" if int(fields[6]) & PF_EXITING else fields[0]
+
+
+def pid_alive(pid: int) -> bool:
+    """True while ``pid`` exists and has not exited (proc_state)."""
+    return proc_state(pid) not in ("Z", "X")
 
 
 def owned_pids() -> set[int]:

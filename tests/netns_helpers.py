@@ -37,6 +37,7 @@ from typing import Any
 
 import pytest
 from agent_helpers import WORKER, Agent, Job, Start, clean_env
+from etcd_helpers import pid_alive
 
 NS_PREFIX = "etcdrun-t"  # every namespace a Net creates: etcdrun-t<tag>-<host>
 SUBNET = "10.91.0"
@@ -148,13 +149,14 @@ class Net:
         problems = []
         for name in self._created:
             pids = [int(p) for p in _ip("netns", "pids", name, check=False).stdout.split()]
+            running = [p for p in pids if pid_alive(p)]  # not those already exiting
             for pid in pids:
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-            if pids:
-                problems.append(f"processes {pids} were still running in {name} (killed)")
+            if running:
+                problems.append(f"processes {running} were still running in {name} (killed)")
             _ip("netns", "del", name, check=False)
         left = _namespaces() & set(self._created)
         if left:

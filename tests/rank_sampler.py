@@ -25,6 +25,7 @@ import uuid
 from pathlib import Path
 
 from agent_helpers import clean_env
+from etcd_helpers import pid_alive, proc_state
 
 
 def tagged_env() -> tuple[str, dict[str, str]]:
@@ -89,7 +90,7 @@ class RankSampler:
                 raw = Path(f"/proc/{name}/environ").read_bytes()
             except OSError:
                 continue
-            state = _state(int(name))
+            state = proc_state(int(name))
             if self.needle not in raw.split(b"\0") or state in ("Z", "X"):
                 continue
             env = dict(kv.split(b"=", 1) for kv in raw.split(b"\0") if b"=" in kv)
@@ -97,17 +98,5 @@ class RankSampler:
                 yield int(name), state, env
 
 
-PF_EXITING = 0x4  # include/linux/sched.h: set as the process starts to exit
-
-
-def _state(pid: int) -> str:
-    """The process's state letter, "X" when gone, "Z" when exiting (module docstring)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return "X"
-    return "Z" if int(fields[6]) & PF_EXITING else fields[0]
-
-
 def alive(pid: int) -> bool:
-    return _state(pid) not in ("Z", "X")
+    return pid_alive(pid)
