@@ -185,7 +185,6 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, _interrupt)
     sys.path.insert(0, str(HERE))
     import publish
-    import report
     from runner import run_all
 
     if args.report:
@@ -208,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         (out / "results.json").write_text(json.dumps(results, indent=1))
         print(f"\nraw figures and agent logs: {out.relative_to(REPO)}/")
     print()
-    print(report.console(results))
+    print(publish.console(results))
     if args.publish or results["meta"]["complete"]:
         publish.publish(results, HERE / "results.md", HERE / "recovery.png", REPO / "README.md")
         print("wrote bench/results.md, bench/recovery.png, README.md (Benchmarks vs torchrun)")

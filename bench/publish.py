@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from report import READY, RUNNING, fmt_num, markdown_table
+from report import COLS, RATIO, READY, RUNNING, TARGET, VERDICT, WHY, fmt_num, markdown_table, rows
 
 
 def _idle_detail(res: dict) -> list[str]:
@@ -131,15 +131,15 @@ def results_md(res: dict) -> str:
             _load_note(m),
             CELLS_NOTE,
             "",
-            "## To workers running (the launcher's job; the targets)",
-            "",
-            markdown_table(res, RUNNING),
-            "",
-            "## To workers ready (the same trials, until `init_process_group` returned everywhere)",
+            "## To workers ready (what users wait for: every worker past `init_process_group`)",
             "",
             ready_note(res),
             "",
             markdown_table(res, READY),
+            "",
+            "## To workers running (the same trials, to every worker started: the launcher's part)",
+            "",
+            markdown_table(res, RUNNING),
             "",
             "![recovery and scale-up times](recovery.png)",
             "",
@@ -185,7 +185,8 @@ def ready_note(res: dict) -> str:
     return (
         'The difference from "running" is the workers\' own start-up: Python, '
         f"`import torch` and the gloo init{rng}, longer when several workers start on the "
-        "same CPUs; it is the same work under both launchers, and no launcher controls it."
+        "same CPUs. etcdrun's standby workers (`--prewarm`, on by default) do the Python and "
+        "`import torch` part ahead of need; torchrun starts every worker cold."
     )
 
 
@@ -207,15 +208,15 @@ def readme_section(res: dict) -> str:
             "",
             CELLS_NOTE,
             "",
-            "To workers running (the launcher has started every worker with the new world's "
-            "environment, as torchrun's `WorkerState.RUNNING`; the targets are about this):",
-            "",
-            markdown_table(res, RUNNING),
-            "",
-            'To workers ready (the same trials, until `init_process_group("gloo")` returned '
-            "everywhere). " + ready_note(res),
+            'To workers ready (every worker past `init_process_group("gloo")`: what a user '
+            "waits for, and what the targets judge). " + ready_note(res),
             "",
             markdown_table(res, READY),
+            "",
+            "To workers running (the same trials, until the launcher has started every worker "
+            "with the new world's environment, as torchrun's `WorkerState.RUNNING`):",
+            "",
+            markdown_table(res, RUNNING),
             "",
             "![recovery and scale-up times](bench/recovery.png)",
             "",
@@ -240,3 +241,28 @@ def publish(res: dict, md: Path, png: Path, readme: Path) -> None:
 
     plot.recovery_plot(res, png)
     update_readme(readme, readme_section(res))
+
+
+def console(res: dict) -> str:
+    out = []
+    for which in (READY, RUNNING):
+        out.append(f"== to workers {which} ==")
+        for r in rows(res, which):
+            out.append(f"{r[0]}  [{r[1]}]")
+            for (_, name), c in zip(COLS, r[2:RATIO], strict=True):
+                out.append(f"    {name:<18} {c}")
+            out.append(
+                f"    torchrun/etcdrun {r[RATIO]}"
+                + (
+                    f"; target {r[TARGET]}: {r[VERDICT]}" + (f" — {r[WHY]}" if r[WHY] else "")
+                    if r[TARGET] != "—"
+                    else ""
+                )
+            )
+    m = res["meta"]
+    out.append(
+        f"load average (1 min): {m['load_before']} before, {m.get('load_after')} after; "
+        f"{m.get('duration_s')} s; leftover processes swept at the end: "
+        f"{m.get('leftover_processes')}"
+    )
+    return "\n".join(out)

@@ -108,7 +108,7 @@ def test_a_run_that_never_recovers_is_a_miss_and_an_infinite_ratio():
     assert row[report.RATIO] == "∞ (torchrun: never)"
 
 
-def test_published_tables_running_with_targets_ready_without():
+def test_published_tables_ready_first_both_judged():
     runs = [
         _run("1", "etcdrun", [_t(4.9, 0.4)]),
         _run("1", "c10d", [_t(9.0, 5.0)]),
@@ -117,13 +117,30 @@ def test_published_tables_running_with_targets_ready_without():
     ]
     res = _results(runs)
     md = publish.results_md(res)
-    running, ready = md.split("## To workers ready", 1)
+    ready, running = md.split("## To workers running", 1)
+    assert "## To workers ready" in ready  # the headline comes first
+    running = running.split("## How it is measured", 1)[0]
     assert "| 1. First round" in running and "workers running | default | 0.40 s" in running
     assert "PASS" in running and "12.5x" in running  # 5.0 / 0.4
-    ready_table = ready.split("## How it is measured", 1)[0]
-    assert "workers ready | default | 4.90 s" in ready_table and "1.8x" in ready_table
-    assert "PASS" not in ready_table and "target" not in ready_table
-    assert "(2.4-4.5 s in this run)" in ready_table  # from the trials, not typed in
+    assert "workers ready | default | 4.90 s" in ready and "1.8x" in ready
+    assert "(2.4-4.5 s in this run)" in ready  # from the trials, not typed in
+    row5 = next(ln for ln in ready.splitlines() if ln.startswith("| 5. Scale-up"))
+    assert "<= 1.0 s" in row5 and "MISS" in row5
+    assert "median 2.60 s > 1 s; of it the workers' own start-up (running -> ready) 2.40 s" in row5
+
+
+def test_ready_verdicts_use_the_ready_targets():
+    runs = [
+        _run("3", "etcdrun", [_t(5.4, 3.9), _t(5.6, 4.0), _t(5.2, 3.8)]),  # median 5.4 <= 5.5
+        _run("3", "etcdrun", [_t(2.6, 1.1)], setting="tuned"),  # 2.6 > 2.5
+        _run("1s", "etcdrun", [_t(0.9, 0.2)]),
+        _run("1", "etcdrun", [_t(4.9, 0.4)]),  # all at once: judged on running only
+    ]
+    assert report.ready_verdict("3", "default", runs) == ("PASS", "")
+    v, why = report.ready_verdict("3", "tuned", runs)
+    assert v == "MISS" and "median 2.60 s > 2.5 s" in why and "1.50 s" in why
+    assert report.ready_verdict("1s", "default", runs) == ("PASS", "")
+    assert report.ready_verdict("1", "default", runs) == ("—", "")
 
 
 @pytest.mark.timeout(180)
