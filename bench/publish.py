@@ -235,8 +235,22 @@ def update_readme(path: Path, section: str) -> None:
     path.write_text(text)
 
 
+KEPT = "not from the compare.py run above)"  # a section of another bench's figures
+
+
+def kept_sections(text: str) -> list[str]:
+    """The sections of results.md that other benches wrote (their heading ends with KEPT)."""
+    parts = text.split("\n## ")
+    return ["## " + p.rstrip("\n") + "\n" for p in parts[1:] if p.split("\n", 1)[0].endswith(KEPT)]
+
+
 def publish(res: dict, md: Path, png: Path, readme: Path) -> None:
-    md.write_text(results_md(res))
+    kept = kept_sections(md.read_text()) if md.exists() else []
+    text = results_md(res)
+    if kept:  # before "How it is measured", where they stood
+        i = text.index("\n## How it is measured")
+        text = text[:i] + "\n" + "\n".join(kept) + text[i:]
+    md.write_text(text)
     import plot
 
     plot.recovery_plot(res, png)

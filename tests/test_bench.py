@@ -129,6 +129,18 @@ def test_published_tables_ready_first_both_judged():
     assert "median 2.60 s > 1 s; of it the workers' own start-up (running -> ready) 2.40 s" in row5
 
 
+def test_publish_keeps_the_sections_other_benches_wrote(tmp_path):
+    md = tmp_path / "results.md"
+    other = "## Rendezvous at scale (bench/x.py; not from the compare.py run above)\n\nfigures\n"
+    md.write_text("# old\n\n## To workers ready\n\nold table\n\n" + other + "\n## Notes\n")
+    assert publish.kept_sections(md.read_text()) == [other]
+    res = _results([_run("5", "etcdrun", [_t(2.6, 0.2)])])
+    text = publish.results_md(res)
+    i = text.index("\n## How it is measured")
+    merged = text[:i] + "\n" + other + text[i:]
+    assert publish.kept_sections(merged) == [other] and "old table" not in merged
+
+
 def test_ready_verdicts_use_the_ready_targets():
     runs = [
         _run("3", "etcdrun", [_t(5.4, 3.9), _t(5.6, 4.0), _t(5.2, 3.8)]),  # median 5.4 <= 5.5
