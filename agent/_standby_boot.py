@@ -35,6 +35,7 @@ import sys
 
 PR_SET_PDEATHSIG, SIGKILL = 1, 9
 EXIT_PARENT_GONE = 128 + SIGKILL
+WARM = b"w"  # one byte back to the agent: the imports are done (standby.Standbys.wait_warm)
 ROOM_VAR = "ETCDRUN_STANDBY_ROOM"  # only in the standby's start environment: room to rewrite
 # What a fresh interpreter's __main__ holds before it runs anything (python 3.10-3.13).
 MAIN_AT_START = ("__name__", "__doc__", "__package__", "__loader__", "__spec__", "__annotations__",
@@ -202,6 +203,10 @@ def main(argv):
     _set_path0(command, had_path0)
     _prewarm(prewarm)
     sock = socket.socket(fileno=sock_fd)  # the round may already wait in it: any time is fine
+    try:
+        sock.send(WARM, socket.MSG_NOSIGNAL)  # the agent's first join waits for this
+    except OSError:
+        pass  # its end is closed: the round it sent before is still ours to read (or EOF)
     msg, fds = _receive(sock)
     sock.close()
     _move_streams(fds)

@@ -147,6 +147,7 @@ class ElasticAgent:
             self._restore_signal_handlers(previous)
 
     def _drive(self) -> RunResult:
+        standby.wait_warm(self._standbys)  # join once this node's workers can start at once
         step = loop.Step(self._state, loop.Join())
         while not isinstance(step.action, loop.ReturnResult):
             event = self._perform(step)

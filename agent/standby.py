@@ -43,11 +43,13 @@ import logging
 import marshal
 import os
 import queue
+import select
 import socket
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 
 from . import _spawn, worker_secrets
@@ -65,6 +67,13 @@ ROOM_VAR = "ETCDRUN_STANDBY_ROOM"  # the boot file's name for it
 ROOM = 32768  # bytes of environment block the hand-over may rewrite (/proc/<pid>/environ)
 NONE, AUTO = "none", "auto"
 START_WAIT = 5.0  # seconds a hand-over waits for its slot's standby to be forked (~10-50 ms)
+# Seconds the first join waits for the standbys' imports. Why wait at all: a node that joins
+# while its standbys still import makes the whole job wait for them, its peers' workers stopped
+# (scale-up: the running job stalls for the newcomer's ``import torch``) and their refills
+# importing beside the newcomer's. Bounded: a hung import must not keep a node out forever
+# (its workers would hang in the same import when spawned).
+WARM_WAIT = 60.0
+WARM = b"w"  # what a standby sends once its imports are done (_standby_boot.py)
 
 
 def python_command(spec: WorkerSpec, kind: EntrypointKind) -> list[str] | None:
@@ -100,6 +109,7 @@ def check_importable(names: str, path0: str) -> None:
 class _Standby:
     def __init__(self, proc: subprocess.Popen[bytes], sock: socket.socket) -> None:
         self.proc, self.sock = proc, sock
+        self.settled = False  # it said warm, or it ended: wait_warm no longer waits for it
 
 
 class Standbys:
@@ -207,6 +217,27 @@ class Standbys:
         standby.sock.close()
         return standby.proc
 
+    def wait_warm(self, timeout: float) -> tuple[int, int]:
+        """Until every slot's standby has done its imports (or ended, or ``timeout`` passed);
+        (warm, slots). Only the agent's thread calls it, before its first round: no hand-over
+        reads or closes these sockets meanwhile."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            self._lock.wait_for(lambda: not self._pending, START_WAIT)
+            cold = [s for s in self._slots.values() if not s.settled]
+        warm = self._spec.local_world_size - len(cold)
+        while cold and (left := deadline - time.monotonic()) > 0:
+            readable, _, _ = select.select([s.sock for s in cold], [], [], left)
+            for standby in [s for s in cold if s.sock in readable]:
+                try:
+                    said = standby.sock.recv(1)
+                except OSError:
+                    said = b""  # it ended (swept, crashed): the round spawns for its slot
+                standby.settled = True
+                warm += said == WARM
+                cold.remove(standby)
+        return warm, self._spec.local_world_size
+
     @contextlib.contextmanager
     def waiting(self) -> Iterator[set[int]]:
         """The pids of the waiting standbys, none started meanwhile (the agent's sweep skips
@@ -248,6 +279,20 @@ def start(standbys: Standbys | None) -> None:
     """Start the slots' standbys (none with --prewarm none)."""
     if standbys is not None:
         standbys.start()
+
+
+def wait_warm(standbys: Standbys | None, timeout: float = WARM_WAIT) -> None:
+    """Before the first join: the standbys' imports done (``Standbys.wait_warm``), one line."""
+    if standbys is None:
+        return
+    t0 = time.monotonic()
+    warm, slots = standbys.wait_warm(timeout)
+    took = time.monotonic() - t0
+    if warm < slots:
+        log.warning("standby workers: %d of %d warm after %.1f s; joining anyway", warm, slots,
+                    took)  # fmt: skip
+    elif took >= 0.05:
+        log.info("standby workers warm after %.2f s: joining", took)
 
 
 def close(standbys: Standbys | None) -> None:

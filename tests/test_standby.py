@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from agent_helpers import SCRIPTS, Agent, Job, clean_env, etcdrun_bin, wait_for
+from agent_helpers import SCRIPTS, WORKER, Agent, Job, clean_env, etcdrun_bin, wait_for
 
 from etcdrun.agent.standby import ROOM_VAR
 
@@ -217,6 +217,48 @@ def test_a_standby_run_worker_is_fenced_by_the_warden(etcd, tmp_path):
         wait_for(lambda: not any(alive(p) for p in waiting), 5, "the swept standby gone")
     finally:
         os.kill(agent.pid, signal.SIGCONT)
+        job.close()
+
+
+def test_a_newcomer_joins_once_its_standbys_are_warm(etcd, tmp_path):
+    """Scale-up: the running job keeps its workers while a newcomer's standby imports (here a
+    3 s import), and the round that takes the newcomer in starts only after that import. Had
+    the newcomer joined at once, the survivors' workers would be stopped at once and the job
+    would wait for the import (the fix measured in bench/results.md, scale-up)."""
+    job = Job(etcd.endpoints, tmp_path, nnodes="1:2", nproc=1, conf="last_call_timeout=0",
+              extra=("--prewarm", "slow_warm"))  # fmt: skip
+    try:
+        job.start()
+        first = wait_for(job.starts, 60, "the first round")
+        mark = tmp_path / "warm_mark"
+        t_new = time.time()
+        job.start(env=clean_env(SLOW_WARM_S="3", SLOW_WARM_MARK=str(mark)))
+
+        def later() -> list:
+            found = [s for s in job.starts() if s.round > first[0].round]
+            return found if len(found) == 2 else []
+
+        second = wait_for(later, 60, "the round of two")
+        warm_at = float(mark.read_text())
+        assert warm_at - t_new >= 3.0
+        assert min(s.t for s in second) > warm_at, (second, warm_at)
+        assert first[0].pid not in {s.pid for s in second}
+    finally:
+        job.close()
+
+
+def test_a_round_handed_to_a_standby_still_importing_runs_once_it_is_warm(etcd, tmp_path):
+    """A restart right after a round: the slot's new standby is still in its (2 s) import when
+    the round is handed to it, and the agent has closed its end by the time the standby says
+    it is warm. The worker must run all the same (it once exited 0 there, unrun)."""
+    job = Job(etcd.endpoints, tmp_path, nnodes="1", nproc=1, conf="lease_ttl=2",
+              extra=("--prewarm", "slow_warm", "--max-restarts", "1"))  # fmt: skip
+    try:
+        agent = job.start(WORKER, str(job.out), "fail", "0", env=clean_env(SLOW_WARM_S="2"))
+        assert agent.wait(90) == 1, agent.stderr
+        restarts = sorted(int(s.env["TORCHELASTIC_RESTART_COUNT"]) for s in job.starts())
+        assert restarts == [0, 1], restarts
+    finally:
         job.close()
 
 
