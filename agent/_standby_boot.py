@@ -24,6 +24,7 @@ SystemExit's, death by SIGINT) are its own. What differs: more modules already i
 worker's command at its end).
 
 How it runs: ``python -u -c LOADER <this file> <agent pid> <socket fd> <prewarm> <command...>``;
+after its imports it sends one byte back (``WARM``: the agent's first join waits for it);
 LOADER executes this file in a namespace of its own (neither ``__main__`` nor in
 ``sys.modules``), so the script finds ``__main__`` pristine. Standard library only (builtins
 where possible: ``marshal``, not ``json``); etcdrun itself is never imported here.

@@ -13,6 +13,12 @@ started every worker with the new world's environment (torchrun's ``WorkerState.
 ``value`` ("workers ready") is the newest such ``BENCH_READY``: ``init_process_group("gloo")``
 returned everywhere. Between the two lie the workers' own Python start, ``import torch`` and the
 gloo init, which no launcher controls.
+
+A kill or a newcomer comes once the job is in its steady state (``steady``: the collectives
+have run ``SETTLE`` s and the whole group, workers and anything the launcher keeps beside them,
+is CPU-quiet), as a node fails or arrives while a job trains, not while it is still starting:
+on these 2 CPUs a disturbance 1 s after the first round landed while etcdrun's standbys for the
+next round were still importing torch, and each trial measured a different share of that.
 """
 
 from __future__ import annotations
@@ -99,13 +105,26 @@ def _victim(job: Job, which: str) -> tuple[Agent, str]:
     return a, f"node rank {ranks[a.name]}"
 
 
+def steady(agents: list[Agent]) -> float | None:
+    """``SETTLE`` s of collectives, then until the group is CPU-quiet (bounded: a launcher
+    that never goes quiet is disturbed all the same); seconds waited after ``SETTLE``, None
+    when it never went quiet."""
+    time.sleep(SETTLE)
+    try:
+        return round(wait_quiet(agents, timeout=30.0), 2)
+    except Fail as f:
+        if f.outcome == "died":
+            raise
+        return None
+
+
 @_trial
 def kill_node(ctx: Ctx, launcher: Launcher, n: int, which: str, mode: str, name: str) -> Trial:
     """Scenarios 3 (``member``) and 4 (``rank0``): kill -9 one node of ``n`` (min 2)."""
     with Job(ctx, launcher, f"2:{n}", mode, name) as job:
         job.start(n)
         wait_world(job.agents, job.agents[0].t_start, n, FORM_TIMEOUT, "the start")
-        time.sleep(SETTLE)
+        settled = steady(job.agents)
         victim, who = _victim(job, which)
         t_kill = victim.kill_node()
         survivors = [a for a in job.agents if a is not victim]
@@ -117,7 +136,7 @@ def kill_node(ctx: Ctx, launcher: Launcher, n: int, which: str, mode: str, name:
             ready - t_kill,
             spawn=None if spawn is None else spawn - t_kill,
             note=f"killed {who}",
-            extra={"t_kill": t_kill},
+            extra={"t_kill": t_kill, "settle_s": settled},
         )
 
 
@@ -129,10 +148,11 @@ def scale_up(ctx: Ctx, launcher: Launcher, n: int, name: str) -> Trial:
         wait_world(
             job.agents, job.agents[0].t_start, n - 1, FORM_TIMEOUT + launcher.last_call, "the start"
         )
-        time.sleep(SETTLE)
+        settled = steady(job.agents)
         t_new = job.start(1)
         ready, spawn = wait_world(job.agents, t_new, n, ctx.recover_timeout, "the newcomer's start")
-        return Trial(ready - t_new, spawn=None if spawn is None else spawn - t_new)
+        spawn = None if spawn is None else spawn - t_new
+        return Trial(ready - t_new, spawn=spawn, extra={"settle_s": settled})
 
 
 @_trial
