@@ -147,7 +147,7 @@ class ElasticAgent:
             self._restore_signal_handlers(previous)
 
     def _drive(self) -> RunResult:
-        standby.wait_warm(self._standbys)  # join once this node's workers can start at once
+        standby.wait_warm(self._standbys, self._h.job_running)  # before a running job's stop
         step = loop.Step(self._state, loop.Join())
         while not isinstance(step.action, loop.ReturnResult):
             event = self._perform(step)

@@ -283,9 +283,14 @@ def start(standbys: Standbys | None) -> None:
         standbys.start()
 
 
-def wait_warm(standbys: Standbys | None, timeout: float = WARM_WAIT) -> None:
-    """Before the first join: the standbys' imports done (``Standbys.wait_warm``), one line."""
-    if standbys is None:
+def wait_warm(
+    standbys: Standbys | None, job_running: Callable[[], bool], timeout: float = WARM_WAIT
+) -> None:
+    """Before the first join into a running job (``job_running()``, asked only with standbys):
+    the standbys' imports done (``Standbys.wait_warm``), in one line. A job that is forming
+    or re-forming does not wait: its round waits for the same imports after the freeze, and
+    the refills, started at that hand-over, are warm sooner for the change that may follow."""
+    if standbys is None or not job_running():
         return
     t0 = time.monotonic()
     warm, slots = standbys.wait_warm(timeout)

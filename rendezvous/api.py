@@ -255,6 +255,12 @@ class RendezvousHandler(abc.ABC):
         callback runs on a backend thread and must return at once. Default: no deadline."""
         return _no_op
 
+    def job_running(self) -> bool:
+        """True when the run has a frozen round whose workers run: a node that joins now stops
+        them all for a new round, so the agent first lets its standbys finish their imports
+        (agent/standby.py ``wait_warm``). Default False: nothing runs that a join would stop."""
+        return False
+
     def round_reason(self) -> str:
         """Why the current round was opened ("node(s) left: ...", "worker rank 3 failed")."""
         return ""

@@ -126,6 +126,13 @@ class EtcdRendezvousHandler(SessionFence, RendezvousHandler):
     def set_closed(self) -> None:
         self._close(st.SUCCEEDED, None)
 
+    def job_running(self) -> bool:
+        try:
+            r = lifecycle.read_round(self.client, self.keys)
+        except EtcdError as e:
+            raise self._wrap(e) from None
+        return r is not None and r.phase is Phase.FROZEN
+
     def num_nodes_waiting(self) -> int:
         try:
             res = self.client.get_prefix(self.keys.agents, keys_only=True)

@@ -247,6 +247,22 @@ def test_a_newcomer_joins_once_its_standbys_are_warm(etcd, tmp_path):
         job.close()
 
 
+def test_a_forming_job_does_not_wait_for_the_standbys(etcd, tmp_path):
+    """No round runs yet: the node joins at once (its round would wait for the same import
+    after the freeze anyway), so the join comes before the 3 s import ends."""
+    job = Job(etcd.endpoints, tmp_path, nnodes="1", nproc=1, extra=("--prewarm", "slow_warm"))
+    mark, logs = tmp_path / "warm_mark", tmp_path / "logs"
+    try:
+        env = clean_env(SLOW_WARM_S="3", SLOW_WARM_MARK=str(mark))
+        job.start(env=env, extra=("--log-dir", str(logs)))
+        wait_for(job.starts, 60, "the first round")
+        events = [json.loads(ln) for ln in (logs / "events.jsonl").read_text().splitlines()]
+        joined = next(e["time"] for e in events if e["event"] == "node_joined")
+        assert joined < float(mark.read_text()), (joined, mark.read_text())
+    finally:
+        job.close()
+
+
 def test_a_round_handed_to_a_standby_still_importing_runs_once_it_is_warm(etcd, tmp_path):
     """A restart right after a round: the slot's new standby is still in its (2 s) import when
     the round is handed to it, and the agent has closed its end by the time the standby says
