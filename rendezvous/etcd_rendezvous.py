@@ -117,21 +117,21 @@ class EtcdRendezvousHandler(SessionFence, RendezvousHandler):
             raise self._wrap(e) from None
 
     def is_closed(self) -> bool:
-        try:
-            r = lifecycle.read_round(self.client, self.keys)
-        except EtcdError as e:
-            raise self._wrap(e) from None
-        return r is not None and r.phase is Phase.CLOSED
+        return self._phase() is Phase.CLOSED
 
     def set_closed(self) -> None:
         self._close(st.SUCCEEDED, None)
 
     def job_running(self) -> bool:
+        return self._phase() is Phase.FROZEN
+
+    def _phase(self) -> Phase | None:
+        """The round key's phase as etcd has it now (None: no round yet)."""
         try:
             r = lifecycle.read_round(self.client, self.keys)
         except EtcdError as e:
             raise self._wrap(e) from None
-        return r is not None and r.phase is Phase.FROZEN
+        return None if r is None else r.phase
 
     def num_nodes_waiting(self) -> int:
         try:
