@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from agent_helpers import SCRIPTS, WORKER, Agent, Job, clean_env, etcdrun_bin, wait_for
+from etcd_helpers import pid_alive
 
 from etcdrun.agent.standby import ROOM_VAR
 
@@ -46,10 +47,7 @@ def standbys_of(agent_pid: int) -> list[int]:
 
 
 def alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX"
-    except OSError:
-        return False
+    return pid_alive(pid)  # an exiting process (PF_EXITING) counts as gone: etcd_helpers
 
 
 def run_standalone(tmp: Path, prewarm: str, entry: tuple[str, ...], mode: str, *flags: str):

@@ -23,6 +23,7 @@ WORKERS = Path(__file__).parent / "workers"
 sys.path.insert(0, str(WORKERS))  # wr_callables: importable here and in spawned workers
 
 import wr_callables  # noqa: E402
+from etcd_helpers import pid_alive  # noqa: E402
 
 
 def make_info(
@@ -655,11 +656,7 @@ time.sleep(600)
 
 
 def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
+    return pid_alive(pid)  # an exiting process (PF_EXITING) counts as gone: etcd_helpers
 
 
 @pytest.mark.parametrize("kind", ["script", "spawn", "fork"])

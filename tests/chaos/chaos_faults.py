@@ -21,6 +21,7 @@ from pathlib import Path
 
 from chaos_netcut import NetCut
 from chaos_schedule import Fault
+from etcd_helpers import pid_alive
 
 from etcdrun.rendezvous.client import EtcdClient
 from etcdrun.rendezvous.localetcd import LocalEtcd
@@ -38,10 +39,9 @@ def tagged(needle: str) -> list[int]:
             continue
         try:
             env = Path(f"/proc/{name}/environ").read_bytes().split(b"\0")
-            state = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if want in env and state not in ("Z", "X"):
+        if want in env and pid_alive(int(name)):
             found.append(int(name))
     return sorted(found)
 
