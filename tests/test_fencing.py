@@ -18,7 +18,19 @@ import pytest
 from agent_helpers import SCRIPTS, WORKER, Job, clean_env, wait_for
 from rank_sampler import RankSampler, alive
 
+from etcdrun.agent.fencing import KILL_LEAD, kill_after
+
 FORKER = str(SCRIPTS / "forker.py")
+
+
+@pytest.mark.parametrize("margin", [0.02, 0.15, 0.5, 2 / 3, 2.0, 10.0])
+def test_the_warden_kills_before_etcd_could_expire_the_lease(margin):
+    """From the pause to the kill: never as late as the margin (the moment etcd could expire
+    the lease and a new round start: a SIGKILL to gone took up to 0.2 s, so ``KILL_LEAD``
+    early), and never before half of it (short margins keep a pause worth having)."""
+    kill = kill_after(margin)
+    assert margin / 2 <= kill < margin
+    assert kill == pytest.approx(margin - min(KILL_LEAD, margin / 2))
 
 
 @pytest.mark.parametrize("frozen_rank", [0, 1])
