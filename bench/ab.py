@@ -13,7 +13,8 @@ median, and the ratio after/before is printed per scenario with the load average
 into this checkout's bench venv (bench/compare.py's ``ensure_venv``). Scenarios: ``1s`` (first
 round N=8, the last agent after the others wait), ``3`` (kill -9 of a member, N=4), ``5``
 (scale-up 3 -> 4), ``8`` (idle etcd requests per agent); ``--rounds`` ABBA rounds (default 2:
-4 trials a side).
+4 trials a side). ``--prewarm none`` runs both sides with standby workers off (the question
+"did this change cost anything" asked of the spawn path alone).
 """
 
 from __future__ import annotations
@@ -51,6 +52,12 @@ def main() -> int:
     ap.add_argument("--before", default="", help="older checkout with its bench/.venv-torch")
     ap.add_argument("--rounds", type=int, default=2, help="ABBA rounds: 2 trials a side each")
     ap.add_argument("--only", default=",".join(SCENARIOS), help="comma list of 1s,3,5,8")
+    ap.add_argument(
+        "--prewarm",
+        default="",
+        help="PET_PREWARM for both sides (e.g. none: compare with standby workers off; a side"
+        " older than standby workers ignores it); default: each side's own default",
+    )
     ap.add_argument("--json", help="write every trial here")
     ap.add_argument("--report", metavar="JSON", help="only print the table of a saved run")
     args = ap.parse_args()
@@ -73,6 +80,9 @@ def main() -> int:
     from procs import become_subreaper
 
     become_subreaper()
+    launcher = LAUNCHERS["etcdrun"]
+    if args.prewarm:
+        launcher = launcher.with_env("etcdrun", launcher.label, PET_PREWARM=args.prewarm)
     sides = {"before": before_bin, "after": Path(sys.executable).parent}
     only = [s for s in args.only.split(",") if s]
     out = Path(tempfile.mkdtemp(prefix="etcdrun-ab-"))
@@ -83,7 +93,7 @@ def main() -> int:
         for scenario in only:
             for i, side in enumerate(order):
                 ctx = sc.Ctx(bindir=sides[side], out=out, tag=tag, recover_timeout=90.0)
-                trial = _run(sc, ctx, LAUNCHERS["etcdrun"], scenario, f"{scenario}-{side}-{r}-{i}")
+                trial = _run(sc, ctx, launcher, scenario, f"{scenario}-{side}-{r}-{i}")
                 load = os.getloadavg()[0]
                 got[scenario][side].append({**trial.to_json(), "load1": round(load, 2)})
                 shown = "-" if trial.value is None else f"{trial.value:.3f}"
