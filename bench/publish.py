@@ -89,7 +89,10 @@ def _how_measured(m: dict) -> list[str]:
         "starts N-1 agents, waits until they sit idle in the rendezvous (their CPU use, not "
         "their logs, for both launchers alike), then starts the last one.",
         "- A node dies as a machine would: its agent and every process below it get SIGKILL at "
-        "once. all_reduce workers call a one-element gloo all_reduce every 0.2 s.",
+        "once. all_reduce workers call a one-element gloo all_reduce every 0.2 s. A kill or a "
+        "newcomer comes once the job is in its steady state: 1 s of collectives, then the "
+        "whole group CPU-quiet (for every launcher alike), as a node fails or arrives while "
+        "a job trains.",
         "- etcd: a fresh single member per trial (fast raft timings, `--enable-v2` for "
         "torchrun's etcd-v2); c10d needs none. Scenario 8 reads etcd's `/metrics` "
         "(`grpc_server_msg_received_total` per method; `etcd_http_received_total` for v2) "
