@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from rdzv_helpers import handler, new_run_id, rendezvous, shutdown_all
+from rdzv_helpers import crash, handler, new_run_id, rendezvous, shutdown_all
 
 from etcdrun.rendezvous import job_settings, joining
 from etcdrun.rendezvous.client import EtcdClient
@@ -84,7 +84,11 @@ def test_when_the_rounds_writer_is_gone_the_oldest_decides(etcd):
         with CountingClient(etcd.endpoints) as c:
             writer = job_settings.round_writer(c, keys)
             assert writer is not None and writer.node_id in {h.node_id for h in job}
-            c.delete(keys.agent(writer.node_id))  # as if it just died, before a new round
+            # As if it had just died and its lease expired, before a new round. Crashed first:
+            # a live handler whose key is deleted registers again at once (the suite once saw
+            # it back before open_session looked, and no fallback was needed).
+            crash(next(h for h in job if h.node_id == writer.node_id))
+            c.delete(keys.agent(writer.node_id))
             assert job_settings.round_writer(c, keys) is None
             with pytest.raises(RendezvousStateError, match=re.escape("--max-restarts 2 here")):
                 job_settings.open_session(c, keys, info("late-1.1", 1, 3, restarts=2), 5)
