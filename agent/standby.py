@@ -6,9 +6,9 @@ everywhere), and most of that was the workers' own start: Python, ``sys.path``, 
 depend on the round, so a standby does it ahead of need — at agent start, and again for a slot
 right after its standby became a worker — and at the freeze the agent sends the round's argv
 and environment (with the worker's stdout/stderr fds) over a socket instead of spawning
-(agent/_standby_boot.py: how it stays invisible to the script). A node's first join waits
-until its standbys are warm (``wait_warm``; docs/design.md §4 says why: a newcomer that joins
-cold stalls the running job for its imports).
+(agent/_standby_boot.py: how it stays invisible to the script). A node's first join into a
+running job waits until its standbys are warm (``wait_warm``; docs/design.md §4 says why: a
+newcomer that joins cold stalls the running job for its imports).
 
 Measured (bench/standby_bench.py, 4 agents x 1 worker, 2 CPUs under a load of 10-14, 3 trials):
 kill -9 of a node with lease_ttl=2 -> survivors ready in 1.92 s (1.82-2.01) with standbys, 5.76 s
