@@ -47,6 +47,10 @@ from ddp_helpers import (
 pytestmark = pytest.mark.ddp
 
 STEPS, EVERY, MIDWAY = 100, 10, 25
+# Test c's job: long enough that the newcomer (its standbys warm first: import torch took up to
+# 2.4 s here) joins while the three still train. At 100 steps (11-20 ms each) a slow CI machine
+# finished the job before it joined, and the round of four only reran the final checkpoint.
+LONG_STEPS = 500
 LAST_CKPT = MIDWAY // EVERY * EVERY  # the newest checkpoint once rank 0 printed step MIDWAY
 # Only while fewer than max agents are registered does the first round wait this long for more.
 CONF = "lease_ttl=2,join_timeout=60,last_call_timeout=10"
@@ -60,17 +64,22 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Reference | None:
     ``torch_available`` skips it (or fails it in CI)."""
     if find_spec("torch") is None:
         return None
-    return reference_run(tmp_path_factory.mktemp("ddp-reference"), STEPS, ("--keep", "0"))
+    # A step's loss does not depend on how many steps the run has (nor on the world size), so
+    # one run of the longest job is every test's reference.
+    return reference_run(tmp_path_factory.mktemp("ddp-reference"), LONG_STEPS, ("--keep", "0"))
 
 
 class Run:
     """One job of the example: its agents (or launcher), its checkpoint dir watched all along."""
 
-    def __init__(self, etcd, root: Path, reference: Reference, nnodes: str, *args: str, **kw):
+    def __init__(
+        self, etcd, root: Path, reference: Reference, nnodes: str, *args: str, steps=STEPS, **kw
+    ):
         self.reference = reference.losses
+        self.steps = steps
         self.ckpt = root / "ckpt"
         self.log = CheckpointLog(self.ckpt)
-        script = (EXAMPLE, "--steps", str(STEPS), "--checkpoint-dir", str(self.ckpt))
+        script = (EXAMPLE, "--steps", str(steps), "--checkpoint-dir", str(self.ckpt))
         script += ("--checkpoint-every", str(EVERY), *args)
         endpoints = etcd.endpoints if etcd else ""  # no etcd: the launcher is torchrun
         kw.setdefault("conf", CONF)
@@ -133,8 +142,9 @@ class Run:
             return ""
         return f" [exit aborts of workers that had raised: {self.tolerated}]"
 
-    def check(self, steps: int = STEPS, done: bool = True) -> tuple[list[Segment], Verdict]:
+    def check(self, steps: int | None = None, done: bool = True) -> tuple[list[Segment], Verdict]:
         segs = self.segments()
+        steps = self.steps if steps is None else steps
         return segs, check_exact(segs, self.reference, self.log, steps, done=done)
 
     def logs(self) -> str:
@@ -217,7 +227,8 @@ def test_b_kill_9_of_an_agent_survivors_resume_from_the_checkpoint(run_factory):
 def test_c_a_fourth_agent_arrives_midway_and_the_job_scales_up(run_factory):
     # 3:4, so the first round waits for three (a quick pair never runs alone first), then
     # last_call_timeout for a fourth, which is not there yet.
-    run = run_factory("3:4", "--keep", "0", conf="lease_ttl=2,join_timeout=60,last_call_timeout=1")
+    conf = "lease_ttl=2,join_timeout=60,last_call_timeout=1"
+    run = run_factory("3:4", "--keep", "0", conf=conf, steps=LONG_STEPS)
     for _ in range(3):
         run.start()
     run.rank0_at(EVERY + 1, world=3)
