@@ -27,6 +27,11 @@ from pathlib import Path
 from agent_helpers import clean_env
 from etcd_helpers import pid_alive, proc_state
 
+# s after the thaw of a whole node frozen past its TTL (SIGCONT of its tree, docker unpause): its
+# warden's moment to kill the thawed workers (docs/design.md S4; measured < 0.1 s), during which
+# they may run beside the new round's. Counted apart from the violations, never hidden.
+RESUME_WINDOW = 0.25
+
 
 def tagged_env() -> tuple[str, dict[str, str]]:
     """A fresh job tag and the agents' environment carrying it (the sampler finds it)."""

@@ -10,8 +10,9 @@ Figures are printed (``pytest -s`` shows them). Measured here (2 cores, lease_tt
 kill -> survivors' new round 4.5 s; network disconnect -> fenced 3.6 s (before the 5 s TTL),
 others running again 4.7 s, rejoined 0.9 s after reconnect; leader kill -> new leader 0.8 s, no
 new round; pause 7 s -> the others run again after 4.6-5.0 s, the frozen workers are gone
-0.05-0.10 s after the unpause (one or two 50 ms samples; the warden), never beside the new round
-while able to act (before the warden: duplicate RANKs for 2.6 s). The four tests: ~90 s.
+0.05-0.10 s after the unpause (one or two 50 ms samples; the warden), and beside the new round
+while able to act at most for that moment (once in CI: one sample; before the warden: duplicate
+RANKs for 2.6 s). The four tests: ~90 s.
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import pytest
-from compose_helpers import LEASE_TTL, Cluster, RankSampler, Sample, full_round, wait_for
+from compose_helpers import LEASE_TTL, Cluster, RankSampler, Sample, Worker, full_round, wait_for
+from rank_sampler import RESUME_WINDOW
 from rdzv_helpers import violations
 
 from etcdrun.rendezvous.client import EtcdClient
@@ -50,18 +53,38 @@ def report(what: str, **figures: float | str) -> None:
     print(f"\n[compose] {what}: " + json.dumps(figures))
 
 
-def check_invariants(cluster: Cluster, sampler: RankSampler) -> None:
+@dataclass(frozen=True)
+class Thaw:
+    """A container frozen past its TTL and thawed at ``t``: its workers of rounds <= ``round``
+    may run beside the new round's until its warden kills them (rank_sampler.RESUME_WINDOW)."""
+
+    container: str
+    round: int
+    t: float
+
+    def covers(self, t: float, workers: list[Worker]) -> bool:
+        return 0 <= t - self.t <= RESUME_WINDOW and any(
+            w.container == self.container and w.round <= self.round for w in workers
+        )
+
+
+def check_invariants(cluster: Cluster, sampler: RankSampler, thaw: Thaw | None = None) -> float:
+    """etcd's history by the checker, then the samples: two live workers with one RANK fail the
+    test, except in ``thaw``'s window. Returns the last such moment after the thaw (0 if none)."""
     accepted = [e for e in cluster.events() if e["event"] == "round_accepted"]
     assert violations(cluster.endpoints(), cluster.project, MIN_NODES, MAX_NODES, accepted) == []
-    dups = sampler.duplicates()
+    window = [t - thaw.t for t, _, ws in sampler.duplicates() if thaw and thaw.covers(t, ws)]
+    dups = [(t, r, ws) for t, r, ws in sampler.duplicates() if not (thaw and thaw.covers(t, ws))]
     if dups:
         t0 = dups[0][0]
         span = dups[-1][0] - t0
-        detail = sorted({(r, tuple(sorted(w.container for w in ws))) for _, r, ws in dups})
+        held = {(r, tuple(sorted((w.container, w.round) for w in ws))) for _, r, ws in dups}
+        detail = sorted(held)
         raise DuplicateRankError(
             f"two live workers held one RANK in {len({t for t, _, _ in dups})} samples over "
             f"{span:.2f} s: {detail}"
         )
+    return max(window, default=0.0)
 
 
 def first_round(sampler: RankSampler) -> Sample:
@@ -201,7 +224,10 @@ def test_pause_agent_past_ttl_fences_and_rejoins(cluster: Cluster) -> None:
     it fences and rejoins as a new node. The pause freezes the whole container — agent, warden
     and workers — so nothing in it can act until the thaw; the frozen workers hold no RANK while
     frozen (RankSampler.ranks), and at the thaw the warden, whose fence deadline has passed,
-    kills them before a sample sees them running beside the new round's."""
+    kills them. Until it does they run beside the new round's: the known window of design.md S4
+    (seen in CI once: one 50 ms sample, on a slow 2-core machine), allowed for RESUME_WINDOW after
+    the thaw and reported;
+    a duplicate at any other time, or of any other worker, fails."""
     with RankSampler(cluster.procs_files()) as rs:
         r0 = first_round(rs).workers[0].round
         victim = cluster.container_of_node_rank(0, r0)
@@ -226,7 +252,7 @@ def test_pause_agent_past_ttl_fences_and_rejoins(cluster: Cluster) -> None:
             60,
             "a round with the unpaused agent",
         )
-    dups = rs.duplicates()
+    thawed_for = check_invariants(cluster, rs, Thaw(victim.name, r0, t_unpause))
     seen_frozen = any(
         w.frozen and w.container == victim.name for x in rs.samples for w in x.workers
     )
@@ -237,7 +263,7 @@ def test_pause_agent_past_ttl_fences_and_rejoins(cluster: Cluster) -> None:
         others_running_again_s=round(others.t - t_pause, 2),
         old_workers_alive_after_unpause_s=round(fenced.t - t_unpause, 2),
         rejoined_after_unpause_s=round(back.t - t_unpause, 2),
-        duplicate_rank_span_s=round(dups[-1][0] - dups[0][0], 2) if dups else 0,
+        thawed_beside_new_round_s=round(thawed_for, 3),
     )
     sessions = {
         e["node"]
@@ -245,4 +271,3 @@ def test_pause_agent_past_ttl_fences_and_rejoins(cluster: Cluster) -> None:
         if e["event"] == "session_opened" and e["container"] == victim.name
     }
     assert len(sessions) == 2, f"the unpaused agent must rejoin as a new node: {sessions}"
-    check_invariants(cluster, rs)

@@ -33,7 +33,7 @@ from chaos_netcut import NetCut
 from chaos_netcut import leftovers as netcut_leftovers
 from chaos_netcut import unavailable as netcut_unavailable
 from chaos_schedule import MAX_RESTARTS, TTL, Schedule
-from rank_sampler import RankSampler
+from rank_sampler import RESUME_WINDOW, RankSampler
 
 from etcdrun.proto import etcdrun_state_pb2 as st
 from etcdrun.rendezvous import checker
@@ -43,7 +43,6 @@ from etcdrun.rendezvous.localetcd import LocalEtcd
 
 WORKER = str(Path(__file__).with_name("chaos_worker.py"))
 WORK_S = 3.0  # how long each worker runs: a round that lasts this long ends the job
-RESUME_WINDOW = 0.25  # s after SIGCONT of a whole node: its warden's moment (measured < 0.1)
 DISRUPTIVE = ("agent_kill", "agent_stop_long", "node_stop_long", "worker_kill", "net_cut_long")
 
 
