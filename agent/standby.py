@@ -112,6 +112,7 @@ class _Standby:
     def __init__(self, proc: subprocess.Popen[bytes], sock: socket.socket) -> None:
         self.proc, self.sock = proc, sock
         self.settled = False  # it said warm, or it ended: wait_warm no longer waits for it
+        self.warm = False  # it said warm (its imports are done)
 
 
 class Standbys:
@@ -226,8 +227,8 @@ class Standbys:
         deadline = time.monotonic() + timeout
         with self._lock:
             self._lock.wait_for(lambda: not self._pending, START_WAIT)
-            cold = [s for s in self._slots.values() if not s.settled]
-        warm = self._spec.local_world_size - len(cold)
+            slots = list(self._slots.values())  # a slot without one (its start failed): cold
+        cold = [s for s in slots if not s.settled]
         while cold and (left := deadline - time.monotonic()) > 0:
             readable, _, _ = select.select([s.sock for s in cold], [], [], left)
             for standby in [s for s in cold if s.sock in readable]:
@@ -235,10 +236,9 @@ class Standbys:
                     said = standby.sock.recv(1)
                 except OSError:
                     said = b""  # it ended (swept, crashed): the round spawns for its slot
-                standby.settled = True
-                warm += said == WARM
+                standby.settled, standby.warm = True, said == WARM
                 cold.remove(standby)
-        return warm, self._spec.local_world_size
+        return sum(s.warm for s in slots), self._spec.local_world_size
 
     @contextlib.contextmanager
     def waiting(self) -> Iterator[set[int]]:

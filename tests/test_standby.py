@@ -284,3 +284,38 @@ def test_bad_prewarm_values_are_one_line(tmp_path):
         errors = [ln for ln in agent.stderr.splitlines() if ln.startswith("etcdrun: error: ")]
         assert len(errors) == 1 and words in errors[0], agent.stderr
         assert "Traceback" not in agent.stderr
+
+
+def test_wait_warm_counts_only_standbys_that_said_warm(monkeypatch, tmp_path):
+    """A slot whose standby could not start, or died in its imports, is cold: the agent's one
+    line must say so (here none of 3, the third still importing) rather than count it warm."""
+    from etcdrun.agent import standby as sb
+    from etcdrun.agent.api import WorkerSpec
+
+    monkeypatch.setenv("PYTHONPATH", str(SCRIPTS))
+    monkeypatch.setenv("SLOW_WARM_S", "30")
+    spec = WorkerSpec(local_world_size=3, entrypoint=PROBE, args=(str(tmp_path),),
+                      prewarm="slow_warm")  # fmt: skip
+    pool = sb.for_agent(spec, {})
+    assert pool is not None
+    real_popen, calls = sb.subprocess.Popen, []
+
+    def popen(argv, **kw):  # the third start fails, as a fork would without memory
+        calls.append(argv)
+        if len(calls) == 3:
+            raise OSError("no memory")
+        return real_popen(argv, **kw)
+
+    monkeypatch.setattr(sb.subprocess, "Popen", popen)
+    pool.start()
+    try:
+        wait_for(lambda: len(calls) == 3, 30, "three starts")
+        with pool.waiting() as pids:  # the failed start has left no pending slot
+            slow, dying = sorted(pids)
+        os.kill(dying, signal.SIGKILL)
+        t0 = time.monotonic()
+        assert pool.wait_warm(1.5) == (0, 3)  # the slow one still imports: cold
+        assert time.monotonic() - t0 >= 1.4
+    finally:
+        pool.close()
+    assert not alive(slow)
