@@ -53,6 +53,7 @@ from scale_metrics import (
     sessions,
     since,
     snapshot,
+    wait_quiet_machine,
 )
 from scale_plot import fit_lines, write_svg
 from scale_pool import Pool
@@ -87,6 +88,7 @@ def run_one(n: int, members: int, procs: int, args: argparse.Namespace) -> dict:
         spies: list[subprocess.Popen] = []
         try:
             pool.expect("ready", list(range(p)), 120)
+            res["quiet_wait_s"], res["busy_before"] = wait_quiet_machine(args.quiet_wait)
             spies = py_spy(pool.pids, args.py_spy, 2 * args.timeout)
             time.sleep(1.0 if spies else 0)  # let py-spy attach
             r1, evs = join_round(pool, res, n, args, snap)
@@ -254,6 +256,12 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[int], list[i
     )
     ap.add_argument("--lease-ttl", type=int, default=5, help="rdzv lease_ttl (default 5)")
     ap.add_argument("--timeout", type=float, default=120.0, help="per-round bound, seconds")
+    ap.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=120.0,
+        help="before each N, wait up to this long for a quiet machine (default 120 s)",
+    )
     ap.add_argument("--json", help="also write the figures to this file")
     ap.add_argument("--svg", help="also plot round time vs N (log-log, with the fits) here")
     ap.add_argument("--py-spy", metavar="DIR", help="record every worker with py-spy (raw stacks)")

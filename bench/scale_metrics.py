@@ -7,12 +7,14 @@ etcd's /metrics and the rendezvous' events); rendezvous_scale.py runs the rounds
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
 import threading
 import time
 import urllib.request
+from collections import Counter
 
 METRICS = {
     "writes": "etcd_server_proposals_applied_total",
@@ -98,6 +100,24 @@ def machine_cpu() -> float:
         return float("nan")
 
 
+QUIET_BUSY = 0.25  # CPUs: the machine counts as quiet below this (our idle pool and etcd included)
+
+
+def wait_quiet_machine(max_wait: float, window: float = 2.0) -> tuple[float, float]:
+    """Wait (bounded) until the whole machine is under ``QUIET_BUSY`` CPUs busy over ``window``;
+    (seconds waited, CPUs busy in the last window). Why: with two CPUs taken by other programs
+    (two busy loops) N=1000 all at once never formed its round — 16-75 of 1000 sessions opened
+    in 40-120 s, the rest lost ("no keep-alive acknowledged"), etcd itself at 1.5-4.8 CPU-s:
+    the simulation's own processes starved, which a real job, one agent per machine, is not."""
+    t0 = time.monotonic()
+    while True:
+        a = machine_cpu()
+        time.sleep(window)
+        busy = (machine_cpu() - a) / window
+        if busy < QUIET_BUSY or time.monotonic() - t0 >= max_wait:
+            return round(time.monotonic() - t0, 1), round(busy, 2)
+
+
 # Served by each member on its own (sum over members); the rest every member applies (max).
 SUMMED = ("ranges", "watch_events", "watch_msgs", "sent_bytes")
 
@@ -154,17 +174,19 @@ def gc_pauses(done: dict[int, tuple]) -> dict:
 
 
 def sessions(evs: list[dict], since_t: float) -> dict:
-    """Sessions opened and lost since ``since_t``: more than N opened means re-registrations."""
+    """Sessions opened and lost since ``since_t``: more than N opened means re-registrations.
+    ``lost_why``: the losses by reason, numbers blanked ("no keep-alive acknowledged for #s"),
+    so a spiral shows whether etcd stopped answering or the process stopped asking."""
+    lost = [
+        e.get("reason", "")
+        for e in evs
+        if e["event"] == "session_lost" and e["time"] >= since_t and e.get("reason") != "revoked"
+    ]  # a revoke is a leave, not a loss
     return {
         "opened": sum(1 for e in evs if e["event"] == "session_opened" and e["time"] >= since_t),
-        "lost": sum(
-            1
-            for e in evs
-            if e["event"] == "session_lost"
-            and e["time"] >= since_t
-            and e.get("reason") != "revoked"
-        ),
-    }  # a revoke is a leave, not a loss
+        "lost": len(lost),
+        "lost_why": dict(Counter(re.sub(r"\d+(\.\d+)?", "#", r) for r in lost).most_common(4)),
+    }
 
 
 def fanout(evs: list[dict], rnd: int) -> list[float]:

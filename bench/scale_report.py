@@ -9,6 +9,8 @@ round's own start/freeze/run lease, not anything per node).
 
 from __future__ import annotations
 
+from scale_metrics import QUIET_BUSY
+
 # (N, etcd members) -> (seconds, the rounds it applies to)
 TIME_TARGETS = {
     (1000, 1): (3.0, ("round1", "round2")),
@@ -111,8 +113,12 @@ OPS = (
     "watch events {watch_events} (by member {watch_events_by_member}), watch msgs {watch_msgs}, "
     "etcd sent {sent_bytes} B\n    CPU s: etcd {etcd_cpu} (by member {etcd_cpu_by_member}), "
     "workers {workers_cpu}, other programs {other_cpu} in {t} s wall; GC pauses {gc_s} s ({gc2} "
-    "gen-2); sessions opened {opened}, lost {lost}"
+    "gen-2); sessions opened {opened}, lost {lost} {lost_why}"
 )
+
+
+def _ops(r: dict) -> str:
+    return OPS.format(**{"lost_why": "", **r})  # results from before lost_why have none
 
 
 def _leader_line(r: dict) -> str:
@@ -132,6 +138,8 @@ def details(res: dict) -> str:
     out = [f"N={res['n']} on {res.get('members', 1)} etcd member(s), {res['procs']} processes"]
     if res.get("arrive_over"):
         out[0] += f", arrivals spread over {res['arrive_over']:g} s"
+    if "busy_before" in res:
+        out[0] += f"; machine {res['busy_before']:g} CPUs busy after {res['quiet_wait_s']:g} s"
     if res.get("etcd_leader") is not None:
         out.append(
             f"  clients prefer member {res.get('preferred', 0)}; raft leader member "
@@ -142,7 +150,7 @@ def details(res: dict) -> str:
             f"  round 1: go->all registered {_f(r1['go_to_registered'])}s, go->last join "
             f"{_f(r1['go_to_last_join'])}s, last join->frozen {_f(r1['join_to_frozen'])}s, "
             f"go->all accepted {_f(r1['go_to_all'])}s",
-            f"    frozen->last accepted, per process: {r1['fanout']} s; " + OPS.format(**r1),
+            f"    frozen->last accepted, per process: {r1['fanout']} s; " + _ops(r1),
             _leader_line(r1),
         ]
     if r2:
@@ -150,7 +158,7 @@ def details(res: dict) -> str:
             f"  round 2 ({r2['left']} left): shutdown() {_f(r2['shutdown_s'])}s, "
             f"leave->round started {_f(r2['leave_to_started'])}s, ->last join "
             f"{_f(r2['leave_to_last_join'])}s, ->frozen {_f(r2['leave_to_frozen'])}s",
-            f"    frozen->last accepted, per process: {r2['fanout']} s; " + OPS.format(**r2),
+            f"    frozen->last accepted, per process: {r2['fanout']} s; " + _ops(r2),
             _leader_line(r2),
         ]
     for p in res["problems"] + r2.get("problems", []):
@@ -166,6 +174,11 @@ def busy_notes(results: list[dict]) -> list[str]:
     """Rounds during which other programs took more than a tenth of the 2-core budget."""
     notes = []
     for r in results:
+        if r.get("busy_before", 0.0) >= QUIET_BUSY:
+            notes.append(
+                f"note: N={r['n']} on {r.get('members', 1)} member(s) started on a busy machine "
+                f"({r['busy_before']:g} CPUs busy after waiting {r['quiet_wait_s']:g} s)"
+            )
         for name in ("round1", "round2"):
             other, wall = (r[name]["other_cpu"], r[name]["t"]) if name in r else (0.0, 0.0)
             if wall > 0 and other >= 0.2 and other / (2 * wall) > 0.1:
