@@ -182,7 +182,9 @@ def leader(via: object) -> str:
         return json.loads(out) if code == 0 else {}
 
     status = etcdctl("endpoint", "status", "-w", "json")
-    lead = status[0]["Status"]["leader"] if status else 0
+    # etcdctl's JSON leaves out a zero field: no "leader" while the member knows none (an
+    # election in progress, as right after the leader's kill).
+    lead = status[0]["Status"].get("leader", 0) if status else 0
     names = {m["ID"]: m["name"] for m in etcdctl("member", "list", "-w", "json").get("members", [])}
     return names.get(lead, "") if lead else ""
 
