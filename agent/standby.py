@@ -55,6 +55,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 
 from . import _spawn, worker_secrets
+from ._standby_boot import ROOM_VAR, WARM  # the boot's words (it is stdlib only: importable)
 from .api import EntrypointKind, WorkerSpec
 
 log = logging.getLogger("etcdrun.agent")
@@ -65,7 +66,6 @@ LOADER = (
     "with open(__import__('sys').argv[1],'rb') as f:c=f.read()\n"
     "exec(compile(c,f.name,'exec'),{'__name__':'etcdrun_standby'})"
 )
-ROOM_VAR = "ETCDRUN_STANDBY_ROOM"  # the boot file's name for it
 ROOM = 32768  # bytes of environment block the hand-over may rewrite (/proc/<pid>/environ)
 NONE, AUTO = "none", "auto"
 START_WAIT = 5.0  # seconds a hand-over waits for its slot's standby to be forked (~10-50 ms)
@@ -75,7 +75,6 @@ START_WAIT = 5.0  # seconds a hand-over waits for its slot's standby to be forke
 # importing beside the newcomer's. Bounded: a hung import must not keep a node out forever
 # (its workers would hang in the same import when spawned).
 WARM_WAIT = 60.0
-WARM = b"w"  # what a standby sends once its imports are done (_standby_boot.py)
 
 
 def python_command(spec: WorkerSpec, kind: EntrypointKind) -> list[str] | None:
