@@ -27,7 +27,8 @@ How it runs: ``python -u -c LOADER <this file> <agent pid> <socket fd> <prewarm>
 after its imports it sends one byte back (``WARM``: the agent's first join waits for it);
 LOADER executes this file in a namespace of its own (neither ``__main__`` nor in
 ``sys.modules``), so the script finds ``__main__`` pristine. Standard library only (builtins
-where possible: ``marshal``, not ``json``); etcdrun itself is never imported here.
+where possible: ``marshal``, not ``json``); etcdrun itself is never imported here. The agent
+imports this file as a module for ``WARM`` and ``ROOM_VAR`` only: nothing runs on import.
 """
 
 import marshal
