@@ -228,8 +228,7 @@ def test_pause_agent_past_ttl_fences_and_rejoins(cluster: Cluster) -> None:
     frozen (RankSampler.ranks), and at the thaw the warden, whose fence deadline has passed,
     kills them. Until it does they run beside the new round's: the known window of design.md S4
     (seen in CI once: one 50 ms sample, on a slow 2-core machine), allowed for RESUME_WINDOW after
-    the thaw and reported;
-    a duplicate at any other time, or of any other worker, fails."""
+    the thaw and reported; a duplicate at any other time, or of any other worker, fails."""
     with RankSampler(cluster.procs_files()) as rs:
         r0 = first_round(rs).workers[0].round
         victim = cluster.container_of_node_rank(0, r0)
