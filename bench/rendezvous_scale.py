@@ -24,8 +24,8 @@ leader's (the node that froze the round) as its driver thread's and its whole pr
 Measured 2026-12-01 (bench/results.md): see README "Benchmarks".
 
 Usage: ``python bench/rendezvous_scale.py [--n 10,100,1000] [--members 1,3] [--procs 4]
-[--leave member] [--lease-ttl 5] [--timeout 120] [--json out.json] [--svg plot.svg]
-[--py-spy DIR]``. Exits 1 on a miss with ``--check``. The invariant checker
+[--leave member] [--lease-ttl 5] [--timeout 120] [--quiet-wait 120] [--json out.json]
+[--svg plot.svg] [--py-spy DIR]``. Exits 1 on a miss with ``--check``. The invariant checker
 (rendezvous/checker.py) vets each run.
 """
 

@@ -73,8 +73,12 @@ def check_invariants(cluster: Cluster, sampler: RankSampler, thaw: Thaw | None =
     test, except in ``thaw``'s window. Returns the last such moment after the thaw (0 if none)."""
     accepted = [e for e in cluster.events() if e["event"] == "round_accepted"]
     assert violations(cluster.endpoints(), cluster.project, MIN_NODES, MAX_NODES, accepted) == []
-    window = [t - thaw.t for t, _, ws in sampler.duplicates() if thaw and thaw.covers(t, ws)]
-    dups = [(t, r, ws) for t, r, ws in sampler.duplicates() if not (thaw and thaw.covers(t, ws))]
+    window, dups = [], []
+    for t, r, ws in sampler.duplicates():
+        if thaw and thaw.covers(t, ws):
+            window.append(t - thaw.t)
+        else:
+            dups.append((t, r, ws))
     if dups:
         t0 = dups[0][0]
         span = dups[-1][0] - t0
