@@ -23,8 +23,9 @@ SystemExit's, death by SIGINT) are its own. What differs: more modules already i
 ``sys.modules`` (the point of it), and ``ps`` shows the standby's command line (with the
 worker's command at its end).
 
-How it runs: ``python -u -c LOADER <this file> <agent pid> <socket fd> <prewarm> <command...>``;
-after its imports it sends one byte back (``WARM``: the agent's first join waits for it);
+How it runs: ``python -u -c LOADER <this file> <agent pid> <socket fd> <turns> <prewarm>
+<command...>``; a refill (``turns`` > 0) first waits for a warm-up turn (``_take_turn``); after
+its imports it sends one byte back (``WARM``: the agent's first join waits for it);
 LOADER executes this file in a namespace of its own (neither ``__main__`` nor in
 ``sys.modules``), so the script finds ``__main__`` pristine. Standard library only (builtins
 where possible: ``marshal``, not ``json``); etcdrun itself is never imported here. The agent
@@ -40,6 +41,9 @@ EXIT_PARENT_GONE = 128 + SIGKILL
 WARM = b"w"  # one byte back to the agent: the imports are done (standby.Standbys.wait_warm)
 ROOM_VAR = "ETCDRUN_STANDBY_ROOM"  # only in the standby's start environment: room to rewrite
 # What a fresh interpreter's __main__ holds before it runs anything (python 3.10-3.13).
+TURN_NAME = "\0etcdrun-warmup-{uid}-{i}"  # abstract UNIX socket names: one per warm-up turn
+TURN_POLL = 0.05  # seconds between tries while every turn is taken
+TURN_WAIT = 60.0  # a refill imports anyway after this long: a hung import must not hold the rest
 MAIN_AT_START = ("__name__", "__doc__", "__package__", "__loader__", "__spec__", "__annotations__",
                  "__builtins__")  # fmt: skip
 
@@ -83,6 +87,34 @@ def _prewarm(names):
             __import__("torch" if name == "auto" else name)
         except Exception:  # noqa: BLE001, S112 - the worker's own import will say it
             continue
+
+
+def _take_turn(sock, turns):
+    """Wait for one of ``turns`` warm-up turns of this user on this host (network namespace);
+    the held socket (close it to free the turn), or None: no turns asked, the hand-over came
+    first (this standby is now on a round's critical path: it imports at once), or TURN_WAIT.
+
+    Why: refills are speculative. Started at a hand-over, several importing together share the
+    CPUs with the round that is starting; on 2 CPUs the 7 refills of a first round took the
+    last node's own import from 1.2 s to 4.9 s. A turn is a bound abstract socket name, so the
+    kernel frees it when its holder ends, however it ends (nothing to clean up, no file)."""
+    import select
+    import socket
+    import time
+
+    deadline = time.monotonic() + TURN_WAIT
+    while turns > 0:
+        for i in range(turns):
+            held = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                held.bind(TURN_NAME.format(uid=os.getuid(), i=i))
+                return held
+            except OSError:
+                held.close()
+        left = deadline - time.monotonic()
+        if left <= 0 or select.select([sock], [], [], min(TURN_POLL, left))[0]:
+            break
+    return None
 
 
 def _receive(sock):
@@ -198,13 +230,17 @@ def _run_script(command, d):
 def main(argv):
     import socket
 
-    agent_pid, sock_fd, prewarm, command = int(argv[0]), int(argv[1]), argv[2], argv[3:]
+    agent_pid, sock_fd, turns, prewarm = int(argv[0]), int(argv[1]), int(argv[2]), argv[3]
+    command = argv[4:]
     _die_with_agent(agent_pid)
     keep = {k: v for k, v in vars(sys.modules["__main__"]).items() if k in MAIN_AT_START}
     had_path0 = bool(sys.path) and sys.path[0] == "" and not sys.flags.safe_path
     _set_path0(command, had_path0)
-    _prewarm(prewarm)
     sock = socket.socket(fileno=sock_fd)  # the round may already wait in it: any time is fine
+    turn = _take_turn(sock, turns)
+    _prewarm(prewarm)
+    if turn is not None:
+        turn.close()  # the next refill's turn
     try:
         sock.send(WARM, socket.MSG_NOSIGNAL)  # the agent's first join waits for this
     except OSError:

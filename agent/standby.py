@@ -77,6 +77,13 @@ START_WAIT = 5.0  # seconds a hand-over waits for its slot's standby to be forke
 WARM_WAIT = 60.0
 
 
+def warmup_turns() -> int:
+    """How many refills of this user may import at once on this host (_standby_boot's
+    ``_take_turn``): half its CPUs, at least one, so that speculative imports leave the other
+    half to the round that is starting (on 2 CPUs: the last node's own import, 1.2 s alone)."""
+    return max(1, len(os.sched_getaffinity(0)) // 2)
+
+
 def python_command(spec: WorkerSpec, kind: EntrypointKind) -> list[str] | None:
     """The command a standby of this spec prepares for: ``[python, -u, -c|-m|script, ...]``,
     or None when its workers cannot start from one (module docstring)."""
@@ -126,7 +133,7 @@ class Standbys:
         self._lock = threading.Condition()
         self._slots: dict[int, _Standby] = {}
         self._pending: set[int] = set()  # queued for the thread, not started yet
-        self._todo: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+        self._todo: queue.SimpleQueue[tuple[int, int] | None] = queue.SimpleQueue()
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="etcdrun-standby")
 
@@ -144,30 +151,31 @@ class Standbys:
     def start(self) -> None:
         self._thread.start()
         for slot in range(self._spec.local_world_size):
-            self._queue(slot)
+            self._queue(slot, 0)  # a node's first standbys are its first round's: no turn
 
-    def _queue(self, slot: int) -> None:
+    def _queue(self, slot: int, turns: int) -> None:
         with self._lock:
             if not self._closed:
                 self._pending.add(slot)
-                self._todo.put(slot)
+                self._todo.put((slot, turns))
 
     def _loop(self) -> None:
         # The thread that forks the standbys: their parent-death signal is tied to it.
-        while (slot := self._todo.get()) is not None:
+        while (item := self._todo.get()) is not None:
+            slot, turns = item
             try:
-                self._start_one(slot)
+                self._start_one(slot, turns)
             except Exception as e:  # noqa: BLE001 - the thread must live: the round spawns
                 log.warning("could not start a standby worker (%s): the round spawns", e)
             with self._lock:
                 self._pending.discard(slot)
                 self._lock.notify_all()
 
-    def _start_one(self, slot: int) -> None:
+    def _start_one(self, slot: int, turns: int) -> None:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         prewarm = self._spec.prewarm
         argv = [sys.executable, "-u", "-c", LOADER, BOOT_FILE, str(os.getpid())]
-        argv += [str(theirs.fileno()), prewarm, *self._command[2:]]
+        argv += [str(theirs.fileno()), str(turns), prewarm, *self._command[2:]]
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, self._lock:
             if self._closed:
                 mine.close()
@@ -196,10 +204,10 @@ class Standbys:
         with self._lock:  # a start already queued costs less than a spawn: wait for it
             self._lock.wait_for(lambda: slot not in self._pending, START_WAIT)
             standby = self._slots.pop(slot, None)
-        # The next round's, right away. Waiting 3 s first, so that this round's workers had the
-        # CPU alone, measured no better (scale-up 3->4 ready 4.92 s vs 5.13 s) and made a kill
-        # soon after a round slower (2.37 s vs 1.92 s): its standbys were still importing.
-        self._queue(slot)
+        # The next round's, started right away, its imports in turn (warmup_turns()). A fixed
+        # 3 s wait first measured no better (scale-up 3->4 ready 4.92 s vs 5.13 s) and made a
+        # kill soon after a round slower (2.37 s vs 1.92 s): its standbys were still importing.
+        self._queue(slot, warmup_turns())
         if standby is None:
             return None
         final = dict(env)  # as the exit hook leaves it in a fresh worker (sitecustomize.py)

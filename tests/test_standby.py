@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
+import threading
 import time
 from pathlib import Path
 
@@ -50,14 +52,16 @@ def alive(pid: int) -> bool:
     return pid_alive(pid)  # an exiting process (PF_EXITING) counts as gone: etcd_helpers
 
 
-def run_standalone(tmp: Path, prewarm: str, entry: tuple[str, ...], mode: str, *flags: str):
+def run_standalone(
+    tmp: Path, prewarm: str, entry: tuple[str, ...], mode: str, *flags: str, **env: str
+):
     """One ``etcdrun --standalone`` of the probe (the user's PYTHONPATH holds its folder, so
     ``-m standby_probe`` finds it, and the path's hand-over is checked too); (agent, out dir)."""
     out, logs = tmp / f"out-{prewarm}", tmp / f"logs-{prewarm}"
     out.mkdir()
     argv = [etcdrun_bin(), "--standalone", "--prewarm", prewarm, "--log-dir", str(logs), *flags,
             *entry, str(out), mode]  # fmt: skip
-    return Agent(argv, tmp, prewarm, clean_env(PYTHONPATH=str(SCRIPTS))), out
+    return Agent(argv, tmp, prewarm, clean_env(PYTHONPATH=str(SCRIPTS), **env)), out
 
 
 def normalised(info: dict, tmp: Path, prewarm: str) -> dict:
@@ -319,3 +323,70 @@ def test_wait_warm_counts_only_standbys_that_said_warm(monkeypatch, tmp_path):
     finally:
         pool.close()
     assert not alive(slow)
+
+
+def hold_turns(name: str, n: int) -> list[socket.socket]:
+    """Take ``n`` warm-up turns of this user (``name``: _standby_boot.TURN_NAME's form), as
+    ``n`` refills importing would."""
+    held = []
+    for i in range(n):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.bind(name.format(uid=os.getuid(), i=i))
+        held.append(s)
+    return held
+
+
+def test_a_refill_waits_for_a_turn_unless_a_round_comes_first(monkeypatch, tmp_path):
+    """_take_turn: none asked, none waited for; every turn taken, it waits until one is freed
+    (and holds that one); a hand-over arriving first ends the wait, unread."""
+    from etcdrun.agent import _standby_boot as boot
+
+    monkeypatch.setattr(boot, "TURN_NAME", "\0etcdrun-test-" + tmp_path.name + "-{uid}-{i}")
+    mine, theirs = socket.socketpair()
+    assert boot._take_turn(theirs, 0) is None
+    for ends in ("freed", "hand-over"):
+        held, got = hold_turns(boot.TURN_NAME, 2), []
+        waiter = threading.Thread(target=lambda out=got: out.append(boot._take_turn(theirs, 2)))
+        waiter.start()
+        waiter.join(0.5)
+        assert waiter.is_alive(), f"it took a turn while both were held ({ends})"
+        if ends == "freed":
+            held[1].close()
+        else:
+            mine.send(b"r")
+        waiter.join(5)
+        assert not waiter.is_alive()
+        if ends == "freed":
+            assert got[0].getsockname() == boot.TURN_NAME.format(uid=os.getuid(), i=1).encode()
+            got[0].close()
+        else:
+            assert got == [None] and theirs.recv(1) == b"r"
+        for s in held:
+            s.close()
+
+
+def test_refills_import_in_turn_and_first_standbys_do_not_wait(tmp_path):
+    """Every turn of this user held: the agent's first standby still imports (its worker
+    runs), but the refill started at the hand-over waits, and imports once a turn is freed."""
+    from etcdrun.agent import _standby_boot as boot
+    from etcdrun.agent.standby import warmup_turns
+
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    held = hold_turns(boot.TURN_NAME, warmup_turns())
+    agent, out = run_standalone(tmp_path, "slow_warm", (PROBE,), "sleep",
+                                SLOW_WARM_MARK=str(marks / "{pid}"))  # fmt: skip
+    try:
+        wait_for((out / "probe_0.json").exists, 60, "the worker running")
+        worker = json.loads((out / "probe_0.json").read_text())["pid"]
+        assert (marks / str(worker)).exists(), "the worker did not come from a warm standby"
+        refill = wait_for(lambda: standbys_of(agent.pid), 30, "the refill")[0]
+        time.sleep(1.0)  # its import takes ~10 ms once it may: 1 s shows it waits
+        assert not (marks / str(refill)).exists(), "the refill imported while no turn was free"
+        held.pop().close()
+        wait_for((marks / str(refill)).exists, 10, "the refill's import, its turn freed")
+    finally:
+        for s in held:
+            s.close()
+        agent.proc.send_signal(signal.SIGTERM)
+        agent.wait(60)
