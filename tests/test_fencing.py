@@ -57,7 +57,10 @@ def test_a_frozen_agents_workers_are_gone_before_anyone_reuses_their_ranks(
                 later = job.wait_round(4, after=first[0].round, timeout=30)  # the survivors
                 reused = {s.rank for s in later} & {s.rank for s in first if s.ppid == agent.pid}
                 assert reused, "the survivors' round should reuse the frozen node's ranks"
-                wait_for(lambda: sampler.samples > 50, 10, "a second of samples")
+                pairs = {(str(s.rank), str(s.round)) for s in later}
+                n0 = sampler.samples  # a second of samples from here, the new round seen
+                wait_for(lambda: sampler.samples > n0 + 50 and pairs & sampler.seen, 10,
+                         "the survivors' round sampled")  # fmt: skip
             finally:
                 agent.proc.send_signal(signal.SIGCONT)
         assert sampler.overlaps == [], sampler.overlaps[:5]
