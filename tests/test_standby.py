@@ -390,3 +390,50 @@ def test_refills_import_in_turn_and_first_standbys_do_not_wait(tmp_path):
             s.close()
         agent.proc.send_signal(signal.SIGTERM)
         agent.wait(60)
+
+
+@pytest.mark.parametrize(
+    "prewarm, env, served",
+    [("torch", {}, True), ("torch", {"ETCDRUN_EARLY_STORE": "0"}, False), ("none", {}, False)],
+    ids=["standby", "opted-out", "spawned"],
+)
+def test_rank_0s_standby_serves_master_port_before_the_script_runs(tmp_path, prewarm, env, served):
+    """The rank-0 standby's store is up before the script's first line, and the script's own
+    init_process_group shares it (a real gloo all_reduce over it); opted out, or spawned,
+    MASTER_PORT is free until the script's own init."""
+    script = (str(SCRIPTS / "early_store.py"),)
+    agent, out = run_standalone(tmp_path, prewarm, script, "-", "--nproc-per-node", "2", **env)
+    assert agent.wait(120) == 0, agent.stderr[-2000:]
+    seen = {r: json.loads((out / f"store_{r}.json").read_text()) for r in (0, 1)}
+    assert seen[0]["listening_at_start"] is served
+    assert [seen[r]["sum"] for r in (0, 1)] == [2.0, 2.0]
+
+
+def test_a_rank_waits_for_rank_0s_store_until_it_listens(monkeypatch):
+    """_early_store on a rank > 0: it returns only once MASTER_PORT accepts (one connection,
+    closed), and gives up after STORE_WAIT when nothing ever listens there."""
+    from etcdrun.agent import _standby_boot as boot
+
+    monkeypatch.setitem(__import__("sys").modules, "torch.distributed", object())
+    monkeypatch.setattr(boot, "STORE_WAIT", 30.0)  # a slow machine must not see it give up
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    port, events = server.getsockname()[1], []
+    env = {"RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    waiter = threading.Thread(target=lambda: events.append(("returned", boot._early_store(env))))
+    waiter.start()
+    waiter.join(0.2)
+    assert waiter.is_alive(), "it ran on while nothing listened"
+    server.listen()
+    events.append(("listening", None))
+    waiter.join(5)
+    assert events == [("listening", None), ("returned", None)]
+    conn, _ = server.accept()
+    assert conn.recv(1) == b""  # its probe, closed without a byte
+    conn.close()
+    server.close()
+    monkeypatch.setattr(boot, "STORE_WAIT", 0.05)
+    gone = threading.Thread(target=boot._early_store, args=(env,))
+    gone.start()
+    gone.join(5)
+    assert not gone.is_alive(), "it waited past STORE_WAIT for a port nobody serves"
