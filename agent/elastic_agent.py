@@ -8,9 +8,8 @@ so the agent only reacts to three local facts — its workers exited, the round 
 superseded (``membership_changed``, pushed by an etcd watch), or it got a signal — and to one
 shared fact it reads after each, the run being closed.
 
-Why it sleeps on one event: the workers' exit callback (the reactor sees a pidfd become readable)
-and the handler's ``on_membership_change`` both set it, so the agent wakes at once for either,
-and never polls (``monitor_interval`` only paces polling a worker without a pidfd).
+Why one event: the workers' exit callback (a pidfd readable) and ``on_membership_change`` set
+it: it wakes at once, never polls (``monitor_interval`` paces only pidfd-less workers).
 
 Signals (``--signals-to-handle``: SIGTERM, SIGINT, SIGHUP, SIGQUIT by default) are forwarded to
 the workers as torchrun does: that signal, then SIGKILL after the grace (``--shutdown-timeout``);
@@ -66,15 +65,16 @@ class ElasticAgent:
         console_err: Any = None,
         event_log_handler: str = "null",
         metrics: MetricsConfig | None = None,
+        early: standby.Early | None = None,  # the standbys the launcher started, to take over
     ) -> None:
         if spec.rdzv_handler is None:
             raise ValueError("WorkerSpec.rdzv_handler is required")
         self._spec = spec
         self._h: RendezvousHandler = spec.rdzv_handler
         self._wake = threading.Event()  # a worker exited or the membership changed
-        self._fencing = Fencing(self._h)  # the warden: fences the workers if we fall silent
+        self._fencing = Fencing(self._h, early and early.tag)  # the warden: fences the workers
         self.observer = AgentObserver(self._h, event_log_handler, metrics)
-        self._standbys = standby.for_agent(spec, self._fencing.env)  # None: --prewarm none
+        self._standbys = early.pool if early else standby.for_agent(spec, self._fencing.env)
         self._group = WorkerGroup(
             log_dir or spec.log_dir,
             console_out=console_out,

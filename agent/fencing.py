@@ -49,12 +49,21 @@ def kill_after(margin: float) -> float:
     return margin - min(KILL_LEAD, margin / 2)
 
 
+def new_tag() -> str:
+    """A node's tag: what its workers' (and standbys') environment carries for the sweep."""
+    return os.urandom(6).hex()
+
+
+def node_env(tag: str) -> dict[str, str]:
+    return {warden.TAG_VAR: tag}
+
+
 class Fencing:
     """One per agent: ``start()`` (the warden), per attempt ``started()``/``stopped()``,
     ``fenced()`` to read the warden's word, ``close()``."""
 
-    def __init__(self, handler: RendezvousHandler) -> None:
-        self.tag = os.urandom(6).hex()
+    def __init__(self, handler: RendezvousHandler, tag: str | None = None) -> None:
+        self.tag = tag or new_tag()
         self._h = handler
         self._link: warden.Link | None = None
         self._running = False
@@ -66,7 +75,7 @@ class Fencing:
     @property
     def env(self) -> dict[str, str]:
         """What every worker's environment carries, for the sweep to find its whole tree."""
-        return {warden.TAG_VAR: self.tag}
+        return node_env(self.tag)
 
     def start(self, wake: Callable[[], None]) -> None:
         """Start the warden; ``wake`` runs after every keep-alive and when the lease falls in

@@ -132,7 +132,7 @@ def _shutdown_quietly(handler: RendezvousHandler) -> None:
 
 def _worker_spec(
     config: LaunchConfig,
-    handler: RendezvousHandler,
+    handler: RendezvousHandler | None,
     entrypoint: Callable[..., Any] | str | None,
     args: list[Any],
 ) -> WorkerSpec:
@@ -184,7 +184,11 @@ def launch_agent(
     metrics = _metrics_config(config)  # a bad value is one line before anything starts
     log_handler = _setup_logs(config)
     rdzv_handler: RendezvousHandler | None = None
+    from etcdrun.agent import standby
+
+    early: standby.Early | None = None
     try:
+        early = standby.early(_worker_spec(config, None, entrypoint, args))  # before gRPC
         rdzv_handler = _make_rdzv_handler(config)
         _name_nodes(log_handler, rdzv_handler)
         spec = _worker_spec(config, rdzv_handler, entrypoint, args)
@@ -208,13 +212,15 @@ def launch_agent(
         for line in config.notices():  # torchrun's settings not honoured here, one line each
             logger.warning("%s", line)
         agent = ElasticAgent(
-            spec, event_log_handler=config.event_log_handler, metrics=metrics
+            spec, event_log_handler=config.event_log_handler, metrics=metrics, early=early
         )  # fmt: skip
         result = agent.run()
         if result.is_failed():
             raise ChildFailedError(name=entrypoint_name(entrypoint, args), failures=result.failures)
         return result.return_values
     finally:
+        if early is not None:
+            standby.close(early.pool)  # the agent closed them, unless it never started
         if rdzv_handler is not None:
             _shutdown_quietly(rdzv_handler)
         if log_handler is not None:

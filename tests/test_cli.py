@@ -562,6 +562,17 @@ def test_static_parse_imports_nothing_heavy():
     assert not {m for m in mods if m.startswith(HEAVY_PREFIXES)}
 
 
+def test_etcd_parse_normalises_the_endpoints_without_grpc():
+    """The etcd command line's endpoints are normalised while it parses, from the client's
+    config module alone: gRPC and protobuf load with the handler, after the standbys start."""
+    mods = _modules_after(
+        "c = cli.parse_args(['--rdzv-backend', 'etcd', '--rdzv-endpoint', 'e1,e2:2', "
+        "'--nnodes', '2', 't.py'])[0]\nassert c.rdzv_endpoint == 'e1:2379,e2:2', c.rdzv_endpoint"
+    )
+    assert "etcdrun.rendezvous.client.config" in mods
+    assert not {m for m in mods if m.startswith(("grpc", "google.protobuf", "etcdrun.proto"))}
+
+
 def test_restart_grace_is_its_own_setting_beside_the_stop_grace():
     c = parse_args(["--restart-grace", "1.5", "--stop-grace", "20", "t.py"])[0]
     assert (c.restart_grace, c.grace()) == (1.5, 20)

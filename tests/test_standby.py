@@ -437,3 +437,24 @@ def test_a_rank_waits_for_rank_0s_store_until_it_listens(monkeypatch):
     gone.start()
     gone.join(5)
     assert not gone.is_alive(), "it waited past STORE_WAIT for a port nobody serves"
+
+
+def test_standbys_start_before_the_rendezvous_handler_and_die_with_its_failure(monkeypatch):
+    """launch_agent starts the standbys first (their import runs beside the agent's gRPC
+    import and handler), and a handler that then fails leaves none of them alive."""
+    from etcdrun.agent import launcher
+    from etcdrun.agent.config import LaunchConfig
+
+    seen: list[int] = []
+
+    def failing_handler(config):
+        seen.extend(wait_for(lambda: standbys_of(os.getpid()), 30, "standbys before the handler"))
+        raise ValueError("the handler failed")
+
+    monkeypatch.setattr(launcher, "_make_rdzv_handler", failing_handler)
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, rdzv_backend="etcd",
+                          rdzv_endpoint="127.0.0.1:1", run_id="early", prewarm="json")  # fmt: skip
+    with pytest.raises(ValueError, match="the handler failed"):
+        launcher.launch_agent(config, PROBE, ["-", "ok"])
+    assert len(seen) == 2, seen
+    assert not any(alive(p) for p in seen), "a standby outlived the failed start"

@@ -4,7 +4,9 @@ Why: callers decide by kind (retry? re-login? give up with a clear line?) and th
 the endpoint and etcd's own reason, which is what a user needs to fix a misconfiguration.
 """
 
-from __future__ import annotations
+from __future__ import annotations  # noqa: I001 - _grpc_quiet first
+
+from etcdrun.rendezvous.client import _grpc_quiet  # noqa: F401 - GRPC_VERBOSITY, before grpc
 
 import grpc
 

@@ -19,7 +19,9 @@ request/answer with its own deadline and endpoint, so failover, deadlines and re
 exactly as for unary calls, and a half-dead stream can never silently stall the keep-alives.
 """
 
-from __future__ import annotations
+from __future__ import annotations  # noqa: I001 - _grpc_quiet first
+
+from etcdrun.rendezvous.client import _grpc_quiet  # noqa: F401 - GRPC_VERBOSITY, before grpc
 
 import logging
 import threading

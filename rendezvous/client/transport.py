@@ -13,7 +13,9 @@ a live channel to some endpoint, the current auth token, and a rule for what to 
   its compare, and callers re-read (the rendezvous fences every write on mod_revision).
 """
 
-from __future__ import annotations
+from __future__ import annotations  # noqa: I001 - _grpc_quiet first
+
+from etcdrun.rendezvous.client import _grpc_quiet  # noqa: F401 - GRPC_VERBOSITY, before grpc
 
 import logging
 import os

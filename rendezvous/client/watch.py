@@ -13,7 +13,9 @@ stream) becomes EtcdPermissionError.
 Callbacks run on the manager thread: keep them short (hand work to a queue).
 """
 
-from __future__ import annotations
+from __future__ import annotations  # noqa: I001 - _grpc_quiet first
+
+from etcdrun.rendezvous.client import _grpc_quiet  # noqa: F401 - GRPC_VERBOSITY, before grpc
 
 import logging
 import queue
