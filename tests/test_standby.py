@@ -447,8 +447,12 @@ def test_standbys_start_before_the_rendezvous_handler_and_die_with_its_failure(m
 
     seen: list[int] = []
 
+    def both() -> list[int] | None:  # the second may start a moment after the first
+        found = standbys_of(os.getpid())
+        return found if len(found) == 2 else None
+
     def failing_handler(config):
-        seen.extend(wait_for(lambda: standbys_of(os.getpid()), 30, "standbys before the handler"))
+        seen.extend(wait_for(both, 30, "both standbys before the handler"))
         raise ValueError("the handler failed")
 
     monkeypatch.setattr(launcher, "_make_rdzv_handler", failing_handler)
