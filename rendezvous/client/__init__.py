@@ -38,7 +38,6 @@ _WHERE = {
     "Watch": "watch",
     "WatchBatch": "watch",
 }
-_NO_GRPC = ("config", "policy")  # the modules that do not import grpc
 
 __all__ = sorted(_WHERE)
 
@@ -47,8 +46,6 @@ def __getattr__(name: str) -> Any:
     where = _WHERE.get(name)
     if where is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    if where not in _NO_GRPC:
-        importlib.import_module(f"{__name__}._grpc_quiet")
     value = getattr(importlib.import_module(f"{__name__}.{where}"), name)
     globals()[name] = value
     return value
