@@ -24,6 +24,7 @@ from agent_helpers import (
     alive,
     clean_env,
     etcdrun_bin,
+    wait_for,
     wait_leases_only,
 )
 from etcd_helpers import assert_no_leases, require_local
@@ -127,6 +128,8 @@ def test_three_agents_two_workers_every_env_var(etcd, job_factory):
 
 # ---- 2. kill -9 of an agent ---------------------------------------------------------------------
 def test_kill_9_survivors_rerun_within_ttl_plus_2s_and_no_orphans(etcd, job_factory):
+    """Issue 4's bound, and that the survivors' new round is the one the victim's lease expiry
+    opened (its cause, in every survivor's words), not a failed collective's or a timeout's."""
     ttl = 2
     job = job_factory(nnodes="2:3", conf=f"lease_ttl={ttl},join_timeout=30")
     agents = [job.start() for _ in range(3)]
@@ -146,6 +149,9 @@ def test_kill_9_survivors_rerun_within_ttl_plus_2s_and_no_orphans(etcd, job_fact
     assert recovery <= ttl + 2, f"survivors running again after {recovery:.2f} s > TTL + 2 s"
 
     survivors = [a for a in agents if a is not victim]
+    lost = f"node 0 ({socket.gethostname()}, pid {victim.pid}) lost: lease expired; new round"
+    for a in survivors:
+        wait_for(lambda a=a: lost in a.stderr, 10, f"{a.pid} did not say: {lost}")
     assert {s.ppid for s in second} == {a.pid for a in survivors}
     assert len({s.round for s in second}) == 1
     assert {s.env["TORCHELASTIC_RESTART_COUNT"] for s in second} == {"0"}  # not a failure

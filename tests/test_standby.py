@@ -75,6 +75,7 @@ def normalised(info: dict, tmp: Path, prewarm: str) -> dict:
     info["proc_env"] = [kv for kv in info["proc_env"] if kv.split("=", 1)[0] not in PER_RUN]
     info.pop("pid")
     info.pop("json_at_start")
+    info.pop("gc_frozen_at_start")
     return info
 
 
@@ -88,6 +89,7 @@ def test_a_script_sees_the_same_start_from_a_standby(tmp_path, entry):
     for rank in (0, 1):
         spawned, warm = dumps["none"][rank], dumps["json"][rank]
         assert (spawned["json_at_start"], warm["json_at_start"]) == (False, True), rank
+        assert (spawned["gc_frozen_at_start"], warm["gc_frozen_at_start"]) == (False, True)
         assert normalised(spawned, tmp_path, "none") == normalised(warm, tmp_path, "json")
         assert not any(kv.startswith(ROOM_VAR) for kv in warm["proc_env"])
         assert warm["env"]["RANK"] == str(rank) and f"RANK={rank}" in warm["proc_env"]

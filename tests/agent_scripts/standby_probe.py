@@ -4,12 +4,15 @@
 ``ok`` exits 0, ``exit3`` exits 3, ``raise`` raises under ``@record`` (an error file),
 ``interrupt`` raises KeyboardInterrupt, ``sleep`` sleeps until killed. ``json_at_start``
 tells whether a prewarmed module (json) was already imported before this script ran: the one
-thing a standby is meant to change.
+thing a standby is meant to change; ``gc_frozen_at_start``: whether objects were already in the
+collector's permanent generation (a standby freezes what its imports built).
 """
 
+import gc
 import sys
 
 json_at_start = "json" in sys.modules
+gc_frozen_at_start = gc.get_freeze_count() > 0
 
 import json  # noqa: E402
 import os  # noqa: E402
@@ -28,6 +31,8 @@ def _proc(name):
 def dump(out):
     info = {
         "json_at_start": json_at_start,
+        "gc_frozen_at_start": gc_frozen_at_start,
+        "gc": [gc.isenabled(), list(gc.get_threshold())],  # the collector as the script found it
         "pid": os.getpid(),
         "argv": sys.argv,
         "orig_argv": sys.orig_argv[1:],
