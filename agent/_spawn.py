@@ -1,17 +1,14 @@
 """How one worker process is made: its environment, its files, its streams and its process.
 
-Why separate from ``workers.py``: this is the per-process mechanics (fds, exec shim,
-multiprocessing); ``workers.py`` is the group's life cycle (state, stop, results).
-"""
+Why apart from ``workers.py``: the per-process mechanics (fds, exec shim, multiprocessing,
+imported lazily); ``workers.py`` is the group's life cycle (state, stop, results)."""
 
 from __future__ import annotations
 
 import collections
 import contextlib
 import io
-import multiprocessing
 import os
-import pickle
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -185,7 +182,8 @@ def spawn_payload(spec: WorkerSpec, kind: EntrypointKind) -> bytes:
 
     Pickled in the caller's thread so that an unpicklable entrypoint fails ``start()`` cleanly.
     """
-    import multiprocessing.spawn
+    import multiprocessing.spawn  # here, not at the top: the CLI forks its standbys first
+    import pickle
 
     fn, args = callable_target(spec, kind)
     buf = io.BytesIO()
@@ -274,6 +272,8 @@ def launch(
         "args": args,
         "return_file": files.return_file,
     }
+    import multiprocessing
+
     ctx = multiprocessing.get_context(spec.start_method)
     proc = ctx.Process(target=_boot.mp_child_main, args=(params,), name=name, daemon=False)
     proc.start()

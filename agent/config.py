@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from etcdrun.agent import flags
-from etcdrun.agent.api import DEFAULT_SIGNALS, handled_signals
-from etcdrun.rendezvous.api import check_node_range, check_run_id
+from etcdrun.agent.api import DEFAULT_SIGNALS, WorkerSpec, handled_signals
+from etcdrun.rendezvous.api import RendezvousHandler, check_node_range, check_run_id
 
 EVENT_LOG_HANDLERS = ("null", "console", "dynamic_rendezvous")  # torch's registered handlers
 NUMA_MODES = ("node", "socket", "exclusive", "core-complex")  # torch.numa.binding.AffinityMode
@@ -239,6 +240,46 @@ class LaunchConfig:
                     f"duplicated (as under torchrun, only teed lines are: add --tee)"
                 )
         return out
+
+    def worker_spec(
+        self,
+        handler: RendezvousHandler | None,
+        entrypoint: Callable[..., Any] | str | None,
+        args: Sequence[Any],
+    ) -> WorkerSpec:
+        """The WorkerSpec this node runs; ``handler`` None for its standbys, which start
+        before the handler exists (agent/standby.py ``early``)."""
+        extra: dict[str, Any] = {}
+        grace = self.grace()  # --shutdown-timeout or --stop-grace (or torch's variable)
+        if grace is not None:  # None: WorkerSpec's default (30 s, like torchrun)
+            extra["stop_grace"] = grace
+        extra["restart_grace"] = self.restart_grace  # None: agent/grace.py's default
+        return WorkerSpec(
+            role=self.role,
+            local_world_size=self.nproc_per_node,
+            rdzv_handler=handler,
+            entrypoint=entrypoint,
+            args=tuple(args),
+            max_restarts=self.max_restarts,
+            monitor_interval=self.monitor_interval,
+            master_addr=self.master_addr,
+            master_port=self.master_port,
+            local_addr=self.local_addr,
+            start_method=self.start_method,
+            redirects=self.redirects,
+            tee=self.tee,
+            log_dir=self.log_dir,
+            local_ranks_filter=self.local_ranks_filter,
+            entrypoint_kind=self.entrypoint_kind,
+            log_line_prefix_template=self.log_line_prefix_template,
+            duplicate_stdout_filters=self.duplicate_stdout_filters,
+            duplicate_stderr_filters=self.duplicate_stderr_filters,
+            virtual_local_rank=self.virtual_local_rank,
+            signals_to_handle=self.signals_to_handle,
+            event_log_handler=self.event_log_handler,
+            prewarm=self.prewarm,
+            **extra,
+        )
 
     def signals(self) -> tuple[signal.Signals, ...]:
         """``signals_to_handle`` as signals (see ``etcdrun.agent.api.handled_signals``)."""

@@ -16,7 +16,8 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
-from etcdrun.agent.api import WorkerSpec, entrypoint_name
+from etcdrun.agent import standby
+from etcdrun.agent.api import entrypoint_name
 from etcdrun.agent.config import LaunchConfig
 from etcdrun.agent.errors import ChildFailedError, record
 from etcdrun.agent.event_sink import check_handler
@@ -130,52 +131,18 @@ def _shutdown_quietly(handler: RendezvousHandler) -> None:
         logger.warning("rendezvous shutdown failed (run %s)", handler.get_run_id(), exc_info=True)
 
 
-def _worker_spec(
-    config: LaunchConfig,
-    handler: RendezvousHandler | None,
-    entrypoint: Callable[..., Any] | str | None,
-    args: list[Any],
-) -> WorkerSpec:
-    extra: dict[str, Any] = {}
-    grace = config.grace()  # --shutdown-timeout or --stop-grace (or torch's variable)
-    if grace is not None:  # None: WorkerSpec's default (30 s, like torchrun)
-        extra["stop_grace"] = grace
-    extra["restart_grace"] = config.restart_grace  # None: agent/grace.py's default
-    return WorkerSpec(
-        role=config.role,
-        local_world_size=config.nproc_per_node,
-        rdzv_handler=handler,
-        entrypoint=entrypoint,
-        args=tuple(args),
-        max_restarts=config.max_restarts,
-        monitor_interval=config.monitor_interval,
-        master_addr=config.master_addr,
-        master_port=config.master_port,
-        local_addr=config.local_addr,
-        start_method=config.start_method,
-        redirects=config.redirects,
-        tee=config.tee,
-        log_dir=config.log_dir,
-        local_ranks_filter=config.local_ranks_filter,
-        entrypoint_kind=config.entrypoint_kind,
-        log_line_prefix_template=config.log_line_prefix_template,
-        duplicate_stdout_filters=config.duplicate_stdout_filters,
-        duplicate_stderr_filters=config.duplicate_stderr_filters,
-        virtual_local_rank=config.virtual_local_rank,
-        signals_to_handle=config.signals_to_handle,
-        event_log_handler=config.event_log_handler,
-        prewarm=config.prewarm,
-        **extra,
-    )
-
-
 @record  # a nested launch (the agent itself run as a worker) reports its root cause upward
 def launch_agent(
     config: LaunchConfig,
     entrypoint: Callable[..., Any] | str | None,
     args: list[Any],
+    *,
+    early: standby.Early | None = None,
 ) -> dict[int, Any]:
     """Run this node's agent for ``entrypoint`` until the job ends.
+
+    ``early``: this node's standbys, when the caller already started them (the CLI does, before
+    this module's imports: agent/cli.py ``_launch``); they are closed here on every way out.
 
     Returns ``{global_rank: return value}`` for this node's workers (values are None unless the
     entrypoint is a callable). Raises ``ChildFailedError`` when workers failed and the restart
@@ -184,14 +151,12 @@ def launch_agent(
     metrics = _metrics_config(config)  # a bad value is one line before anything starts
     log_handler = _setup_logs(config)
     rdzv_handler: RendezvousHandler | None = None
-    from etcdrun.agent import standby
-
-    early: standby.Early | None = None
     try:
-        early = standby.early(_worker_spec(config, None, entrypoint, args))  # before gRPC
+        if early is None:
+            early = standby.early(config.worker_spec(None, entrypoint, args))  # before gRPC
         rdzv_handler = _make_rdzv_handler(config)
         _name_nodes(log_handler, rdzv_handler)
-        spec = _worker_spec(config, rdzv_handler, entrypoint, args)
+        spec = config.worker_spec(rdzv_handler, entrypoint, args)
         from etcdrun.agent.elastic_agent import ElasticAgent
 
         nodes = (

@@ -330,7 +330,7 @@ def early(spec: WorkerSpec) -> Early:
     """Start the standbys first thing: what the agent does before its first join (gRPC and
     protobuf imports, the handler, the warden) then runs beside their ``import torch``, not
     before it, on the critical path of a node's first round (the fork 60-70 ms after the
-    agent's exec, was 120-130 ms, quiet)."""
+    agent's exec, was 120-130 ms, quiet). The CLI calls it before it imports the launcher."""
     tag = fencing.new_tag()
     pool = for_agent(spec, fencing.node_env(tag))
     start(pool)

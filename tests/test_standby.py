@@ -15,6 +15,8 @@ import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -464,3 +466,22 @@ def test_standbys_start_before_the_rendezvous_handler_and_die_with_its_failure(m
         launcher.launch_agent(config, PROBE, ["-", "ok"])
     assert len(seen) == 2, seen
     assert not any(alive(p) for p in seen), "a standby outlived the failed start"
+
+
+def test_the_cli_forks_its_standbys_before_the_launchers_imports(tmp_path):
+    """The console script's standbys start before etcdrun.agent.launcher (and so the rendezvous
+    registry, metrics, gRPC) is imported: their ``import torch`` is a node's critical path."""
+    code = (
+        "import sys\n"
+        "from etcdrun.agent import cli, standby\n"
+        "def early(spec):\n"
+        "    print(sorted(m for m in ('etcdrun.agent.launcher', 'multiprocessing', 'grpc')\n"
+        "                 if m in sys.modules))\n"
+        "    raise SystemExit(7)\n"
+        "standby.early = early\n"
+        f"cli.main(['--standalone', '--prewarm', 'json', {PROBE!r}, '-', 'ok'])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=clean_env(), timeout=60)  # fmt: skip
+    assert done.returncode == 7, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]", done.stdout
