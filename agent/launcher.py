@@ -131,6 +131,19 @@ def _shutdown_quietly(handler: RendezvousHandler) -> None:
         logger.warning("rendezvous shutdown failed (run %s)", handler.get_run_id(), exc_info=True)
 
 
+def _checked_start(
+    config: LaunchConfig, early: standby.Early | None
+) -> tuple[MetricsConfig, logging.Handler | None]:
+    """The settings a bad value of is one line before anything starts (metrics, events, the
+    log dir); the caller's standbys, started before these checks, closed when one fails."""
+    try:
+        return _metrics_config(config), _setup_logs(config)
+    except BaseException:
+        if early is not None:
+            standby.close(early.pool)
+        raise
+
+
 @record  # a nested launch (the agent itself run as a worker) reports its root cause upward
 def launch_agent(
     config: LaunchConfig,
@@ -148,8 +161,7 @@ def launch_agent(
     entrypoint is a callable). Raises ``ChildFailedError`` when workers failed and the restart
     budget is spent; the rendezvous is left (lease revoked) on every way out.
     """
-    metrics = _metrics_config(config)  # a bad value is one line before anything starts
-    log_handler = _setup_logs(config)
+    metrics, log_handler = _checked_start(config, early)
     rdzv_handler: RendezvousHandler | None = None
     try:
         if early is None:

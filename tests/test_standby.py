@@ -485,3 +485,19 @@ def test_the_cli_forks_its_standbys_before_the_launchers_imports(tmp_path):
                           env=clean_env(), timeout=60)  # fmt: skip
     assert done.returncode == 7, done.stderr[-2000:]
     assert done.stdout.strip() == "[]", done.stdout
+
+
+def test_a_bad_metrics_setting_closes_the_callers_standbys():
+    """The CLI starts the standbys before launch_agent checks its settings: a refused one
+    (an unknown metrics handler) leaves none of them alive, in a program that goes on."""
+    from etcdrun.agent import launcher, standby
+    from etcdrun.agent.config import LaunchConfig
+
+    config = LaunchConfig(nproc_per_node=2, run_id="early", prewarm="json",
+                          metrics_cfg={"handler": "bogus"})  # fmt: skip
+    early = standby.early(config.worker_spec(None, PROBE, ["-", "ok"]))
+    started = wait_for(lambda: (lambda f: f if len(f) == 2 else None)(standbys_of(os.getpid())),
+                       30, "both standbys")  # fmt: skip
+    with pytest.raises(ValueError, match="bogus"):
+        launcher.launch_agent(config, PROBE, ["-", "ok"], early=early)
+    wait_for(lambda: not any(alive(p) for p in started), 10, "the standbys to end")
