@@ -129,10 +129,15 @@ def test_three_agents_two_workers_every_env_var(etcd, job_factory):
 # ---- 2. kill -9 of an agent ---------------------------------------------------------------------
 def test_kill_9_survivors_rerun_within_ttl_plus_2s_and_no_orphans(etcd, job_factory):
     """Issue 4's bound, and that the survivors' new round is the one the victim's lease expiry
-    opened (its cause, in every survivor's words), not a failed collective's or a timeout's."""
+    opened (its cause, in every survivor's words), not a failed collective's or a timeout's.
+
+    ``--prewarm json``: the kill comes right after the first round, while the refills that
+    round started still import what ``auto`` names (torch, one at a time: ~2 s each on a slow
+    2-CPU machine, which this script never imports); a new round then waits for its standby's
+    import, and the bound would time torch, not the launcher (4.6-5.1 s measured so in CI)."""
     ttl = 2
     job = job_factory(nnodes="2:3", conf=f"lease_ttl={ttl},join_timeout=30")
-    agents = [job.start() for _ in range(3)]
+    agents = [job.start(extra=("--prewarm", "json")) for _ in range(3)]
     first = job.wait_round(6)
     round1 = first[0].round
     node_rank = {s.ppid: int(s.env["GROUP_RANK"]) for s in first}
