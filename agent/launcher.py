@@ -131,19 +131,6 @@ def _shutdown_quietly(handler: RendezvousHandler) -> None:
         logger.warning("rendezvous shutdown failed (run %s)", handler.get_run_id(), exc_info=True)
 
 
-def _checked_start(
-    config: LaunchConfig, early: standby.Early | None
-) -> tuple[MetricsConfig, logging.Handler | None]:
-    """The settings a bad value of is one line before anything starts (metrics, events, the
-    log dir); the caller's standbys, started before these checks, closed when one fails."""
-    try:
-        return _metrics_config(config), _setup_logs(config)
-    except BaseException:
-        if early is not None:
-            standby.close(early.pool)
-        raise
-
-
 @record  # a nested launch (the agent itself run as a worker) reports its root cause upward
 def launch_agent(
     config: LaunchConfig,
@@ -161,9 +148,11 @@ def launch_agent(
     entrypoint is a callable). Raises ``ChildFailedError`` when workers failed and the restart
     budget is spent; the rendezvous is left (lease revoked) on every way out.
     """
-    metrics, log_handler = _checked_start(config, early)
+    log_handler: logging.Handler | None = None
     rdzv_handler: RendezvousHandler | None = None
-    try:
+    try:  # the caller's standbys too are closed below when a setting is refused
+        metrics = _metrics_config(config)  # a bad value is one line before anything starts
+        log_handler = _setup_logs(config)
         if early is None:
             early = standby.early(config.worker_spec(None, entrypoint, args))  # before gRPC
         rdzv_handler = _make_rdzv_handler(config)
