@@ -36,14 +36,18 @@ def nap(seconds):
 
 
 def run_until_go(marker_dir):
-    """Announce this attempt's start; return at once when ``go`` exists, else sleep until
-    stopped."""
+    """Announce this attempt's start; return at once when ``go`` existed before the
+    announcement, else sleep until stopped.
+
+    Why look before announcing: a test touches ``go`` once it has seen every announcement, so a
+    worker that looked after announcing could see it and end before the agent stops it."""
     import time
 
     rank, pid = os.environ["RANK"], os.getpid()
+    go = os.path.exists(os.path.join(marker_dir, "go"))
     with open(os.path.join(marker_dir, f"ready_{rank}_{pid}"), "w") as fp:
         fp.write(str(pid))
-    if os.path.exists(os.path.join(marker_dir, "go")):
+    if go:
         return rank
     time.sleep(600)
     return None
