@@ -199,9 +199,19 @@ class Net:
         a probe inside the etcd host's namespace reaches etcd even while its link is cut.
         """
         argv = self.exec_argv(host, [sys.executable, PROBE, *args])
-        res = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=timeout)
+        # A probe that hangs dumps its threads' stacks and exits before we give up on it (CI,
+        # once: two `check` probes took over 30 s, against 0.4-4 s here, loaded or not).
+        env = {**os.environ, "PROBE_STACKS_AFTER": str(max(1.0, timeout - 3))}
+        try:
+            res = subprocess.run(
+                argv, input=stdin, capture_output=True, text=True, timeout=timeout, env=env
+            )
+        except subprocess.TimeoutExpired as e:
+            err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr
+            msg = f"probe {args} in {host}: no answer in {timeout} s: {err}"
+            raise AssertionError(msg) from None
         if res.returncode != 0:
-            raise AssertionError(f"probe {args} in {host} failed: {res.stderr[-2000:]}")
+            raise AssertionError(f"probe {args} in {host} failed: {res.stderr[-4000:]}")
         return json.loads(res.stdout)
 
 
@@ -319,9 +329,9 @@ class NetnsJob(Job):
     def violations(self, etcd: NetnsEtcd, lo: int, hi: int) -> list[str]:
         """The rendezvous checker over etcd's history and every agent's round_accepted."""
         accepted = json.dumps(self.events("round_accepted"))
-        found = self.net.probe(
-            etcd.host, "check", etcd.endpoint, self.run_id, str(lo), str(hi), stdin=accepted
-        )
+        # 60 s: CI once saw two checks pass 30 s (0.4-4 s here); a hang still shows its stacks.
+        argv = ("check", etcd.endpoint, self.run_id, str(lo), str(hi))
+        found = self.net.probe(etcd.host, *argv, stdin=accepted, timeout=60.0)
         assert isinstance(found, list)
         return found
 

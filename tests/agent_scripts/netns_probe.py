@@ -11,10 +11,22 @@ Commands:
   leases <endpoint>                          keys attached to any lease
 """
 
+import faulthandler
 import json
+import os
 import sys
 import time
 from pathlib import Path
+
+# A hang shows where: every thread's stack on stderr, then exit (tests/netns_helpers.py sets it
+# a little under its own timeout). Each step's time goes to stderr too, shown on a failure.
+faulthandler.dump_traceback_later(float(os.environ.get("PROBE_STACKS_AFTER", "25")), exit=True)
+T0 = time.monotonic()
+
+
+def step(what: str) -> None:
+    print(f"probe: {what} after {time.monotonic() - T0:.2f} s", file=sys.stderr, flush=True)
+
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/: the shared helpers
 
@@ -43,15 +55,19 @@ def ready(endpoint: str, timeout: str) -> bool:
 
 def main() -> None:
     cmd, endpoint, *rest = sys.argv[1:]
+    step("imports")
     if cmd == "ready":
         out = ready(endpoint, *rest)
     elif cmd == "check":
         run_id, lo, hi = rest
-        out = violations(endpoint, run_id, int(lo), int(hi), json.load(sys.stdin))
+        accepted = json.load(sys.stdin)
+        step(f"{len(accepted)} round_accepted events read")
+        out = violations(endpoint, run_id, int(lo), int(hi), accepted)
     elif cmd == "leases":
         out = sorted(k.decode() for keys in list_leases(endpoint).values() for k in keys)
     else:
         sys.exit(f"unknown command {cmd!r}")
+    step(cmd)
     json.dump(out, sys.stdout)
 
 
