@@ -207,8 +207,9 @@ class Net:
                 argv, input=stdin, capture_output=True, text=True, timeout=timeout, env=env
             )
         except subprocess.TimeoutExpired as e:
-            err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr
-            msg = f"probe {args} in {host}: no answer in {timeout} s: {err}"
+            err = e.stderr or b""  # what the probe wrote before the timeout: bytes, even here
+            text = err if isinstance(err, str) else err.decode(errors="replace")
+            msg = f"probe {args} in {host}: no answer in {timeout} s: {text}"
             raise AssertionError(msg) from None
         if res.returncode != 0:
             raise AssertionError(f"probe {args} in {host} failed: {res.stderr[-4000:]}")
@@ -329,7 +330,7 @@ class NetnsJob(Job):
     def violations(self, etcd: NetnsEtcd, lo: int, hi: int) -> list[str]:
         """The rendezvous checker over etcd's history and every agent's round_accepted."""
         accepted = json.dumps(self.events("round_accepted"))
-        # 60 s: CI once saw two checks pass 30 s (0.4-4 s here); a hang still shows its stacks.
+        # 60 s, twice the default: see probe() for why, and for what a hang still shows.
         argv = ("check", etcd.endpoint, self.run_id, str(lo), str(hi))
         found = self.net.probe(etcd.host, *argv, stdin=accepted, timeout=60.0)
         assert isinstance(found, list)
