@@ -96,6 +96,12 @@ class Participant(_message.Message):
     pid: int
     def __init__(self, node_id: _Optional[str] = ..., node_rank: _Optional[int] = ..., local_world_size: _Optional[int] = ..., addr: _Optional[str] = ..., first_global_rank: _Optional[int] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ...) -> None: ...
 
+class ParticipantList(_message.Message):
+    __slots__ = ("participants",)
+    PARTICIPANTS_FIELD_NUMBER: _ClassVar[int]
+    participants: _containers.RepeatedCompositeFieldContainer[Participant]
+    def __init__(self, participants: _Optional[_Iterable[_Union[Participant, _Mapping]]] = ...) -> None: ...
+
 class Failure(_message.Message):
     __slots__ = ("node_id", "host", "global_rank", "exit_code", "signal_name", "message", "timestamp_ms", "traceback", "local_rank", "pid", "stderr_tail")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -123,7 +129,7 @@ class Failure(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., host: _Optional[str] = ..., global_rank: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal_name: _Optional[str] = ..., message: _Optional[str] = ..., timestamp_ms: _Optional[int] = ..., traceback: _Optional[str] = ..., local_rank: _Optional[int] = ..., pid: _Optional[int] = ..., stderr_tail: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RoundState(_message.Message):
-    __slots__ = ("schema_version", "number", "phase", "participants", "master_addr", "master_port", "restart_count", "last_call_deadline_unix_ms", "reason", "decided_by", "outcome", "failure", "world_size", "closed_unix_ms", "run_lease", "departed", "arrived", "departed_cause", "last_call_joined")
+    __slots__ = ("schema_version", "number", "phase", "participants", "master_addr", "master_port", "restart_count", "last_call_deadline_unix_ms", "reason", "decided_by", "outcome", "failure", "world_size", "closed_unix_ms", "run_lease", "departed", "arrived", "departed_cause", "last_call_joined", "participants_zlib")
     SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
     NUMBER_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
@@ -143,6 +149,7 @@ class RoundState(_message.Message):
     ARRIVED_FIELD_NUMBER: _ClassVar[int]
     DEPARTED_CAUSE_FIELD_NUMBER: _ClassVar[int]
     LAST_CALL_JOINED_FIELD_NUMBER: _ClassVar[int]
+    PARTICIPANTS_ZLIB_FIELD_NUMBER: _ClassVar[int]
     schema_version: int
     number: int
     phase: Phase
@@ -162,4 +169,5 @@ class RoundState(_message.Message):
     arrived: _containers.RepeatedScalarFieldContainer[str]
     departed_cause: _containers.RepeatedScalarFieldContainer[str]
     last_call_joined: int
-    def __init__(self, schema_version: _Optional[int] = ..., number: _Optional[int] = ..., phase: _Optional[_Union[Phase, str]] = ..., participants: _Optional[_Iterable[_Union[Participant, _Mapping]]] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., restart_count: _Optional[int] = ..., last_call_deadline_unix_ms: _Optional[int] = ..., reason: _Optional[str] = ..., decided_by: _Optional[str] = ..., outcome: _Optional[_Union[Outcome, str]] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ..., world_size: _Optional[int] = ..., closed_unix_ms: _Optional[int] = ..., run_lease: _Optional[int] = ..., departed: _Optional[_Iterable[str]] = ..., arrived: _Optional[_Iterable[str]] = ..., departed_cause: _Optional[_Iterable[str]] = ..., last_call_joined: _Optional[int] = ...) -> None: ...
+    participants_zlib: bytes
+    def __init__(self, schema_version: _Optional[int] = ..., number: _Optional[int] = ..., phase: _Optional[_Union[Phase, str]] = ..., participants: _Optional[_Iterable[_Union[Participant, _Mapping]]] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., restart_count: _Optional[int] = ..., last_call_deadline_unix_ms: _Optional[int] = ..., reason: _Optional[str] = ..., decided_by: _Optional[str] = ..., outcome: _Optional[_Union[Outcome, str]] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ..., world_size: _Optional[int] = ..., closed_unix_ms: _Optional[int] = ..., run_lease: _Optional[int] = ..., departed: _Optional[_Iterable[str]] = ..., arrived: _Optional[_Iterable[str]] = ..., departed_cause: _Optional[_Iterable[str]] = ..., last_call_joined: _Optional[int] = ..., participants_zlib: _Optional[bytes] = ...) -> None: ...

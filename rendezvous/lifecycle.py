@@ -69,7 +69,8 @@ def written(ops: Sequence[pb.RequestOp]) -> st.RoundState:
     """The round state a transaction's first op writes (the round key), decoded: a writer
     applies its own write to its view with the message, so that it knows its outcome and root
     cause at once, not only when its watch brings them."""
-    return st.RoundState.FromString(ops[0].request_put.value)
+    put = ops[0].request_put
+    return codec.round_message(put.value, put.key.decode(errors="replace"))
 
 
 def set_closed(

@@ -42,7 +42,7 @@ def repair_round(
     if good is None:
         return False
     fence = [t.mod_revision(keys.round, "==", revision), session.is_owner()]
-    value = msg.SerializeToString() if msg is not None else codec.round_to(good)
+    value = codec.encode_round(msg) if msg is not None else codec.round_to(good)
     res = session.client.txn(fence, [t.put(keys.round, value, run_lease)])
     if not res.succeeded:
         return False
