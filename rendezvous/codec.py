@@ -298,14 +298,16 @@ def agent_from(
     return Agent(msg.node_id, create_revision, msg.local_world_size, msg.addr)
 
 
-def join_from(key: bytes | str, value: bytes, run_id: str | None) -> Join:
+def join_from(key: bytes | str, value: bytes, run_id: str | None, create_revision: int = 0) -> Join:
+    """A join record; one written with its agent key (agent_create_revision 0, see
+    joining.FoldedJoin) shares the agent key's create revision: the record's own."""
     msg = decode(st.JoinRecord, key, value, run_id)
     return Join(
         msg.node_id,
         msg.local_world_size,
         msg.addr,
         msg.master_port,
-        msg.agent_create_revision,
+        msg.agent_create_revision or create_revision,
         msg.host,
         msg.pid,
     )

@@ -47,7 +47,6 @@ from etcdrun.rendezvous.errors import (
 )
 from etcdrun.rendezvous.etcd_config import EtcdRendezvousConfig
 from etcdrun.rendezvous.events import EventLog
-from etcdrun.rendezvous.joining import Joined
 from etcdrun.rendezvous.keys import RunKeys, require_run_id
 from etcdrun.rendezvous.leader_status import status_line
 from etcdrun.rendezvous.protocol import Phase, Round, Settings
@@ -279,15 +278,15 @@ class EtcdRendezvousHandler(SessionFence, RendezvousHandler):
     def _join(self, sess: Session, r: Round) -> bool:
         lws = self.params.local_world_size
         outcome = joining.join(self.client, self.keys, sess, r, self.addr, lws)
-        if outcome is Joined.YES:
+        if outcome is joining.Joined.YES:
             self._joined = r.number
             self.events.emit("node_joined", round=r.number)
-        elif outcome is Joined.NOT_OWNER:
+        elif outcome is joining.Joined.NOT_OWNER:
             log.error("%s was overwritten or removed by someone else; registering anew", sess.key)
             self.events.emit("session_replaced", reason=outcome.value)
             self._drop_session()
             raise _Reopen()
-        return outcome is Joined.YES
+        return outcome is joining.Joined.YES
 
     def _accept(self, sess: Session, r: Round) -> RendezvousInfo:
         msg = self.view.message()
@@ -309,21 +308,17 @@ class EtcdRendezvousHandler(SessionFence, RendezvousHandler):
             return sess
         self._drop_session()
         self._incarnation += 1
+        fold = joining.FoldedJoin(self.keys, self.addr, self.params.local_world_size)
         sess, self._tag = node_names.register(
             self.client, self.keys, self.host, self._tag, self._incarnation, self._agent_info,
-            self.cfg.lease_ttl,
+            self.cfg.lease_ttl, fold,
         )  # fmt: skip
-        self._session, self._joined = sess, None
+        self._session, self._joined = sess, fold.joined(sess)
         self.events.node = sess.node_id
         driver = Driver(
-            sess,
-            self.keys,
-            self.settings,
-            self.view,
-            self.events,
-            closed_ttl=self.cfg.join_timeout,
-            run_ttl=self.cfg.run_lease_ttl,
-        )
+            sess, self.keys, self.settings, self.view, self.events,
+            closed_ttl=self.cfg.join_timeout, run_ttl=self.cfg.run_lease_ttl,
+        )  # fmt: skip
         sess.on_lost(lambda s: self._on_lost(s, driver))
         self._wire_fence(sess)
         self._driver = driver
@@ -332,6 +327,8 @@ class EtcdRendezvousHandler(SessionFence, RendezvousHandler):
         self.events.emit(
             "session_opened", create_revision=rev, lease=sess.lease_id, host=self.host, pid=pid
         )
+        if self._joined is not None:  # its join record went in with the agent key
+            self.events.emit("node_joined", round=self._joined, with_registration=True)
         return sess
 
     def _agent_info(self, node_id: str) -> st.AgentInfo:

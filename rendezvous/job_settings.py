@@ -19,11 +19,13 @@ for when there is no round yet (the first agents, a small prefix) or its writer 
 
 from __future__ import annotations
 
+from etcdrun.proto import etcd_api_pb2 as pb
 from etcdrun.proto import etcdrun_state_pb2 as st
-from etcdrun.rendezvous import codec
+from etcdrun.rendezvous import codec, joining
 from etcdrun.rendezvous.client import EtcdClient
 from etcdrun.rendezvous.errors import RendezvousError, RendezvousStateError
 from etcdrun.rendezvous.keys import RunKeys
+from etcdrun.rendezvous.protocol import Phase, Round
 from etcdrun.rendezvous.session import Session
 
 PAGE = 8  # agents read at a time while looking for the oldest valid one
@@ -52,11 +54,14 @@ def oldest_agent(client: EtcdClient, keys: RunKeys) -> st.AgentInfo | None:
 
 def round_writer(client: EtcdClient, keys: RunKeys) -> st.AgentInfo | None:
     """The live agent that wrote the round key, or None (no round, unreadable, or it is gone)."""
-    res = client.range(keys.round)
-    if not res.kvs:
+    return _writer(client, keys, client.get(keys.round))
+
+
+def _writer(client: EtcdClient, keys: RunKeys, kv: pb.KeyValue | None) -> st.AgentInfo | None:
+    if kv is None:
         return None
     try:
-        writer = codec.decode(st.RoundState, keys.round, res.kvs[0].value).decided_by
+        writer = codec.decode(st.RoundState, keys.round, kv.value).decided_by
         if writer:
             got = client.range(keys.agent(writer))
             if got.kvs:
@@ -90,7 +95,10 @@ def differences(mine: st.AgentInfo, theirs: st.AgentInfo) -> list[str]:
 
 def check(client: EtcdClient, keys: RunKeys, mine: st.AgentInfo) -> None:
     """Raise RendezvousStateError when the job's agent (job_agent) was started differently."""
-    theirs = job_agent(client, keys)
+    _compare(keys, mine, job_agent(client, keys))
+
+
+def _compare(keys: RunKeys, mine: st.AgentInfo, theirs: st.AgentInfo | None) -> None:
     if theirs is None or theirs.node_id == mine.node_id:
         return
     diff = differences(mine, theirs)
@@ -104,10 +112,28 @@ def check(client: EtcdClient, keys: RunKeys, mine: st.AgentInfo) -> None:
         )
 
 
-def open_session(client: EtcdClient, keys: RunKeys, info: st.AgentInfo, ttl: int) -> Session:
+def open_session(
+    client: EtcdClient,
+    keys: RunKeys,
+    info: st.AgentInfo,
+    ttl: int,
+    fold: joining.FoldedJoin | None = None,
+) -> Session:
     """Register this agent only when the job agrees on its settings: checked before (so a
-    running job never sees a stranger) and right after (two first nodes starting together)."""
-    check(client, keys, info)
+    running job never sees a stranger) and right after (two first nodes starting together).
+
+    When the first look found the round's writer alive and the round JOINING, ``fold`` puts
+    this node's join record into the registration Txn, and the second look is skipped: it
+    guards against two *first* agents, and this node compared itself with a live agent that
+    had passed the same check against the job (the leader, or a member) — every registered
+    agent agrees with the job by induction. Joining before a second look could fail would
+    otherwise let the leader count a node that is about to leave."""
+    kv = client.get(keys.round)
+    writer = _writer(client, keys, kv)
+    _compare(keys, info, writer or oldest_agent(client, keys))
+    r = _joining(keys, kv) if fold is not None and writer is not None else None
+    if fold is not None and r is not None:
+        return Session.open(client, keys, info, ttl, lambda lease: fold.ops(r, info, lease))
     sess = Session.open(client, keys, info, ttl)
     try:
         check(client, keys, info)
@@ -115,6 +141,17 @@ def open_session(client: EtcdClient, keys: RunKeys, info: st.AgentInfo, ttl: int
         sess.close()
         raise
     return sess
+
+
+def _joining(keys: RunKeys, kv: pb.KeyValue | None) -> Round | None:
+    """The round as read, when it is JOINING (else no join to fold)."""
+    if kv is None:
+        return None
+    try:
+        r = codec.round_from(kv.key, kv.value, kv.mod_revision, keys.run_id)
+    except RendezvousError:
+        return None  # unreadable: the repair's business, not a registration's
+    return r if r.phase is Phase.JOINING else None
 
 
 __all__ = ["check", "differences", "job_agent", "oldest_agent", "open_session", "round_writer"]

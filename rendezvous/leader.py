@@ -155,7 +155,9 @@ class Leader:
             if deleted:
                 self.joins.get(n, {}).pop(node, None)
             else:
-                self.joins.setdefault(n, {})[node] = codec.join_from(kv.key, kv.value, rid)
+                self.joins.setdefault(n, {})[node] = codec.join_from(
+                    kv.key, kv.value, rid, kv.create_revision
+                )
 
     # ---- decisions --------------------------------------------------------------------------
     def act(self, now: float) -> float | None:

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from etcdrun.proto import etcdrun_state_pb2 as st
 from etcdrun.rendezvous import job_settings
 from etcdrun.rendezvous.client import EtcdClient
+from etcdrun.rendezvous.joining import FoldedJoin
 from etcdrun.rendezvous.keys import RunKeys
 from etcdrun.rendezvous.session import NodeIdTaken, Session
 
@@ -70,13 +71,15 @@ def register(
     incarnation: int,
     agent_info: Callable[[str], st.AgentInfo],
     lease_ttl: int,
+    fold: FoldedJoin | None = None,
 ) -> tuple[Session, str]:
     """Open a session under a readable node id (the job's settings checked around it:
-    job_settings.py); on a clash draw another suffix. Returns the session and the suffix."""
+    job_settings.py; ``fold``: its join record with it); on a clash draw another suffix.
+    Returns the session and the suffix."""
     for attempt in range(CLASH_TRIES):
         info = agent_info(node_id(host, suffix, incarnation))
         try:
-            return job_settings.open_session(client, keys, info, lease_ttl), suffix
+            return job_settings.open_session(client, keys, info, lease_ttl, fold), suffix
         except NodeIdTaken:
             if attempt == CLASH_TRIES - 1:
                 raise

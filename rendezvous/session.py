@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from etcdrun.proto import etcd_api_pb2 as pb
 from etcdrun.proto import etcdrun_state_pb2 as st
@@ -49,7 +49,13 @@ class Session:
     """Made by ``Session.open``: holds a live lease and the create revision of its agent key."""
 
     def __init__(
-        self, client: EtcdClient, keys: RunKeys, info: st.AgentInfo, lease: Lease, created: int
+        self,
+        client: EtcdClient,
+        keys: RunKeys,
+        info: st.AgentInfo,
+        lease: Lease,
+        created: int,
+        opened_with: Sequence[pb.ResponseOp] = (),
     ) -> None:
         if created <= 0:
             raise ValueError("a session needs the create revision of its agent key")
@@ -58,15 +64,28 @@ class Session:
         self.info = info
         self._lease = lease
         self.create_revision = created
+        # The answers to the ops ``open`` was asked to apply with the registration; empty when
+        # unknown (the registration's answer was lost: the caller does that step on its own).
+        self.opened_with = tuple(opened_with)
         self._closed = False
         self._orphaned = False
         self._watch: Watch | None = None
         self._watch_own_key(created + 1)
 
     @classmethod
-    def open(cls, client: EtcdClient, keys: RunKeys, info: st.AgentInfo, ttl: int) -> Session:
+    def open(
+        cls,
+        client: EtcdClient,
+        keys: RunKeys,
+        info: st.AgentInfo,
+        ttl: int,
+        also: Callable[[int], Sequence[pb.RequestOp]] | None = None,
+    ) -> Session:
         """Grant the lease and register the agent key; the key's create revision orders agents
-        (the election's order). Raises when the key exists already (two agents, one node id)."""
+        (the election's order). Raises when the key exists already (two agents, one node id).
+
+        ``also(lease_id)`` gives ops applied in the same Txn when the key is registered (a
+        newcomer's join record: one write instead of two); their answers are ``opened_with``."""
         lease = client.lease(ttl)
         key = keys.agent(info.node_id)
         registered = st.AgentInfo()
@@ -74,16 +93,17 @@ class Session:
         registered.lease_id = lease.id
         info = registered
         try:
+            extra = list(also(lease.id)) if also is not None else []
             res = client.txn(
                 [t.create_revision(key, "==", 0)],
-                [t.put(key, codec.encode(info), lease.id)],
+                [t.put(key, codec.encode(info), lease.id), *extra],
                 [t.get(key)],
             )
         except BaseException:
             lease.revoke()
             raise
         if res.succeeded:
-            return cls(client, keys, info, lease, res.revision)
+            return cls(client, keys, info, lease, res.revision, res.responses[1:])
         kvs = res.responses[0].response_range.kvs
         if kvs and kvs[0].lease == lease.id:
             # Our own write, applied although its answer was lost and the call retried.

@@ -6,6 +6,8 @@ these builders keep those guards one readable line each instead of nested protob
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from etcdrun.proto import etcd_api_pb2 as pb
 
 Key = str | bytes
@@ -83,3 +85,14 @@ def delete(key: Key, prefix: bool = False, end: Key | None = None) -> pb.Request
     return pb.RequestOp(
         request_delete_range=pb.DeleteRangeRequest(key=to_bytes(key), range_end=end)
     )
+
+
+def nested(
+    compare: Sequence[pb.Compare],
+    success: Sequence[pb.RequestOp] = (),
+    failure: Sequence[pb.RequestOp] = (),
+) -> pb.RequestOp:
+    """A Txn inside a Txn (etcd >= 3.3): its own if/then/else, applied in the outer one's
+    revision — one raft proposal for two decisions (register, and join if the round held)."""
+    req = pb.TxnRequest(compare=list(compare), success=list(success), failure=list(failure))
+    return pb.RequestOp(request_txn=req)
