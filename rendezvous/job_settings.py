@@ -126,8 +126,8 @@ def open_session(
     this node's join record into the registration Txn, and the second look is skipped: it
     guards against two *first* agents, and this node compared itself with a live agent that
     had passed the same check against the job (the leader, or a member) — every registered
-    agent agrees with the job by induction. Joining before a second look could fail would
-    otherwise let the leader count a node that is about to leave."""
+    agent agrees with the job by induction. No join is folded while a second look is still
+    due: the leader would count a node that this look may send away."""
     kv = client.get(keys.round)
     writer = _writer(client, keys, kv)
     _compare(keys, info, writer or oldest_agent(client, keys))
