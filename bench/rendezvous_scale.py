@@ -24,9 +24,9 @@ leader's (the node that froze the round) as its driver thread's and its whole pr
 Measured 2026-12-01 (bench/results.md): see README "Benchmarks".
 
 Usage: ``python bench/rendezvous_scale.py [--n 10,100,1000] [--members 1,3] [--procs 4]
-[--leave member] [--lease-ttl 5] [--timeout 120] [--quiet-wait 120] [--json out.json]
-[--svg plot.svg] [--py-spy DIR]``. Exits 1 on a miss with ``--check``. The invariant checker
-(rendezvous/checker.py) vets each run.
+[--per-client K] [--leave member] [--lease-ttl 5] [--timeout 120] [--quiet-wait 120]
+[--json out.json] [--svg plot.svg] [--py-spy DIR]``. Exits 1 on a miss with ``--check``. The
+invariant checker (rendezvous/checker.py) vets each run.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def run_one(n: int, members: int, procs: int, args: argparse.Namespace) -> dict:
     run_id = "bench-" + uuid.uuid4().hex[:8]
     conf = {"last_call_timeout": 600, "join_timeout": args.timeout, "lease_ttl": args.lease_ttl}
     res: dict = {"n": n, "members": members, "procs": p, "counts": counts, "problems": []}
-    res["arrive_over"] = args.arrive_over
+    res["arrive_over"], res["per_client"] = args.arrive_over, args.per_client
     with LocalEtcd(members) as etcd:
         urls = [f"http://{ep}/metrics" for ep in etcd.endpoint_list]
         if members > 1:  # every client prefers the first endpoint: is that the raft leader?
@@ -82,6 +82,7 @@ def run_one(n: int, members: int, procs: int, args: argparse.Namespace) -> dict:
             "max_nodes": n,
             "conf": conf,
             "arrive_over": args.arrive_over,
+            "per_client": args.per_client,
         }
         pool = Pool(counts, cfg)
         snap = functools.partial(snapshot, urls, etcd.pids, pool.pids)
@@ -241,6 +242,14 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[int], list[i
     ap.add_argument("--members", default="1", help="comma-separated etcd cluster sizes (default 1)")
     ap.add_argument("--procs", type=int, default=4, help="worker processes (default 4)")
     ap.add_argument(
+        "--per-client",
+        type=int,
+        default=0,
+        metavar="K",
+        help="handlers per etcd client, i.e. per gRPC channel and watch stream (default 0: one "
+        "client per process)",
+    )
+    ap.add_argument(
         "--leave",
         choices=("member", "leader"),
         default="member",
@@ -272,12 +281,19 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[int], list[i
         ms = [int(x) for x in args.members.split(",") if x.strip()]
         if not ns or min(ns) < 1 or not ms or min(ms) < 1:
             raise ValueError
-        if args.procs < 1 or args.lease_ttl < 1 or args.timeout <= 0 or args.arrive_over < 0:
+        if (
+            args.procs < 1
+            or args.per_client < 0
+            or args.lease_ttl < 1
+            or args.timeout <= 0
+            or args.arrive_over < 0
+        ):
             raise ValueError
     except ValueError:
         print(
             f"bad arguments: --n {args.n!r} and --members {args.members!r} must list integers "
-            f">= 1; --procs, --lease-ttl and --timeout must be positive, --arrive-over >= 0",
+            f">= 1; --procs, --lease-ttl and --timeout must be positive, --arrive-over and "
+            "--per-client >= 0",
             file=sys.stderr,
         )
         return None
@@ -311,8 +327,9 @@ def main(argv: list[str] | None = None) -> int:
         print("etcd not found: set $ETCD_BIN or install etcd-server", file=sys.stderr)
         return 2
     print(
-        f"{os.cpu_count()} CPU(s); one etcd per N (fast timings); handlers share one "
-        f"client per process; times from time.time() across processes of this machine; "
+        f"{os.cpu_count()} CPU(s); one etcd per N (fast timings); handlers share "
+        f"{f'one client per {args.per_client}' if args.per_client else 'one client per process'}; "
+        f"times from time.time() across processes of this machine; "
         f"load average {os.getloadavg()[0]:.2f} at start"
     )
     results = []

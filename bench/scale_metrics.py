@@ -45,13 +45,14 @@ def cpu_seconds(pids: list[int], path: str = "/proc/{}/stat") -> float:
 def thread_cpu() -> dict[str, float]:
     """CPU seconds so far of this process's rendezvous driver threads (``rdzv-<node id>``) and
     its client's threads (``etcd-*``), by thread name, from /proc/self/task/<tid>/stat: to tell
-    the leader's own work apart from the other handlers sharing its process."""
-    out = {}
+    the leader's own work apart from the other handlers sharing its process. Threads of the same
+    name (several clients' ``etcd-watch``, with ``--per-client``) are summed."""
+    out: dict[str, float] = {}
     for th in threading.enumerate():
         if th.native_id is not None and th.name.startswith(("rdzv-", "etcd-")):
             got = cpu_seconds([th.native_id], f"/proc/self/task/{th.native_id}/stat")
             if got == got:  # not NaN: the thread was still there
-                out[th.name] = got
+                out[th.name] = out.get(th.name, 0.0) + got
     return out
 
 

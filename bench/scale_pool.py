@@ -73,7 +73,8 @@ def _info_tuple(info) -> tuple:
 
 
 class _Host:
-    """One worker process: ``count`` handlers sharing one client, obeying commands."""
+    """One worker process: ``count`` handlers sharing one client (or one per ``per_client``),
+    obeying commands."""
 
     def __init__(self, conn: mpc.Connection, cfg: dict) -> None:
         from etcdrun.rendezvous.api import RendezvousParameters
@@ -87,8 +88,13 @@ class _Host:
         self.send_lock = threading.Lock()
         self.cancel = threading.Event()
         self.seen: list[dict] = []
-        self.client = EtcdClient(cfg["endpoints"])
-        self.client.status()  # open the channel before any clock starts, as a running agent has
+        # one client per ``per_client`` handlers (0: one for all): each client is one gRPC
+        # channel with one watch stream, and etcd gives a watch stream one 128-slot buffer
+        # whatever its watcher count (a real agent has 2-3 watches on its stream)
+        per = cfg.get("per_client") or cfg["count"]
+        self.clients = [EtcdClient(cfg["endpoints"]) for _ in range(-(-cfg["count"] // per))]
+        for c in self.clients:
+            c.status()  # open the channel before any clock starts, as a running agent has
         params = RendezvousParameters(
             "etcd",
             cfg["endpoints"],
@@ -98,7 +104,10 @@ class _Host:
             local_world_size=1,
             config=cfg["conf"],
         )
-        self.hs = [EtcdRendezvousHandler(params, client=self.client) for _ in range(cfg["count"])]
+        self.hs = [
+            EtcdRendezvousHandler(params, client=self.clients[i // per])
+            for i in range(cfg["count"])
+        ]
         for h in self.hs:  # each handler's own event log (there is no process-wide one)
             h.events.subscribe(self._on_event)
 
@@ -162,7 +171,8 @@ class _Host:
         self.cancel.set()
         for h in self.hs:
             h.shutdown()
-        self.client.close()
+        for c in self.clients:
+            c.close()
         end = time.monotonic() + 3.0
         while True:
             extra = [
