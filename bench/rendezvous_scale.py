@@ -25,8 +25,9 @@ Measured 2026-12-01 (bench/results.md): see README "Benchmarks".
 
 Usage: ``python bench/rendezvous_scale.py [--n 10,100,1000] [--members 1,3] [--procs 4]
 [--per-client K] [--leave member] [--lease-ttl 5] [--timeout 120] [--quiet-wait 120]
-[--json out.json] [--svg plot.svg] [--py-spy DIR]``. Exits 1 on a miss with ``--check``. The
-invariant checker (rendezvous/checker.py) vets each run.
+[--json out.json] [--svg plot.svg] [--py-spy DIR] [--etcd-log DIR] [--etcd-pprof]
+[--etcd-cpus LIST] [--worker-cpus LIST]``. Exits 1 on a miss with ``--check``. The invariant
+checker (rendezvous/checker.py) vets each run.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ import time
 import uuid
 from collections.abc import Callable
 
+from scale_args import parse
 from scale_metrics import (
     check_infos,
     delta,
@@ -70,7 +72,8 @@ def run_one(n: int, members: int, procs: int, args: argparse.Namespace) -> dict:
     conf = {"last_call_timeout": 600, "join_timeout": args.timeout, "lease_ttl": args.lease_ttl}
     res: dict = {"n": n, "members": members, "procs": p, "counts": counts, "problems": []}
     res["arrive_over"], res["per_client"] = args.arrive_over, args.per_client
-    with LocalEtcd(members) as etcd:
+    pprof = ["--enable-pprof"] if args.etcd_pprof else []
+    with LocalEtcd(members, log_to=args.etcd_log, extra_args=pprof) as etcd:
         urls = [f"http://{ep}/metrics" for ep in etcd.endpoint_list]
         if members > 1:  # every client prefers the first endpoint: is that the raft leader?
             res["preferred"] = 0
@@ -83,7 +86,11 @@ def run_one(n: int, members: int, procs: int, args: argparse.Namespace) -> dict:
             "conf": conf,
             "arrive_over": args.arrive_over,
             "per_client": args.per_client,
+            "worker_cpus": args.worker_cpus,
         }
+        res["etcd_cpus"], res["worker_cpus"] = args.etcd_cpus, args.worker_cpus
+        if args.etcd_cpus:
+            pin(etcd.pids, args.etcd_cpus)
         pool = Pool(counts, cfg)
         snap = functools.partial(snapshot, urls, etcd.pids, pool.pids)
         spies: list[subprocess.Popen] = []
@@ -104,6 +111,18 @@ def run_one(n: int, members: int, procs: int, args: argparse.Namespace) -> dict:
                 s.wait(timeout=30)
             res["leftover_threads"] = pool.stop(60)
     return res
+
+
+def pin(pids: list[int], cpus: list[int]) -> None:
+    """Every thread of these processes onto ``cpus`` (threads started later inherit it): etcd
+    on a core of its own, as it would have on its own machine, so that what fails is not etcd
+    losing the CPU to 4096 simulated agents."""
+    for pid in pids:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                os.sched_setaffinity(int(tid), cpus)
+            except ProcessLookupError:
+                pass  # a thread that ended meanwhile
 
 
 def join_round(
@@ -234,72 +253,6 @@ def leave_round(
     return out
 
 
-def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[int], list[int]] | None:
-    """The options, the N and the cluster sizes to run; None (after one line on stderr) when
-    they are bad."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--n", default="10,100,1000", help="comma-separated participant counts")
-    ap.add_argument("--members", default="1", help="comma-separated etcd cluster sizes (default 1)")
-    ap.add_argument("--procs", type=int, default=4, help="worker processes (default 4)")
-    ap.add_argument(
-        "--per-client",
-        type=int,
-        default=0,
-        metavar="K",
-        help="handlers per etcd client, i.e. per gRPC channel and watch stream (default 0: one "
-        "client per process)",
-    )
-    ap.add_argument(
-        "--leave",
-        choices=("member", "leader"),
-        default="member",
-        help="who leaves for round 2 (default: a non-leader member)",
-    )
-    ap.add_argument(
-        "--arrive-over",
-        type=float,
-        default=0.0,
-        metavar="S",
-        help="round 1: spread the participants' arrivals evenly over S seconds (default 0: all "
-        "at once)",
-    )
-    ap.add_argument("--lease-ttl", type=int, default=5, help="rdzv lease_ttl (default 5)")
-    ap.add_argument("--timeout", type=float, default=120.0, help="per-round bound, seconds")
-    ap.add_argument(
-        "--quiet-wait",
-        type=float,
-        default=120.0,
-        help="before each N, wait up to this long for a quiet machine (default 120 s)",
-    )
-    ap.add_argument("--json", help="also write the figures to this file")
-    ap.add_argument("--svg", help="also plot round time vs N (log-log, with the fits) here")
-    ap.add_argument("--py-spy", metavar="DIR", help="record every worker with py-spy (raw stacks)")
-    ap.add_argument("--check", action="store_true", help="exit 1 on a miss")
-    args = ap.parse_args(argv)
-    try:
-        ns = [int(x) for x in args.n.split(",") if x.strip()]
-        ms = [int(x) for x in args.members.split(",") if x.strip()]
-        if not ns or min(ns) < 1 or not ms or min(ms) < 1:
-            raise ValueError
-        if (
-            args.procs < 1
-            or args.per_client < 0
-            or args.lease_ttl < 1
-            or args.timeout <= 0
-            or args.arrive_over < 0
-        ):
-            raise ValueError
-    except ValueError:
-        print(
-            f"bad arguments: --n {args.n!r} and --members {args.members!r} must list integers "
-            f">= 1; --procs, --lease-ttl and --timeout must be positive, --arrive-over and "
-            "--per-client >= 0",
-            file=sys.stderr,
-        )
-        return None
-    return args, ns, ms
-
-
 def report(results: list[dict], args: argparse.Namespace) -> bool:
     """The table, the notes, the curve's fits; the JSON and the plot. True when all passed."""
     text, ok = table(results)
@@ -317,7 +270,7 @@ def report(results: list[dict], args: argparse.Namespace) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parsed = parse(argv)
+    parsed = parse(argv, __doc__.split("\n\n")[0])
     if parsed is None:
         return 2
     args, ns, ms = parsed

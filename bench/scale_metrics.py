@@ -26,6 +26,10 @@ METRICS = {
     "watch_msgs": 'grpc_server_msg_sent_total{grpc_method="Watch",'
     'grpc_service="etcdserverpb.Watch",grpc_type="bidi_stream"}',
     "sent_bytes": "etcd_network_client_grpc_sent_bytes_total",
+    # the trouble signs of a round etcd cannot keep up with: applies over 100 ms, and leases
+    # that expired on the server (each takes its agent key and join record with it)
+    "slow_applies": "etcd_server_slow_apply_total",
+    "leases_expired": "etcd_debugging_server_lease_expired_total",
 }
 
 
@@ -120,7 +124,7 @@ def wait_quiet_machine(max_wait: float, window: float = 2.0) -> tuple[float, flo
 
 
 # Served by each member on its own (sum over members); the rest every member applies (max).
-SUMMED = ("ranges", "watch_events", "watch_msgs", "sent_bytes")
+SUMMED = ("ranges", "watch_events", "watch_msgs", "sent_bytes", "slow_applies")
 
 
 def snapshot(urls: list[str], etcd_pids: list[int], worker_pids: list[int]) -> dict:

@@ -208,6 +208,8 @@ class _Host:
 
 def worker(conn: mpc.Connection, cfg: dict) -> None:
     """Host ``cfg['count']`` handlers sharing one client; obey the main process's commands."""
+    if cfg.get("worker_cpus"):  # before any thread starts: they inherit it
+        os.sched_setaffinity(0, cfg["worker_cpus"])
     host = _Host(conn, cfg)
     try:
         host.send("ready", os.getpid())

@@ -111,14 +111,16 @@ def table(results: list[dict]) -> tuple[str, bool]:
 OPS = (
     "writes {writes}, revisions {revisions}, puts {puts}, deletes {deletes}, ranges {ranges}, "
     "watch events {watch_events} (by member {watch_events_by_member}), watch msgs {watch_msgs}, "
-    "etcd sent {sent_bytes} B\n    CPU s: etcd {etcd_cpu} (by member {etcd_cpu_by_member}), "
+    "etcd sent {sent_bytes} B, slow applies {slow_applies}, leases expired {leases_expired}"
+    "\n    CPU s: etcd {etcd_cpu} (by member {etcd_cpu_by_member}), "
     "workers {workers_cpu}, other programs {other_cpu} in {t} s wall; GC pauses {gc_s} s ({gc2} "
     "gen-2); sessions opened {opened}, lost {lost} {lost_why}"
 )
 
 
 def _ops(r: dict) -> str:
-    return OPS.format(**{"lost_why": "", **r})  # results from before lost_why have none
+    # results from before lost_why (or the slow applies) have none
+    return OPS.format(**{"lost_why": "", "slow_applies": "?", "leases_expired": "?", **r})
 
 
 def _leader_line(r: dict) -> str:

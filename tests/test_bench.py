@@ -232,15 +232,16 @@ def test_scale_fit_tells_linear_from_quadratic(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_rendezvous_scale_small_real_run(etcd_bin, tmp_path):
-    """N = 6 real handlers in 2 processes (2 clients each: ``--per-client 2``), on 1 and on 3
-    etcd members: every figure the table shows is there, writes are 3 per node plus the
-    round's own, the leader's CPU is found."""
+    """N = 6 real handlers in 2 processes (2 clients each: ``--per-client 2``; etcd and the
+    handlers pinned to CPU 0), on 1 and on 3 etcd members: every figure the table shows is
+    there, writes are 3 per node plus the round's own, the leader's CPU is found."""
     import json
     import subprocess
 
     out = tmp_path / "scale.json"
     cmd = [sys.executable, str(BENCH / "rendezvous_scale.py"), "--n", "6", "--members", "1,3"]
     cmd += ["--procs", "2", "--per-client", "2", "--timeout", "30"]
+    cmd += ["--etcd-cpus", "0", "--worker-cpus", "0"]  # both on one CPU: every machine has it
     cmd += ["--json", str(out), "--svg", str(tmp_path / "s.svg")]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=110)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
@@ -248,8 +249,10 @@ def test_rendezvous_scale_small_real_run(etcd_bin, tmp_path):
     assert [(r["n"], r["members"]) for r in results] == [(6, 1), (6, 3)]
     for r in results:
         assert r["problems"] == [] and r["round2"]["problems"] == [] and r["per_client"] == 2
+        assert r["etcd_cpus"] == r["worker_cpus"] == [0]
         r1 = r["round1"]
         assert 3 * 6 <= r1["writes"] <= 3 * 6 + 10 and r1["watch_events"] >= 6
+        assert r1["slow_applies"] >= 0 and r1["leases_expired"] == 0  # scraped, and calm
         assert len(r1["watch_events_by_member"]) == len(r1["etcd_cpu_by_member"]) == r["members"]
         assert r1["leader"]["worker"] in (0, 1) and r1["leader"]["thread_cpu"] is not None
         assert r["round2"]["leader"]["node"] == r1["leader"]["node"]  # a member left
