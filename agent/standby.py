@@ -14,8 +14,9 @@ Measured (bench/standby_bench.py, 4 agents x 1 worker, 2 CPUs under a load of 10
 kill -9 of a node with lease_ttl=2 -> survivors ready in 1.92 s (1.82-2.01) with standbys, 5.76 s
 (5.14-6.22) spawned, 7.54 s with torchrun's best tuned c10d; scale-up 3 -> 4 gains nothing
 (5.13 s vs 4.51 s spawned, 9.19 s torchrun): the newcomer's own standby is still importing. A
-waiting standby with torch costs 222 MB RSS (178-199 MB PSS) and 0.1-0.3 % of a CPU. Hence on
-by default (``auto``); ``--prewarm none`` is the spawn path unchanged.
+waiting standby with torch costs 218 MB RSS (179 MB PSS) and no CPU (it blocks reading its
+socket: 0 clock ticks in 10 s windows). Hence on by default (``auto``); ``--prewarm none``
+is the spawn path unchanged.
 
 What keeps it as safe as a spawned worker:
 - The standbys are started by one thread of their own that lives until ``close()``: the

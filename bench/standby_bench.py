@@ -108,6 +108,29 @@ def _kb(path: str, key: str) -> int:
     raise KeyError(key)
 
 
+def _settled_standby(agent_pid: int, deadline: float) -> tuple[int, float] | None:
+    """A standby still waiting once its imports are done, and how long they took to settle.
+
+    Why re-check that it still waits: the node's first standby is handed the first round
+    while it imports, and then it is the worker (gloo's loop thread, the script's sleeps:
+    0.8-1.0 % of a CPU, measured here by mistake on 2026-12-04); the one to measure is the
+    refill started at that hand-over."""
+    t0 = time.monotonic()
+    while time.monotonic() < deadline:
+        pids = _waiting_standbys(agent_pid)
+        if not pids:
+            time.sleep(0.2)
+            continue
+        pid, before = pids[0], -1.0
+        while time.monotonic() < deadline and pid in _waiting_standbys(agent_pid):
+            time.sleep(1.0)  # importing torch: until its CPU time stands still
+            now = _cpu_s(pid)
+            if now == before:
+                return pid, time.monotonic() - t0
+            before = now
+    return None
+
+
 def standby_cost(args: argparse.Namespace) -> dict:
     """One agent, one slot, --prewarm auto: the standby that waits beside the running worker."""
     etcdrun = str(compare.VENV / "bin" / "etcdrun")
@@ -118,26 +141,17 @@ def standby_cost(args: argparse.Namespace) -> dict:
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 120
-        pids: list[int] = []
-        while not pids and time.monotonic() < deadline:
-            time.sleep(0.2)
-            pids = _waiting_standbys(agent.pid)
-        if not pids:
+        found = _settled_standby(agent.pid, time.monotonic() + 120)
+        if found is None:
             return {"error": "no waiting standby seen"}
-        pid, before, t0 = pids[0], -1.0, time.monotonic()
-        while time.monotonic() < deadline:  # importing torch: until its CPU time stands still
-            time.sleep(1.0)
-            now = _cpu_s(pid)
-            if now == before:
-                break
-            before = now
-        warm_s = time.monotonic() - t0
+        pid, warm_s = found
         rss = _kb(f"/proc/{pid}/status", "VmRSS")
         pss = _kb(f"/proc/{pid}/smaps_rollup", "Pss")
         c0, w0 = _cpu_s(pid), time.monotonic()
         time.sleep(args.idle_window)
         idle = (_cpu_s(pid) - c0) / (time.monotonic() - w0)
+        if pid not in _waiting_standbys(agent.pid):
+            return {"error": "the standby measured was handed a round during the window"}
         return {
             "rss_mb": rss / 1024,
             "pss_mb": pss / 1024,
