@@ -10,10 +10,10 @@ and environment (with the worker's stdout/stderr fds) over a socket instead of s
 running job waits until its standbys are warm (``wait_warm``; docs/design.md §4 says why: a
 newcomer that joins cold stalls the running job for its imports).
 
-Measured (bench/standby_bench.py, 4 agents x 1 worker, 2 CPUs under a load of 10-14, 3 trials):
-kill -9 of a node with lease_ttl=2 -> survivors ready in 1.92 s (1.82-2.01) with standbys, 5.76 s
-(5.14-6.22) spawned, 7.54 s with torchrun's best tuned c10d; scale-up 3 -> 4 gains nothing
-(5.13 s vs 4.51 s spawned, 9.19 s torchrun): the newcomer's own standby is still importing. A
+Measured (bench/standby_bench.py, 4 agents x 1 worker, lease_ttl 2, 2 CPUs, 3 trials, 2026-12-04):
+kill -9 of a node -> survivors ready in 1.82 s (1.54-2.39) with standbys, 4.27 s (4.15-4.36)
+spawned, 6.50 s with torchrun's best tuned c10d; scale-up 3 -> 4: 1.30 s, 3.62 s, 7.31 s (it
+gained nothing until a newcomer waited for its own standbys' imports before joining). A
 waiting standby with torch costs 218 MB RSS (179 MB PSS) and no CPU (it blocks reading its
 socket: 0 clock ticks in 10 s windows). Hence on by default (``auto``); ``--prewarm none``
 is the spawn path unchanged.
