@@ -28,6 +28,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import compare  # noqa: E402  (its venv: torch, torchrun, this checkout installed)
+from procs import cpu_seconds  # noqa: E402
 
 ROOM_VAR = "ETCDRUN_STANDBY_ROOM"  # etcdrun.agent.standby's: only a waiting standby has it
 
@@ -96,11 +97,6 @@ def _waiting_standbys(parent: int) -> list[int]:
     return found
 
 
-def _cpu_s(pid: int) -> float:
-    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _kb(path: str, key: str) -> int:
     for line in Path(path).read_text().splitlines():
         if line.startswith(key + ":"):
@@ -124,7 +120,7 @@ def _settled_standby(agent_pid: int, deadline: float) -> tuple[int, float] | Non
         pid, before = pids[0], -1.0
         while time.monotonic() < deadline and pid in _waiting_standbys(agent_pid):
             time.sleep(1.0)  # importing torch: until its CPU time stands still
-            now = _cpu_s(pid)
+            now = cpu_seconds(pid)
             if now == before:
                 return pid, time.monotonic() - t0
             before = now
@@ -147,9 +143,9 @@ def standby_cost(args: argparse.Namespace) -> dict:
         pid, warm_s = found
         rss = _kb(f"/proc/{pid}/status", "VmRSS")
         pss = _kb(f"/proc/{pid}/smaps_rollup", "Pss")
-        c0, w0 = _cpu_s(pid), time.monotonic()
+        c0, w0 = cpu_seconds(pid), time.monotonic()
         time.sleep(args.idle_window)
-        idle = (_cpu_s(pid) - c0) / (time.monotonic() - w0)
+        idle = (cpu_seconds(pid) - c0) / (time.monotonic() - w0)
         if pid not in _waiting_standbys(agent.pid):
             return {"error": "the standby measured was handed a round during the window"}
         return {
