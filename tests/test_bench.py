@@ -94,6 +94,16 @@ def test_verdicts_are_on_workers_running_and_name_the_reason():
     assert v == "MISS" and "BENCH_START" in why
 
 
+def test_a_miss_by_milliseconds_shows_the_digits_that_make_it_one():
+    """A median of 1.003 s against 1 s was published as "median 1.00 s > 1 s"."""
+    assert report.over(1.003, 1.0) == "median 1.003 s > 1 s"
+    assert report.over(0.63, 0.5) == "median 0.63 s > 0.5 s"
+    assert report.over(2.5004, 2.5) == "median 2.5004 s > 2.5 s"
+    runs = [_run("5", "etcdrun", [_t(1.003, 0.993)] * 3)]
+    v, why = report.ready_verdict("5", "default", runs)
+    assert v == "MISS" and why.startswith("median 1.003 s > 1 s; ")
+
+
 def test_a_run_that_never_recovers_is_a_miss_and_an_infinite_ratio():
     runs = [
         _run("3i", "etcdrun", [_never()], setting="tuned"),
