@@ -149,15 +149,22 @@ def cpu_seconds(pid: int) -> float:
         return 0.0
 
 
-def vm_hwm_mb(pid: int) -> float | None:
-    """Peak resident set size of a live process (VmHWM), in MB."""
+def proc_kb(pid: int, key: str, name: str = "status") -> int | None:
+    """One ``key: N kB`` line of ``/proc/<pid>/<name>`` (status, smaps_rollup); None if the
+    process is gone or the line is missing."""
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
+        for line in Path(f"/proc/{pid}/{name}").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
     except (OSError, ValueError):
         return None
     return None
+
+
+def vm_hwm_mb(pid: int) -> float | None:
+    """Peak resident set size of a live process (VmHWM), in MB."""
+    kb = proc_kb(pid, "VmHWM")
+    return None if kb is None else kb / 1024
 
 
 def _listening_inodes(port: int) -> set[str]:

@@ -28,7 +28,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import compare  # noqa: E402  (its venv: torch, torchrun, this checkout installed)
-from procs import cpu_seconds  # noqa: E402
+from procs import cpu_seconds, proc_kb  # noqa: E402
 
 ROOM_VAR = "ETCDRUN_STANDBY_ROOM"  # etcdrun.agent.standby's: only a waiting standby has it
 
@@ -97,13 +97,6 @@ def _waiting_standbys(parent: int) -> list[int]:
     return found
 
 
-def _kb(path: str, key: str) -> int:
-    for line in Path(path).read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1])
-    raise KeyError(key)
-
-
 def _settled_standby(agent_pid: int, deadline: float) -> tuple[int, float] | None:
     """A standby still waiting once its imports are done, and how long they took to settle.
 
@@ -141,8 +134,9 @@ def standby_cost(args: argparse.Namespace) -> dict:
         if found is None:
             return {"error": "no waiting standby seen"}
         pid, warm_s = found
-        rss = _kb(f"/proc/{pid}/status", "VmRSS")
-        pss = _kb(f"/proc/{pid}/smaps_rollup", "Pss")
+        rss, pss = proc_kb(pid, "VmRSS"), proc_kb(pid, "Pss", "smaps_rollup")
+        if rss is None or pss is None:
+            return {"error": "the standby ended before its memory was read"}
         c0, w0 = cpu_seconds(pid), time.monotonic()
         time.sleep(args.idle_window)
         idle = (cpu_seconds(pid) - c0) / (time.monotonic() - w0)
