@@ -20,7 +20,7 @@ what the kernel drivers publish and apply the same visibility variables the runt
 
 A privateuse1 backend's own name (torch_npu's ``npu``, ...) is not known without torch: give a
 number. What was checked here: this machine has none of these devices (the counts are 0 and
-the messages say so); the sysfs layouts are tested on fake trees (tests/test_accelerators.py).
+the messages say so); the sysfs layouts are tested on fake trees (tests/agent/test_accelerators.py).
 """
 
 from __future__ import annotations
@@ -140,16 +140,22 @@ def cpu_count() -> int:
 
 
 def where_gpus() -> str:
-    seen = [f"{v}={os.environ[v]}" for v in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
-            "ROCR_VISIBLE_DEVICES") if v in os.environ]  # fmt: skip
+    seen = [
+        f"{v}={os.environ[v]}"
+        for v in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
+        if v in os.environ
+    ]
     return "looked in /proc/driver/nvidia/gpus and /sys/class/kfd" + (
         f"; {', '.join(seen)}" if seen else ""
     )
 
 
 def where_xpus() -> str:
-    seen = [f"{v}={os.environ[v]}" for v in ("ZE_AFFINITY_MASK", "ONEAPI_DEVICE_SELECTOR",
-            "ZE_FLAT_DEVICE_HIERARCHY") if v in os.environ]  # fmt: skip
+    seen = [
+        f"{v}={os.environ[v]}"
+        for v in ("ZE_AFFINITY_MASK", "ONEAPI_DEVICE_SELECTOR", "ZE_FLAT_DEVICE_HIERARCHY")
+        if v in os.environ
+    ]
     return "looked in /sys/class/drm for i915/xe cards" + (f"; {', '.join(seen)}" if seen else "")
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover - typing only; keeps this module import-light
-    from .errors import ProcessFailure
+    from etcdrun.agent.errors import ProcessFailure
 
 __all__ = [
     "Std",
@@ -249,7 +249,7 @@ class WorkerSpec:
     virtual_local_rank: bool = False
     signals_to_handle: str = DEFAULT_SIGNALS
     event_log_handler: str = "null"
-    prewarm: str = "none"  # ours: standby workers (agent/standby.py); LaunchConfig checks it
+    prewarm: str = "none"  # ours: standby workers (agent/standby/pool.py); LaunchConfig checks it
     restart_grace: float | None = None  # between rounds; None: agent/grace.py's default (3 s)
 
     def __post_init__(self) -> None:
@@ -357,6 +357,6 @@ class RunResult:
 
     def real_failures(self) -> dict[int, ProcessFailure]:
         """Failures of the workers themselves (not those the agent stopped)."""
-        from .errors import real_failures  # errors.py is not needed to build a spec
+        from etcdrun.agent.errors import real_failures  # errors.py is not needed to build a spec
 
         return real_failures(self.failures)

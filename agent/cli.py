@@ -263,7 +263,7 @@ def _launch(config: LaunchConfig, entrypoint: Any, cmd_args: list[str]) -> dict[
     """The node's standbys first, then the launcher's imports (the rendezvous registry,
     errors, metrics, logs: 20-25 ms here) beside their ``import torch``, not before it."""
     _setup_logging()
-    from etcdrun.agent import standby
+    from etcdrun.agent.standby import pool as standby
 
     early = standby.early(config.worker_spec(None, entrypoint, cmd_args))
     try:

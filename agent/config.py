@@ -38,7 +38,7 @@ class LaunchConfig:
     /livez and /metrics there; ``addr``: the address to bind, default 0.0.0.0) and
     ``event_log_handler`` (null or console: events.jsonl always, the console too; torch's
     ``dynamic_rendezvous`` acts as null) are the
-    reference's fields, given a meaning here (agent/metrics.py, agent/event_sink.py).
+    reference's fields, given a meaning here (agent/report/metrics.py, agent/report/event_sink.py).
 
     ``local_ranks_filter``, ``stop_grace``, ``entrypoint_kind`` and ``restart_grace`` are ours,
     not the reference's; their defaults change nothing but the last:
@@ -150,9 +150,9 @@ class LaunchConfig:
             raise ValueError(f"numa_options {mode!r} is not one of {', '.join(NUMA_MODES)}")
         for name in ("duplicate_stdout_filters", "duplicate_stderr_filters"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, str) or not all(
-                isinstance(v, str) for v in value
-            )):  # fmt: skip
+            if value is not None and (
+                isinstance(value, str) or not all(isinstance(v, str) for v in value)
+            ):
                 raise ValueError(f"{name} must be a list of strings, got {value!r}")
         self._adopt_logs_specs()
 
@@ -232,8 +232,10 @@ class LaunchConfig:
                 else "etcdrun does not bind workers to CPUs (wrap the script in numactl)"
             )
             out.append(f"--numa-binding {mode}: not honoured: {why}")
-        for std, filters in (("stdout", self.duplicate_stdout_filters),
-                             ("stderr", self.duplicate_stderr_filters)):  # fmt: skip
+        for std, filters in (
+            ("stdout", self.duplicate_stdout_filters),
+            ("stderr", self.duplicate_stderr_filters),
+        ):
             if filters and not _teed(self.tee, 1 if std == "stdout" else 2):
                 out.append(
                     f"--duplicate-{std}-filters: no worker's {std} is teed, so nothing is "
@@ -248,7 +250,7 @@ class LaunchConfig:
         args: Sequence[Any],
     ) -> WorkerSpec:
         """The WorkerSpec this node runs; ``handler`` None for its standbys, which start
-        before the handler exists (agent/standby.py ``early``)."""
+        before the handler exists (agent/standby/pool.py ``early``)."""
         extra: dict[str, Any] = {}
         grace = self.grace()  # --shutdown-timeout or --stop-grace (or torch's variable)
         if grace is not None:  # None: WorkerSpec's default (30 s, like torchrun)

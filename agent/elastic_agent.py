@@ -27,14 +27,16 @@ import threading
 import time
 from typing import Any, NoReturn
 
-from etcdrun.agent import loop, standby, story
+from etcdrun.agent import loop
 from etcdrun.agent.api import RunResult, WorkerSpec, WorkerState, handled_signals
 from etcdrun.agent.errors import ChildFailedError, ProcessFailure, write_error_json
-from etcdrun.agent.fencing import Fencing
+from etcdrun.agent.fencing.guard import Fencing
 from etcdrun.agent.grace import stop_grace
-from etcdrun.agent.metrics import MetricsConfig
-from etcdrun.agent.observer import AgentObserver
-from etcdrun.agent.workers import WorkerGroup
+from etcdrun.agent.report import story
+from etcdrun.agent.report.metrics import MetricsConfig
+from etcdrun.agent.report.observer import AgentObserver
+from etcdrun.agent.standby import pool as standby
+from etcdrun.agent.worker.group import WorkerGroup
 from etcdrun.rendezvous.api import FailureInfo, RendezvousHandler, RendezvousInfo
 from etcdrun.rendezvous.errors import RendezvousClosedError
 
@@ -286,7 +288,9 @@ class ElasticAgent:
         settings = getattr(self._h, "settings", None)
         if view is None or settings is None:
             return None
-        from etcdrun.rendezvous import last_call  # etcd only: the static agent loads no gRPC
+        from etcdrun.rendezvous.etcd.leader import (
+            last_call,  # etcd only: the static agent loads no gRPC
+        )
 
         return last_call.line(view.message(), settings.min_nodes, settings.max_nodes)
 

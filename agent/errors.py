@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
 
-from etcdrun.agent.error_file import (
+from etcdrun.agent.worker.error_file import (
     ErrorFileContent,
     _write_json,
     read_error_file,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-# Standby workers (agent/standby.py): what ``--prewarm`` and LaunchConfig default to.
+# Standby workers (agent/standby/pool.py): what ``--prewarm`` and LaunchConfig default to.
 DEFAULT_PREWARM = "auto"
 
 

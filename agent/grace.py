@@ -15,7 +15,7 @@ runs each: a handler that writes a file and re-raises, 0.004-0.011 s; a process 
 torch 2.13, 0.019-0.032 s), so 3 s leaves a wide margin for a flush under load, while the
 recovery stays a few seconds: kill -9 of one of 3 agents with SIGTERM-deaf workers, lease_ttl 2,
 survivors running again 5.04-5.20 s after the kill (4 runs) with the 3 s default, against
-32.2 s with the 30 s stop grace before (tests/test_fault_stops.py prints it).
+32.2 s with the 30 s stop grace before (tests/rendezvous/test_fault_stops.py prints it).
 """
 
 from __future__ import annotations

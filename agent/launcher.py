@@ -16,16 +16,16 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
-from etcdrun.agent import standby
 from etcdrun.agent.api import entrypoint_name
 from etcdrun.agent.config import LaunchConfig
 from etcdrun.agent.errors import ChildFailedError, record
-from etcdrun.agent.event_sink import check_handler
-from etcdrun.agent.logdir import NOTICES, AgentLogFile, LogDirError, check_writable, describe
-from etcdrun.agent.metrics import INSTALL, MetricsConfig, prometheus_available
+from etcdrun.agent.report.event_sink import check_handler
+from etcdrun.agent.report.metrics import INSTALL, MetricsConfig, prometheus_available
+from etcdrun.agent.standby import pool as standby
+from etcdrun.agent.worker.logdir import NOTICES, AgentLogFile, LogDirError, check_writable, describe
 from etcdrun.rendezvous import registry
 from etcdrun.rendezvous.api import RendezvousHandler, RendezvousParameters
-from etcdrun.rendezvous.ports import reserve_free_port
+from etcdrun.rendezvous.free_port import reserve_free_port
 
 __all__ = ["LaunchConfig", "elastic_launch", "launch_agent"]
 
@@ -179,7 +179,7 @@ def launch_agent(
             logger.warning("%s", line)
         agent = ElasticAgent(
             spec, event_log_handler=config.event_log_handler, metrics=metrics, early=early
-        )  # fmt: skip
+        )
         result = agent.run()
         if result.is_failed():
             raise ChildFailedError(name=entrypoint_name(entrypoint, args), failures=result.failures)

@@ -351,14 +351,20 @@ def _add_torch_213_options(p: argparse.ArgumentParser) -> None:
         "leaves; e.g. add SIGUSR1 for Slurm's --signal (default: %(default)s)",
     )
     for name, say in (
-        ("--shutdown-timeout", "grace between the stop signal and SIGKILL when stopping workers "
-         "(default: TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30)"),
+        (
+            "--shutdown-timeout",
+            "grace between the stop signal and SIGKILL when stopping workers "
+            "(default: TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30)",
+        ),
         ("--stop-grace", "etcdrun's name of --shutdown-timeout (one setting: give either)"),
-        ("--restart-grace", "grace between SIGTERM and SIGKILL when workers stop between rounds "
-         "(a membership change, a restart after a failure): their world is broken, a worker "
-         "blocked in a collective never ends by itself (default: 3; the job's end keeps the "
-         "--shutdown-timeout)"),
-    ):  # fmt: skip
+        (
+            "--restart-grace",
+            "grace between SIGTERM and SIGKILL when workers stop between rounds "
+            "(a membership change, a restart after a failure): their world is broken, a worker "
+            "blocked in a collective never ends by itself (default: 3; the job's end keeps the "
+            "--shutdown-timeout)",
+        ),
+    ):
         _opt(p, name, action=_Env, type=float, default=None, metavar="SECONDS", help=say)
     _opt(
         p,

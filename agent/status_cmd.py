@@ -36,20 +36,29 @@ def _parser() -> argparse.ArgumentParser:
         description="Show a run as etcd holds it: its round, nodes, restarts and outcome.",
         allow_abbrev=False,
     )
-    p.add_argument("--rdzv-endpoint", "--rdzv_endpoint", default=os.environ.get(
-        "PET_RDZV_ENDPOINT", ""), help="etcd endpoints, as for the job")  # fmt: skip
-    p.add_argument("--rdzv-id", "--rdzv_id", default=os.environ.get("PET_RDZV_ID", ""),
-                   help="the job's run id")  # fmt: skip
-    p.add_argument("--rdzv-conf", "--rdzv_conf", default=os.environ.get("PET_RDZV_CONF", ""),
-                   help="prefix, TLS and auth keys, as for the job")  # fmt: skip
+    p.add_argument(
+        "--rdzv-endpoint",
+        "--rdzv_endpoint",
+        default=os.environ.get("PET_RDZV_ENDPOINT", ""),
+        help="etcd endpoints, as for the job",
+    )
+    p.add_argument(
+        "--rdzv-id", "--rdzv_id", default=os.environ.get("PET_RDZV_ID", ""), help="the job's run id"
+    )
+    p.add_argument(
+        "--rdzv-conf",
+        "--rdzv_conf",
+        default=os.environ.get("PET_RDZV_CONF", ""),
+        help="prefix, TLS and auth keys, as for the job",
+    )
     p.add_argument("--watch", action="store_true", help="redraw on every change (a watch)")
     p.add_argument("--json", action="store_true", help="one JSON object (one per change)")
     return p
 
 
 def _keys_and_client(ns: argparse.Namespace) -> tuple[Any, Any]:
-    from etcdrun.rendezvous.etcd_config import EtcdRendezvousConfig
-    from etcdrun.rendezvous.keys import RunKeys
+    from etcdrun.rendezvous.etcd.config import EtcdRendezvousConfig
+    from etcdrun.rendezvous.etcd.keys import RunKeys
 
     if not ns.rdzv_endpoint.strip() or not ns.rdzv_id.strip():
         raise UsageError("status needs --rdzv-endpoint and --rdzv-id (the job's own)")
@@ -77,9 +86,11 @@ def render(s: Any) -> str:
             "  rank  node                                host            pid  workers  lease"
         )
         for n in s.participants:
-            left = "gone" if n.lease_ttl_left is None and n.node_id in s.missing else (
-                f"{n.lease_ttl_left} s" if n.lease_ttl_left is not None else "?"
-            )  # fmt: skip
+            left = (
+                "gone"
+                if n.lease_ttl_left is None and n.node_id in s.missing
+                else (f"{n.lease_ttl_left} s" if n.lease_ttl_left is not None else "?")
+            )
             lines.append(
                 f"  {n.node_rank:>4}  {n.node_id[:34]:<34}  {n.host[:14]:<14} {n.pid:>6}"
                 f"  {n.local_world_size:>7}  {left}"
@@ -149,15 +160,16 @@ def _show(s: Any, as_json: bool, out: TextIO, redraw: bool) -> None:
 
 def run(argv: Sequence[str], out: TextIO = sys.stdout) -> int:
     """Show the run; with ``--watch``, again after every change, until interrupted."""
-    from etcdrun.rendezvous import status
+    from etcdrun.rendezvous.tools import status
 
     ns = _parser().parse_args(list(argv))
     keys, client = _keys_and_client(ns)
     with client:
         s = status.read(client, keys)
         if not s.exists and not ns.watch:
-            raise LookupError(f"no run {keys.run_id} in etcd at {client.endpoints} "
-                              f"(nothing under {keys.root})")  # fmt: skip
+            raise LookupError(
+                f"no run {keys.run_id} in etcd at {client.endpoints} (nothing under {keys.root})"
+            )
         _show(s, ns.json, out, redraw=ns.watch and not ns.json)
         if not ns.watch:
             return 0

@@ -15,9 +15,9 @@ import sys
 import tempfile
 import time
 
-from etcdrun.agent import _boot
 from etcdrun.agent.api import WorkerSpec
-from etcdrun.agent.workers import WorkerGroup
+from etcdrun.agent.worker import boot as _boot
+from etcdrun.agent.worker.group import WorkerGroup
 from etcdrun.rendezvous.api import RendezvousInfo
 
 READY = "import os,sys; open(os.path.join(sys.argv[1], 'ready_'+os.environ['RANK']),'w').close()"

@@ -2,7 +2,7 @@
 interleaved, counted as exit 0 / SIGABRT / other, side by side.
 
 Why this exists: torch 2.13 + gloo workers were killed by SIGABRT while Python finalized
-("terminate called without an active exception"; root cause and fix: agent/_site/
+("terminate called without an active exception"; root cause and fix: agent/worker/_site/
 sitecustomize.py). Whether a launcher shows it is a matter of odds, so the claim is a count.
 
     python bench/clean_exit.py [--n 50] [--cases a,b,c,d,e,f] [--launchers etcdrun,torchrun]

@@ -54,9 +54,23 @@ def start_agents(etcd: LocalEtcd, root: Path, out: Path) -> list[subprocess.Pope
     script.write_text(WORKER)
     etcdrun = shutil.which("etcdrun") or str(Path(sys.executable).parent / "etcdrun")
     conf = f"lease_ttl={TTL},last_call_timeout=1"
-    argv = [etcdrun, "--nnodes", "3", "--nproc-per-node", "1", "--rdzv-backend", "etcd",
-            "--rdzv-endpoint", etcd.endpoints, "--rdzv-id", f"kills-{os.getpid()}",
-            "--rdzv-conf", conf, str(script), str(out)]  # fmt: skip
+    argv = [
+        etcdrun,
+        "--nnodes",
+        "3",
+        "--nproc-per-node",
+        "1",
+        "--rdzv-backend",
+        "etcd",
+        "--rdzv-endpoint",
+        etcd.endpoints,
+        "--rdzv-id",
+        f"kills-{os.getpid()}",
+        "--rdzv-conf",
+        conf,
+        str(script),
+        str(out),
+    ]
     logs = [open(root / f"agent{i}.log", "wb") for i in range(3)]
     return [subprocess.Popen(argv, stdout=f, stderr=f, stdin=subprocess.DEVNULL) for f in logs]
 
@@ -117,9 +131,11 @@ def main() -> int:
     print("elections (kill -> new leader), s: " + ", ".join(f"{e:.2f}" for e in times))
     print("restarting kills' elections, s: " + ", ".join(f"{e:.2f}" for e, r in results if r))
     text = "".join((root / f"agent{i}.log").read_text(errors="replace") for i in range(3))
-    print(f"agents' workers paused: {text.count('workers paused')} times, resumed: "
-          f"{text.count('workers resumed')}, fenced: {text.count(FENCED)}; "
-          f"rounds in all: {max(rounds(out))}")  # fmt: skip
+    print(
+        f"agents' workers paused: {text.count('workers paused')} times, resumed: "
+        f"{text.count('workers resumed')}, fenced: {text.count(FENCED)}; "
+        f"rounds in all: {max(rounds(out))}"
+    )
     shutil.rmtree(root, ignore_errors=True)
     return 0
 

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from etcdrun.agent import warden
+from etcdrun.agent.fencing import warden
 
 TAG_VAR = "ETCDRUN_BENCH_TAG"
 _LINE = re.compile(

@@ -50,18 +50,28 @@ def one(root: Path) -> dict:
         job = Job(etcd.endpoints, root, nnodes="2:4", nproc=1, run_id=f"load-{os.getpid()}")
         try:
             for i in range(4):
-                job.start(WORKER, "allreduce", env=clean_env(),
-                          extra=("--log-dir", str(root / f"logs{i}")))  # fmt: skip
-            wait_for(lambda: len([w for w in lines(job) if w.kind == "READY" and w.world == 4])
-                     == 4, 120, "world 4 ready")  # fmt: skip
+                job.start(
+                    WORKER,
+                    "allreduce",
+                    env=clean_env(),
+                    extra=("--log-dir", str(root / f"logs{i}")),
+                )
+            wait_for(
+                lambda: len([w for w in lines(job) if w.kind == "READY" and w.world == 4]) == 4,
+                120,
+                "world 4 ready",
+            )
             time.sleep(1.0)  # settle, as compare.py does
             ready4 = [w for w in lines(job) if w.kind == "READY" and w.world == 4]
             victim = next(a for a in job.agents if a.pid == _agent_of(job, ready4, 1))
             pids = [victim.pid, *descendants(victim.pid)]
             t_kill = time.time()
             kill_pids(pids)
-            wait_for(lambda: len([w for w in lines(job) if w.kind == "READY" and w.world == 3])
-                     == 3, 120, "world 3 ready")  # fmt: skip
+            wait_for(
+                lambda: len([w for w in lines(job) if w.kind == "READY" and w.world == 3]) == 3,
+                120,
+                "world 3 ready",
+            )
             return _breakdown(job, root, t_kill)
         finally:
             job.close()
@@ -103,8 +113,10 @@ def main() -> int:
     become_subreaper()
     busy = []
     if args.busy:
-        busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
-                for _ in range(os.cpu_count() or 2)]  # fmt: skip
+        busy = [
+            subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            for _ in range(os.cpu_count() or 2)
+        ]
     try:
         rows = []
         for n in range(args.trials):

@@ -27,7 +27,7 @@ Usage: ``python bench/rendezvous_scale.py [--n 10,100,1000] [--members 1,3] [--p
 [--per-client K] [--leave member] [--lease-ttl 5] [--timeout 120] [--quiet-wait 120]
 [--json out.json] [--svg plot.svg] [--py-spy DIR] [--etcd-log DIR] [--etcd-pprof]
 [--etcd-cpus LIST] [--worker-cpus LIST]``. Exits 1 on a miss with ``--check``. The invariant
-checker (rendezvous/checker.py) vets each run.
+checker (rendezvous/tools/checker.py) vets each run.
 """
 
 from __future__ import annotations
@@ -172,9 +172,9 @@ def threads(pool: Pool, which: list[int]) -> dict[int, dict]:
 
 def check_run(pool: Pool, endpoints: str, cfg: dict, res: dict) -> None:
     """The invariant checker over what etcd holds and every accepted round; then close."""
-    from etcdrun.rendezvous import checker
     from etcdrun.rendezvous.client import EtcdClient
-    from etcdrun.rendezvous.keys import RunKeys
+    from etcdrun.rendezvous.etcd.keys import RunKeys
+    from etcdrun.rendezvous.tools import checker
 
     every = list(range(res["procs"]))
     with EtcdClient(endpoints) as c:

@@ -79,7 +79,7 @@ class _Host:
     def __init__(self, conn: mpc.Connection, cfg: dict) -> None:
         from etcdrun.rendezvous.api import RendezvousParameters
         from etcdrun.rendezvous.client import EtcdClient
-        from etcdrun.rendezvous.etcd_rendezvous import EtcdRendezvousHandler
+        from etcdrun.rendezvous.etcd.handler import EtcdRendezvousHandler
 
         self.conn, self.cfg = conn, cfg
         self.tally = _LogTally()

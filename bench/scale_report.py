@@ -1,7 +1,7 @@
 """bench/rendezvous_scale.py's report: the targets, the PASS/MISS table and each run's details.
 
 Why apart: what a figure is judged against and how it is shown is pure logic over the results
-dicts (tests/test_bench.py feeds it synthetic ones); rendezvous_scale.py runs the rounds.
+dicts (tests/project/test_bench.py feeds it synthetic ones); rendezvous_scale.py runs the rounds.
 Targets (issue 14): N=1000 in <= 3 s (both rounds, one member); the N=4096 join round in <= 2 s
 on one etcd member and <= 4 s on three; writes <= 3N + 10 per round (the constant covers the
 round's own start/freeze/run lease, not anything per node).

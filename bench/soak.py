@@ -73,7 +73,7 @@ def report(results: list[Result]) -> dict:
         "resume_window_trials": sum(bool(r.resume_window) for r in results),
         "resume_window_max_s": round(
             max((w for r in results for w in r.resume_window), default=0.0), 3
-        ),  # fmt: skip
+        ),
         "trial_s_mean": round(statistics.mean(r.seconds for r in results), 1) if results else 0,
     }
 
@@ -110,8 +110,11 @@ def main(argv: list[str] | None = None) -> int:
         rec = "-" if r.recovery is None else f"{r.recovery:.2f}s"
         if r.resume_window:
             rec += f" (resume window {max(r.resume_window):.3f}s)"
-        print(f"seed {seed}: {'ok' if r.ok else 'FAIL'} {r.seconds:.1f}s recovery {rec}"
-              f" | {r.schedule.describe()}", flush=True)  # fmt: skip
+        print(
+            f"seed {seed}: {'ok' if r.ok else 'FAIL'} {r.seconds:.1f}s recovery {rec}"
+            f" | {r.schedule.describe()}",
+            flush=True,
+        )
         if not r.ok or args.replay is not None:
             print_failure(r) if not r.ok else [print(f"  {line}") for line in r.log]
         if args.json:
@@ -123,9 +126,16 @@ def main(argv: list[str] | None = None) -> int:
 
 def write_json(path: Path, results: list[Result]) -> None:
     failures = [
-        {"seed": r.schedule.seed, "schedule": r.schedule.describe(), "violations": r.violations,
-         "lost": r.lost, "log": r.log} for r in results if not r.ok
-    ]  # fmt: skip
+        {
+            "seed": r.schedule.seed,
+            "schedule": r.schedule.describe(),
+            "violations": r.violations,
+            "lost": r.lost,
+            "log": r.log,
+        }
+        for r in results
+        if not r.ok
+    ]
     path.write_text(json.dumps({**report(results), "failures": failures}, indent=1))
 
 

@@ -30,7 +30,7 @@ sys.path.insert(0, str(HERE))
 import compare  # noqa: E402  (its venv: torch, torchrun, this checkout installed)
 from procs import cpu_seconds, proc_kb  # noqa: E402
 
-ROOM_VAR = "ETCDRUN_STANDBY_ROOM"  # etcdrun.agent.standby's: only a waiting standby has it
+ROOM_VAR = "ETCDRUN_STANDBY_ROOM"  # etcdrun.agent.standby.pool's: only a waiting standby has it
 
 
 def _launchers():
@@ -76,9 +76,11 @@ def run_scenarios(args: argparse.Namespace, out: Path, tag: str) -> dict:
             for la in _launchers():
                 trial = fn(la, f"standby-{len(rows)}-{la.key}-{i}")
                 _record(rows.setdefault(la.label, {"ready": [], "running": [], "other": []}), trial)
-                print(f"  [{case}] {la.label} {i + 1}/{args.trials}: ready {trial.value} "
-                      f"running {trial.spawn} {trial.note} (load {os.getloadavg()[0]:.1f})",
-                      flush=True)  # fmt: skip
+                print(
+                    f"  [{case}] {la.label} {i + 1}/{args.trials}: ready {trial.value} "
+                    f"running {trial.spawn} {trial.note} (load {os.getloadavg()[0]:.1f})",
+                    flush=True,
+                )
     return results
 
 
@@ -127,8 +129,10 @@ def standby_cost(args: argparse.Namespace) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PET_")}
     agent = subprocess.Popen(
         [etcdrun, "--standalone", "--prewarm", "auto", worker, "idle"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         found = _settled_standby(agent.pid, time.monotonic() + 120)
         if found is None:

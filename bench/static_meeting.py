@@ -3,7 +3,7 @@ by side: how long the nodes take to meet, and whether they wait for each other a
 
 Why: torchrun's static rendezvous makes the nodes meet in a TCPStore on the master before any
 worker starts, and its agents wait at an exit barrier; etcdrun's static backend now does both
-over a few lines of its own on ``MASTER_PORT`` (rendezvous/static_barrier.py). This prints what
+over a few lines of its own on ``MASTER_PORT`` (rendezvous/static/barrier.py). This prints what
 each costs, per trial and as medians:
 
 - start: node 1 runs first, node 0 ``--delay`` s later; node 0's start -> both workers running
@@ -68,15 +68,19 @@ def trial(launcher: str, args: argparse.Namespace, tmp: Path) -> dict[str, float
     files = [open(p, "w") for p in logs]  # noqa: SIM115 - closed below
     try:
         n1 = subprocess.Popen(
-            command(launcher, 1, port, str(script), args.work), stdout=files[1],
-            stderr=subprocess.STDOUT, env=env,
-        )  # fmt: skip
+            command(launcher, 1, port, str(script), args.work),
+            stdout=files[1],
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
         time.sleep(args.delay)
         t0 = time.time()
         n0 = subprocess.Popen(
-            command(launcher, 0, port, str(script), 0.0), stdout=files[0],
-            stderr=subprocess.STDOUT, env=env,
-        )  # fmt: skip
+            command(launcher, 0, port, str(script), 0.0),
+            stdout=files[0],
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
         n0.wait(120)
         t_gone0 = time.time()
         n1.wait(120)
@@ -112,8 +116,10 @@ def main() -> None:
                     f"end {r['end']:+.3f} s  exit codes sum {r['codes']:.0f}",
                     flush=True,
                 )
-    print(f"\nmedians over {args.trials} trials (node 0 {args.delay:g} s after node 1; 1-min load "
-          f"{os.getloadavg()[0]:.1f}, {os.cpu_count()} CPUs):")  # fmt: skip
+    print(
+        f"\nmedians over {args.trials} trials (node 0 {args.delay:g} s after node 1; 1-min load "
+        f"{os.getloadavg()[0]:.1f}, {os.cpu_count()} CPUs):"
+    )
     print(f"{'':10}{'start':>10}{'lag':>10}{'end':>10}")
     for name, rs in rows.items():
         med = {k: statistics.median(r[k] for r in rs) for k in ("start", "lag", "end")}

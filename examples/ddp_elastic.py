@@ -18,7 +18,7 @@ none here), so it runs unmodified under both.
   by (seed, s), and rank r takes the r-th slice of it. The loss is scaled so that DDP's average
   of the ranks' gradients is the full batch's gradient. So the run repeats no step beyond the
   last checkpoint, loses none, and follows the same loss curve whatever the world size (equal to
-  a one-process run's to float rounding: tests/test_ddp_elastic.py checks it within 1e-4 and
+  a one-process run's to float rounding: tests/pytorch/test_ddp_elastic.py checks it within 1e-4 and
   sees at most 7.2e-7 at world sizes 2, 3 and 4).
 
 Rank 0 prints one line per step, ``ddp_elastic step=<s> world=<W> loss=<mean over the batch>``,

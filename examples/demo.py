@@ -163,7 +163,7 @@ class Demo:
         ]
 
     def start_agent(self, endpoints: str) -> None:
-        from etcdrun.agent._boot import shim_argv
+        from etcdrun.agent.worker.boot import shim_argv
 
         i = len(self.procs) + 1
         env = {k: v for k, v in os.environ.items() if not k.startswith("PET_")}

@@ -258,7 +258,8 @@ class RendezvousHandler(abc.ABC):
     def job_running(self) -> bool:
         """True when the run has a frozen round whose workers run: a node that joins now stops
         them all for a new round, so the agent first lets its standbys finish their imports
-        (agent/standby.py ``wait_warm``). Default False: nothing runs that a join would stop."""
+        (agent/standby/pool.py ``wait_warm``). Default False: nothing runs that a join would
+        stop."""
         return False
 
     def round_reason(self) -> str:

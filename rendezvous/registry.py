@@ -77,14 +77,14 @@ def _etcd_endpoints(text: str) -> str:
 
 
 _STATIC = Backend(
-    "etcdrun.rendezvous.static:create_rdzv_handler",
+    "etcdrun.rendezvous.static.handler:create_rdzv_handler",
     endpoint_help="host:port of the master node",
-    parse_master="etcdrun.rendezvous.static:parse_static_endpoint",
-    format_master="etcdrun.rendezvous.static:format_endpoint",
+    parse_master="etcdrun.rendezvous.static.handler:parse_static_endpoint",
+    format_master="etcdrun.rendezvous.static.handler:format_endpoint",
     node_rank_key="rank",
 )
 _ETCD = Backend(
-    "etcdrun.rendezvous.etcd_rendezvous:EtcdRendezvousHandler",
+    "etcdrun.rendezvous.etcd.handler:EtcdRendezvousHandler",
     endpoint_help="comma list of [http[s]://]host[:port] (port 2379 when omitted)",
     endpoint_example="localhost:2379",
     normalize=_etcd_endpoints,

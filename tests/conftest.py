@@ -23,7 +23,7 @@ from tlsgen import TlsFiles, generate
 
 from etcdrun.rendezvous.localetcd import LocalEtcd, TlsConfig, find_etcd
 
-pytest_plugins = ["pytester"]  # tests/test_leak_checks.py runs the checks in a sub-session
+pytest_plugins = ["pytester"]  # tests/project/test_leak_checks.py runs the checks in a sub-session
 
 # Seconds a thread / child may take to finish after teardown (env: for the checks' own tests).
 LEAK_GRACE = float(os.environ.get("ETCDRUN_LEAK_GRACE", "3.0"))

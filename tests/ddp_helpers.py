@@ -135,7 +135,7 @@ class Reference:
 
 def reference_run(root: Path, steps: int, args: tuple[str, ...]) -> Reference:
     """Run the example in one process, given torchrun's environment by hand."""
-    from etcdrun.rendezvous.ports import reserve_free_port
+    from etcdrun.rendezvous.free_port import reserve_free_port
 
     env = clean_env(
         RANK="0",

@@ -148,8 +148,10 @@ class Net:
     def close(self) -> None:
         """Kill what is still inside, delete our namespaces, and fail if anything is left."""
         problems = []
-        inside = {n: [int(p) for p in _ip("netns", "pids", n, check=False).stdout.split()]
-                  for n in self._created}  # fmt: skip
+        inside = {
+            n: [int(p) for p in _ip("netns", "pids", n, check=False).stdout.split()]
+            for n in self._created
+        }
         # What ends by itself gets a moment: a warden sweeps its node's tag once more after its
         # agent died, a standby's parent-death signal is asynchronous (CI, under load: a
         # process seen just before it went). A leak is what is still there after it.

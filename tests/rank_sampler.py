@@ -2,7 +2,7 @@
 
 Why from /proc and not from the launcher: S4 is about processes, not about what an agent
 believes; a worker its agent cannot fence (the agent frozen, killed) still shows here. Used by
-tests/test_fencing.py, test_fault_stops.py, test_lease_doubt.py and the chaos trials.
+tests/agent/test_fencing.py, test_fault_stops.py, test_lease_doubt.py and the chaos trials.
 
 The rule, explicit: a process is *live* unless it is a zombie or dead (state Z or X), or exiting
 (PF_EXITING in its /proc flags): a SIGKILLed process runs none of its own code again, but the

@@ -7,11 +7,11 @@ import threading
 import uuid
 from collections.abc import Iterator, Sequence
 
-from etcdrun.rendezvous import checker
 from etcdrun.rendezvous.api import RendezvousInfo, RendezvousParameters
 from etcdrun.rendezvous.client import EtcdClient
-from etcdrun.rendezvous.etcd_rendezvous import EtcdRendezvousHandler
-from etcdrun.rendezvous.keys import RunKeys
+from etcdrun.rendezvous.etcd.handler import EtcdRendezvousHandler
+from etcdrun.rendezvous.etcd.keys import RunKeys
+from etcdrun.rendezvous.tools import checker
 
 
 def new_run_id() -> str:

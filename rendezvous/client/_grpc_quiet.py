@@ -4,7 +4,7 @@ Why: gRPC's C core logs at INFO in some builds (e.g. "Handshake failed ..." on s
 agent's stderr carries one clear line per problem, ours. ``GRPC_VERBOSITY`` is read once, when
 grpc is imported, so it is set for that import only (a user's own setting wins) and then goes
 again: the workers inherit the agent's environment, and torchrun's workers have no such
-variable (tests/test_torchrun_parity.py compares them).
+variable (tests/pytorch/test_torchrun_parity.py compares them).
 """
 
 import os

@@ -57,7 +57,7 @@ class EtcdClient:
     def observe(self, observer: Callable[[str, float, str | None], None] | None) -> None:
         """Call ``observer(method, seconds, error)`` after every unary call (retries and
         failover included; ``error``: the EtcdError's class name, or None); None stops it. For
-        metrics (agent/metrics.py); unobserved, a call pays one attribute test."""
+        metrics (agent/report/metrics.py); unobserved, a call pays one attribute test."""
         self._t.observer = observer
 
     # ---- KV ----------------------------------------------------------------------------------

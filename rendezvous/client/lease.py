@@ -315,8 +315,11 @@ class LeaseKeeper:
             else:
                 if now >= ls.presumed_lost_at and not ls.in_doubt.is_set():
                     ls.in_doubt.set()
-                    log.warning("etcd lease %x in doubt: no keep-alive acknowledged for %.1fs",
-                                ls.id, now - ls._acked_sent_at)  # fmt: skip
+                    log.warning(
+                        "etcd lease %x in doubt: no keep-alive acknowledged for %.1fs",
+                        ls.id,
+                        now - ls._acked_sent_at,
+                    )
                     ls._run_callbacks(ls._doubted)
                 ls._failures += 1
                 ls._next_at = now + self._t.policy.keepalive_retry_in(

@@ -1,11 +1,11 @@
 """RetryPolicy: the one answer to "how long does X wait, retry, and how fast?".
 
-Why one object: the answer used to live in nine places (the transport's first try and its
-tenacity loop, the keep-alive tick, the watch's reconnect backoff, the leader's and the driver's
-retry delays, the handler's waits, the clean-up's deadline), so changing ``request_timeout`` or
+Why one object: the answer used to live in nine places (the transport's first try and its tenacity
+loop, the keep-alive tick, the watch's reconnect backoff, the leader's and the driver's retry
+delays, the handler's waits, the clean-up's deadline), so changing ``request_timeout`` or
 ``retry_timeout`` changed some loops and not others. Every loop now asks this object, built once
-from the configuration (``ClientConfig.policy``); tests/test_policy.py changes the two settings
-and checks that every loop follows.
+from the configuration (``ClientConfig.policy``); tests/client/test_policy.py changes the two
+settings and checks that every loop follows.
 
 The rules it encodes:
 - one request on one endpoint gets ``request_timeout`` (a request in flight to a follower when the

@@ -1,5 +1,5 @@
 """Whether MASTER_PORT was already served when this script began, then a real gloo all_reduce
-over it (tests/test_standby.py: the rank-0 standby's early store).
+over it (tests/agent/test_standby.py: the rank-0 standby's early store).
 
 ``early_store.py OUT MODE``: writes ``OUT/store_<RANK>.json``; MODE is ignored. Listening is read
 from /proc/net/tcp{,6} (a LISTEN socket on the port), not by connecting: a probe connection

@@ -1,7 +1,7 @@
 """A worker that leaves descendants behind: one double-forked, one in its own session.
 
 It writes their pids to <out>/kids_<rank>_<round>.txt, then sleeps until stopped. Used to show
-that nothing of a worker's tree outlives a stop or the agent (tests/test_fencing.py).
+that nothing of a worker's tree outlives a stop or the agent (tests/agent/test_fencing.py).
 """
 
 import os

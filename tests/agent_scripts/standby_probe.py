@@ -1,4 +1,4 @@
-"""What a worker can see of how it was started, dumped for tests/test_standby.py to compare.
+"""What a worker can see of how it was started, dumped for tests/agent/test_standby.py to compare.
 
 ``standby_probe.py OUT MODE``: writes ``OUT/probe_<RANK>.json`` (atomically), then by MODE:
 ``ok`` exits 0, ``exit3`` exits 3, ``raise`` raises under ``@record`` (an error file),

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.utils import store as store_util
 
 from etcdrun.rendezvous.client import EtcdClient
-from etcdrun.rendezvous.torch_store import EtcdStore
+from etcdrun.rendezvous.torch.store import EtcdStore
 
 endpoints, prefix, rank, world = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 client = EtcdClient(endpoints)

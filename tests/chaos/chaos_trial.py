@@ -36,10 +36,10 @@ from chaos_schedule import MAX_RESTARTS, TTL, Schedule
 from rank_sampler import RESUME_WINDOW, RankSampler
 
 from etcdrun.proto import etcdrun_state_pb2 as st
-from etcdrun.rendezvous import checker
 from etcdrun.rendezvous.client import EtcdClient
-from etcdrun.rendezvous.keys import RunKeys
+from etcdrun.rendezvous.etcd.keys import RunKeys
 from etcdrun.rendezvous.localetcd import LocalEtcd
+from etcdrun.rendezvous.tools import checker
 
 WORKER = str(Path(__file__).with_name("chaos_worker.py"))
 WORK_S = 3.0  # how long each worker runs: a round that lasts this long ends the job
@@ -142,14 +142,27 @@ class Trial:
         s = self.s
         conf = f"lease_ttl={TTL},last_call_timeout=0.5,join_timeout=30"
         extra = ("--max-restarts", str(MAX_RESTARTS))
-        job = Job(etcd.endpoints, self.root, nnodes=f"{s.min_nodes}:{s.max_nodes}",
-                  nproc=s.nproc, conf=conf, extra=extra, run_id=self.tag)  # fmt: skip
+        job = Job(
+            etcd.endpoints,
+            self.root,
+            nnodes=f"{s.min_nodes}:{s.max_nodes}",
+            nproc=s.nproc,
+            conf=conf,
+            extra=extra,
+            run_id=self.tag,
+        )
         for i in range(s.agents):
             env = clean_env(ETCDRUN_TEST_JOB=self.tag, **{NODE_VAR: f"{self.tag}-{i}"})
             logs = self.root / f"logs{i}"
             wrap = cuts[i].wrap if i in cuts else ()  # a node to cut starts in its group
-            job.start(WORKER, str(job.out), str(WORK_S), env=env, extra=("--log-dir", str(logs)),
-                      wrap=wrap)  # fmt: skip
+            job.start(
+                WORKER,
+                str(job.out),
+                str(WORK_S),
+                env=env,
+                extra=("--log-dir", str(logs)),
+                wrap=wrap,
+            )
         return job
 
     def _play(self, job: Job, ex: Executor) -> list[int | None]:
@@ -185,8 +198,11 @@ class Trial:
 
     def _check(self, etcd: LocalEtcd, job: Job, rec: Recorder, codes: list) -> None:
         r = self.result
-        wait_for(lambda: rec.versions and rec.versions[-1].revision >= self._round_rev(etcd),
-                 30, "the history recorder to catch up")  # fmt: skip
+        wait_for(
+            lambda: rec.versions and rec.versions[-1].revision >= self._round_rev(etcd),
+            30,
+            "the history recorder to catch up",
+        )
         accepted = self._accepted()
         found = checker.check(rec.versions, self.s.min_nodes, self.s.max_nodes, accepted)
         if found:  # the history itself, for the report

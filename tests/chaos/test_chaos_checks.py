@@ -16,17 +16,20 @@ from chaos_trial import Trial
 from rank_sampler import RankSampler
 
 from etcdrun.proto import etcdrun_state_pb2 as st
-from etcdrun.rendezvous import checker
 from etcdrun.rendezvous.client import EtcdClient
+from etcdrun.rendezvous.tools import checker
 
 
 def frozen(n: int, nodes: list[str]) -> st.RoundState:
     s = st.RoundState(number=n, phase=st.FROZEN, master_addr="10.0.0.1", world_size=len(nodes))
     for rank, node in enumerate(nodes):
         s.participants.add(
-            node_id=node, node_rank=rank, local_world_size=1, addr="10.0.0.1",
+            node_id=node,
+            node_rank=rank,
+            local_world_size=1,
+            addr="10.0.0.1",
             first_global_rank=rank,
-        )  # fmt: skip
+        )
     return s
 
 

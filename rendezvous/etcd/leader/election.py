@@ -1,0 +1,114 @@
+"""Leader election by create revision (etcd's election recipe), without a herd.
+
+Why: exactly one agent — the oldest live one — watches the joined/ and agents/ prefixes and
+freezes rounds (L5: O(N) watch events per round, not O(N^2)). Every other agent watches only the
+one agent key just older than its own, from the revision it read + 1; when that key is deleted it
+looks again, and either finds a new predecessor or is now the oldest. A death wakes one agent.
+
+The election borrows the session (its key is the candidacy, its create revision the place in
+line); it writes nothing. Connection loss: a watch that ends in error counts as a change, so the
+owner calls ``check()`` again and reads the line afresh.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from etcdrun.proto import etcd_api_pb2 as pb
+from etcdrun.proto import etcdrun_state_pb2 as st
+from etcdrun.rendezvous.client import Watch, WatchBatch
+from etcdrun.rendezvous.errors import RendezvousError
+from etcdrun.rendezvous.etcd import codec
+from etcdrun.rendezvous.etcd.node.session import Session
+
+log = logging.getLogger(__name__)
+PAGE = 8  # predecessors read at a time (values included, to check each one is an agent)
+
+
+class Election:
+    """Call ``check()`` at start and whenever ``on_change`` fires; ``is_leader`` tells the rest.
+
+    ``on_change`` runs on the client's watch thread: it must only post work elsewhere."""
+
+    def __init__(self, session: Session, prefix: str, on_change: Callable[[], None]) -> None:
+        self._session = session
+        self._prefix = prefix
+        self._on_change = on_change
+        self._watch: Watch | None = None
+        self.is_leader = False
+        # How the predecessors we watched went ("left": it marked itself leaving first; else
+        # "lease expired"): the leader this agent becomes says why the round opened.
+        self.departed: dict[str, str] = {}
+        self._leaving: set[str] = set()
+
+    def check(self) -> bool:
+        """Find the predecessor; watch it, or become leader. Returns ``is_leader``.
+
+        A key under agents/ that is no agent (not held by the lease its value names) is passed
+        over: an agent waiting on it would wait forever, since such a key never expires."""
+        if self.is_leader:
+            return True
+        self._cancel()
+        below, client = self._session.create_revision - 1, self._session.client
+        while True:
+            res = client.range(
+                self._prefix,
+                prefix=True,
+                max_create_revision=below,
+                sort=("create", "descend"),
+                limit=PAGE,
+            )
+            kv = next((kv for kv in res.kvs if self._is_agent(kv)), None)
+            if kv is not None:
+                self._watch = client.watch(
+                    kv.key, start_revision=res.revision + 1, callback=self._changed
+                )
+                return False
+            if not res.more:
+                self.is_leader = True
+                return True
+            below = res.kvs[-1].create_revision - 1
+
+    def _is_agent(self, kv: pb.KeyValue) -> bool:
+        try:
+            codec.agent_from(
+                kv.key, kv.value, kv.create_revision, self._session.keys.run_id, kv.lease
+            )
+        except RendezvousError as e:
+            log.warning("election: passing over %s", e)
+            return False
+        return True
+
+    def _changed(self, batch: WatchBatch) -> None:
+        # Any event on the predecessor counts: a delete (it is gone), or a put (it may no
+        # longer be an agent); either way the line is read again.
+        for ev in batch.events:
+            node = self._session.keys.parse(ev.kv.key)[2] or ""
+            if ev.type == pb.Event.DELETE:
+                self.departed[node] = "left" if node in self._leaving else "lease expired"
+            elif ev.kv.value:
+                self._note_leaving(node, ev.kv.value)
+        if batch.error is not None or batch.events:
+            self._on_change()
+
+    def _note_leaving(self, node: str, value: bytes) -> None:
+        try:
+            info = codec.decode(st.AgentInfo, node, value)
+        except RendezvousError:
+            return
+        if info.leaving:
+            self._leaving.add(node)
+
+    def _cancel(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
+
+    def close(self) -> None:
+        """Stop watching; a later ``check()`` runs the election again. Idempotent."""
+        self._cancel()
+        self.is_leader = False
+
+
+__all__ = ["Election"]

@@ -1,0 +1,60 @@
+"""Whether this node can take part in the run as etcd holds it now.
+
+Why a small object of its own: the answer depends on what this node saw before — a run it saw
+live and that then closed is *its* run's end (its outcome and root cause are this node's to
+report), while a run found closed at the first look is an earlier job under the same id (never
+reported as ours); a round key that vanishes while the run was live means the run was aborted.
+The gate remembers that, across the node's sessions, and says each fact once.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from etcdrun.rendezvous.client import EtcdClient
+from etcdrun.rendezvous.errors import RendezvousClosedError, RendezvousStateError
+from etcdrun.rendezvous.etcd.keys import RunKeys
+from etcdrun.rendezvous.etcd.node import lifecycle
+from etcdrun.rendezvous.etcd.protocol import Phase, Round
+from etcdrun.rendezvous.etcd.round_view import RoundView
+
+log = logging.getLogger(__name__)
+
+
+class RunGate:
+    def __init__(self, client: EtcdClient, keys: RunKeys, view: RoundView) -> None:
+        self._client = client
+        self._keys = keys
+        self._view = view
+        self.saw_live = False  # this node saw the run live (a round not CLOSED), in any session
+        self._retry_noted: int | None = None  # said once: waiting to retry a failed run
+
+    def check(self, r: Round | None, node: str) -> None:
+        """Raise when this node cannot take part: the run closed (or ran before, under another
+        job), was removed while live (aborted), or is unreadable with no good state known. A
+        failed run's id waits: the leader starts it afresh (protocol.py)."""
+        ctx = dict(run_id=self._keys.run_id, node=node)
+        if r is not None and r.phase is not Phase.CLOSED:
+            self.saw_live = True
+        elif r is None and self.saw_live:  # the run's state vanished while in it: aborted
+            raise RendezvousClosedError(
+                lifecycle.describe_vanished(self._client, self._keys), **ctx
+            )
+        bad = self._view.corruption()
+        if bad is not None and r is None:  # nobody knows the last good state: stop
+            raise RendezvousStateError(bad[1], **ctx)
+        if r is None or r.phase is not Phase.CLOSED:
+            return
+        if self.saw_live or r.failure is None:
+            why = "the run is closed" if self.saw_live else self._before()
+            ok = self.saw_live and r.failure is None
+            raise RendezvousClosedError(why, succeeded=ok, round=r.number, **ctx)
+        if self._retry_noted != r.number:
+            self._retry_noted = r.number
+            log.warning("%s; starting it afresh once its last agent has left", self._before())
+
+    def _before(self) -> str:
+        return lifecycle.describe_closed(self._client, self._keys, self._view.message())
+
+
+__all__ = ["RunGate"]

@@ -1,0 +1,256 @@
+"""The rendezvous' decision logic: pure, no I/O, no clock of its own.
+
+Why pure: every rule of the protocol (design.md §3, S1–S6 and L1–L5) lives here and is unit-tested
+exhaustively against a fake clock; etcd/handler.py only gathers the inputs from its watch caches
+and applies the one transaction an Action names, fenced on the round key's mod_revision.
+
+Only the leader (the oldest live agent) calls ``decide``; the other agents just join rounds and
+read the round key.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+
+from etcdrun.rendezvous.api import FailureInfo, Participant, check_node_range
+
+
+class Phase(Enum):
+    JOINING = 1
+    FROZEN = 2
+    CLOSED = 3
+
+
+@dataclass(frozen=True)
+class Agent:
+    """A live agent (its key exists under agents/, so its lease is alive)."""
+
+    node_id: str
+    create_revision: int
+    local_world_size: int = 1
+    addr: str = ""
+
+
+@dataclass(frozen=True)
+class Join:
+    """A join record of the current round."""
+
+    node_id: str
+    local_world_size: int
+    addr: str
+    master_port: int
+    agent_create_revision: int
+    host: str = ""
+    pid: int = 0
+
+
+# A participant of a frozen round (or, for a JOINING round, of the previous one: the hint). The
+# same class as the API's Participant, so a frozen round's list reaches the agent as it is.
+Member = Participant
+
+
+@dataclass(frozen=True)
+class Round:
+    number: int
+    phase: Phase
+    members: tuple[Member, ...] = ()  # FROZEN: the participants; JOINING: the previous ones
+    restart_count: int = 0
+    master_addr: str = ""
+    master_port: int = 0
+    mod_revision: int = 0
+    # JOINING: a worker failure opened this round; the restart is charged at the freeze (or the
+    # run closes as failed), unless a previous member is gone — then a death caused it.
+    failure: FailureInfo | None = None
+    # The lease of the round key and the hints (not of CLOSED: that has its marker), which the
+    # leader keeps alive; 0 for a round written by an older etcdrun. Never part of a decision.
+    run_lease: int = 0
+
+    def member(self, node_id: str) -> Member | None:
+        return self._by_node.get(node_id)
+
+    @functools.cached_property
+    def _by_node(self) -> dict[str, Member]:
+        """Why an index: a process of the scale bench holds 250 handlers that each look
+        themselves up in one shared round of 1,000 members, and the leader's decide() looks up
+        every agent: a scan made each of those O(N^2) per process and round."""
+        by: dict[str, Member] = {}
+        for m in self.members:
+            by.setdefault(m.node_id, m)  # the first, as a scan would find
+        return by
+
+    @functools.cached_property
+    def world_size(self) -> int:
+        return sum(m.local_world_size for m in self.members)
+
+
+@dataclass(frozen=True)
+class Settings:
+    min_nodes: int
+    max_nodes: int
+    last_call_timeout: float = 30.0
+    max_restarts: int = 0  # the job-wide budget of worker-failure restarts
+
+    def __post_init__(self) -> None:
+        check_node_range(self.min_nodes, self.max_nodes)
+        if self.last_call_timeout < 0:
+            raise ValueError("last_call_timeout must be >= 0")
+
+
+@dataclass(frozen=True)
+class View:
+    """What the leader knows, from its watch caches."""
+
+    round: Round | None
+    agents: Mapping[str, Agent]
+    joined: Mapping[str, Join] = field(default_factory=dict)  # records of round.number
+    last_call_deadline: float | None = None  # leader-local monotonic time, first round only
+
+
+# ---- actions ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Wait:
+    """Nothing to do until the next event (or ``until``, a leader-local monotonic time)."""
+
+    reason: str
+    until: float | None = None
+
+
+@dataclass(frozen=True)
+class StartRound:
+    """Open round ``number`` for joining; ``hint`` orders survivors (S6)."""
+
+    number: int
+    reason: str
+    hint: tuple[Member, ...]
+    restart_count: int
+    departed: tuple[str, ...] = ()  # who left (the reason, as data: etcdrun status reads it)
+    arrived: tuple[str, ...] = ()  # who came
+
+
+@dataclass(frozen=True)
+class Freeze:
+    """Freeze the current round with these members (ranks assigned, S2)."""
+
+    number: int
+    members: tuple[Member, ...]
+    master_addr: str
+    master_port: int
+    restart_count: int = 0
+
+
+@dataclass(frozen=True)
+class CloseFailed:
+    """A worker failure with the restart budget spent: the run ends, everywhere, with it."""
+
+    number: int
+    failure: FailureInfo
+    restart_count: int
+
+
+Action = Wait | StartRound | Freeze | CloseFailed
+
+
+def is_first_round(r: Round) -> bool:
+    """The last-call wait applies only while the job has never run (L1)."""
+    return not r.members and r.restart_count == 0
+
+
+def order(joined: Mapping[str, Join], hint: tuple[Member, ...]) -> list[Join]:
+    """Survivors first in their previous rank order, then newcomers by age (S6)."""
+    prev = {m.node_id: m.node_rank for m in hint}
+    return sorted(
+        joined.values(),
+        key=lambda j: (prev.get(j.node_id, len(prev)), j.agent_create_revision, j.node_id),
+    )
+
+
+def assign(chosen: list[Join]) -> tuple[Member, ...]:
+    """Contiguous node ranks and global ranks (S2)."""
+    members, first = [], 0
+    for rank, j in enumerate(chosen):
+        members.append(Member(j.node_id, rank, j.local_world_size, j.addr, first, j.host, j.pid))
+        first += j.local_world_size
+    return tuple(members)
+
+
+def decide(view: View, settings: Settings, now: float) -> Action:
+    """The leader's one decision for the current view."""
+    r, agents = view.round, view.agents
+    if r is None:
+        return StartRound(1, "first agent", (), 0)
+    if r.phase is Phase.CLOSED:
+        # A failed run's id is tried again (a Kubernetes Job retry, a Slurm requeue): a fresh
+        # run opens once every live agent came after the close — an agent of the failed run
+        # itself must never start it over, or its restart budget would mean nothing.
+        fresh = agents and all(a.create_revision > r.mod_revision for a in agents.values())
+        if r.failure is not None and fresh:
+            return StartRound(r.number + 1, "a fresh run after a failed one", (), 0)
+        return Wait("run closed")
+    if r.phase is Phase.FROZEN:
+        gone = [m.node_id for m in r.members if m.node_id not in agents]
+        if gone:
+            survivors = tuple(m for m in r.members if m.node_id in agents)
+            return StartRound(
+                r.number + 1,
+                f"node(s) left: {', '.join(gone)}",
+                survivors,
+                r.restart_count,
+                departed=tuple(gone),
+            )
+        waiting = sorted(
+            (a for a in agents.values() if r.member(a.node_id) is None),
+            key=lambda a: a.create_revision,
+        )
+        if waiting and len(r.members) < settings.max_nodes:
+            return StartRound(
+                r.number + 1,
+                f"node(s) joined: {', '.join(a.node_id for a in waiting)}",
+                r.members,
+                r.restart_count,
+                arrived=tuple(a.node_id for a in waiting),
+            )
+        if waiting:
+            return Wait(f"{len(waiting)} hot spare(s) waiting for a place")
+        return Wait("round running")
+    # JOINING
+    live = {n: j for n, j in view.joined.items() if n in agents}
+    late = [m.node_id for m in r.members if m.node_id in agents and m.node_id not in live]
+    if late:
+        # Survivors of the previous round keep their places (S6), even when spares are quicker
+        # to join than a survivor is to stop its workers. They are alive: they will come.
+        return Wait(f"waiting for survivor(s) {', '.join(late)} to rejoin")
+    if len(live) >= settings.max_nodes:
+        return _freeze(r, live, settings, agents)
+    if len(live) >= settings.min_nodes and len(live) == len(agents):
+        if is_first_round(r) and len(agents) < settings.max_nodes:
+            deadline = view.last_call_deadline
+            if deadline is None:
+                deadline = now + settings.last_call_timeout
+            if now < deadline:
+                return Wait(f"last call: {len(live)}/{settings.max_nodes} nodes", until=deadline)
+        return _freeze(r, live, settings, agents)
+    return Wait(f"{len(live)}/{max(settings.min_nodes, len(agents))} nodes joined")
+
+
+def charge(r: Round, agents: Mapping[str, Agent]) -> int:
+    """The restart count of a round about to freeze. A worker failure costs one restart —
+    unless a member of the previous round is gone: then its death made the collectives fail,
+    and membership changes are free (the failure report races the lease expiry; the freeze
+    waits for survivors, so by now the dead are known)."""
+    if r.failure is None or any(m.node_id not in agents for m in r.members):
+        return r.restart_count
+    return r.restart_count + 1
+
+
+def _freeze(
+    r: Round, live: Mapping[str, Join], settings: Settings, agents: Mapping[str, Agent]
+) -> Freeze | CloseFailed:
+    count = charge(r, agents)
+    if r.failure is not None and count > settings.max_restarts:
+        return CloseFailed(r.number, r.failure, r.restart_count)
+    chosen = order(live, r.members)[: settings.max_nodes]
+    members = assign(chosen)
+    return Freeze(r.number, members, members[0].addr, chosen[0].master_port, count)

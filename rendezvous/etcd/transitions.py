@@ -1,0 +1,132 @@
+"""The transactions that move the round key: open a round, freeze it, close the run.
+
+Why one module: whoever writes (the leader deciding, an agent restarting after a worker failure,
+the node that closes the run), each transition is the same single Txn, fenced on the round key's
+mod_revision (S1) — or on its absence for the first round — so the rules live in one place.
+Each function returns ``(compare, success)`` for ``EtcdClient.txn``.
+"""
+
+from __future__ import annotations
+
+from etcdrun.proto import etcd_api_pb2 as pb
+from etcdrun.proto import etcdrun_state_pb2 as st
+from etcdrun.rendezvous.api import FailureInfo
+from etcdrun.rendezvous.client import txn as t
+from etcdrun.rendezvous.etcd import codec
+from etcdrun.rendezvous.etcd.keys import RunKeys
+from etcdrun.rendezvous.etcd.protocol import Member, Phase, Round
+
+Txn = tuple[list[pb.Compare], list[pb.RequestOp]]
+
+
+def fence(keys: RunKeys, current: Round | None) -> pb.Compare:
+    """The round key is still exactly what the writer decided from."""
+    if current is None:
+        return t.create_revision(keys.round, "==", 0)
+    return t.mod_revision(keys.round, "==", current.mod_revision)
+
+
+def start_round(
+    keys: RunKeys,
+    current: Round | None,
+    number: int,
+    hint: tuple[Member, ...],
+    restart_count: int,
+    reason: str,
+    by: str,
+    failure: FailureInfo | None = None,
+    run_lease: int = 0,
+    departed: tuple[str, ...] = (),
+    arrived: tuple[str, ...] = (),
+    departed_cause: tuple[str, ...] = (),
+) -> tuple[Round, Txn]:
+    """Open round ``number`` for joining; drop every older round's records in the same Txn.
+    The hint (the previous participants, for rank stability) goes to its own key, read by the
+    leader alone: the round key every agent watches stays a few bytes until the freeze. Both
+    live under ``run_lease`` (0: none), so that they cannot outlive every agent forever."""
+    new = Round(number, Phase.JOINING, (), restart_count, failure=failure, run_lease=run_lease)
+    ops = [
+        t.put(
+            keys.round,
+            codec.round_to(
+                new,
+                reason=reason,
+                decided_by=by,
+                departed=departed,
+                arrived=arrived,
+                departed_cause=departed_cause,
+            ),
+            run_lease,
+        ),
+        t.delete(keys.rounds, end=keys.round_dir(number)),
+        t.put(keys.hint(number), codec.hint_to(number, hint), run_lease),
+    ]
+    return new, ([fence(keys, current)], ops)
+
+
+def freeze(
+    keys: RunKeys,
+    current: Round,
+    members: tuple[Member, ...],
+    master_addr: str,
+    master_port: int,
+    restart_count: int,
+    by: str,
+    run_lease: int = 0,
+    why: st.RoundState | None = None,
+) -> tuple[Round, Txn]:
+    """Freeze ``current`` with ``members``; ``why`` (departures.py) says why it opened."""
+    new = Round(
+        current.number,
+        Phase.FROZEN,
+        members,
+        restart_count,
+        master_addr,
+        master_port,
+        run_lease=run_lease,
+    )
+    w = why or st.RoundState()
+    value = codec.round_to(
+        new,
+        reason=w.reason,
+        decided_by=by,
+        failure=w.failure if w.HasField("failure") else None,
+        departed=tuple(w.departed),
+        arrived=tuple(w.arrived),
+        departed_cause=tuple(w.departed_cause),
+    )
+    return new, ([fence(keys, current)], [t.put(keys.round, value, run_lease)])
+
+
+def close(
+    keys: RunKeys,
+    current: Round | None,
+    outcome: int,
+    failure: st.Failure | None,
+    lease_id: int,
+    by: str,
+) -> tuple[Round, Txn]:
+    """CLOSED under a lease: the marker outlives the agents, then expires by itself. It keeps
+    naming the run lease (the hints still live under it), for the last agent out to revoke."""
+    new = Round(
+        current.number if current else 1,
+        Phase.CLOSED,
+        current.members if current else (),
+        current.restart_count if current else 0,
+        run_lease=current.run_lease if current else 0,
+    )
+    value = codec.round_to(new, decided_by=by, outcome=outcome, failure=failure)
+    return new, ([fence(keys, current)], [t.put(keys.round, value, lease_id)])
+
+
+def clean_up_if_none_left(keys: RunKeys, current: Round | None) -> Txn:
+    """Remove the run's keys when no agent key is left. Run by every agent right after it
+    revoked its own lease, so that of agents leaving together, whichever goes last succeeds
+    (a compare over an empty range matches a zero create revision). A CLOSED marker stays: it
+    expires with its lease. After it succeeds, the caller revokes the run lease."""
+    guard = [t.create_revision(keys.agents, "==", 0, prefix=True)]
+    ops = [t.delete(keys.rounds, prefix=True)]
+    if current is None or current.phase is not Phase.CLOSED:
+        guard.append(fence(keys, current))
+        ops.append(t.delete(keys.round))
+    return guard, ops

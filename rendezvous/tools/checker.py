@@ -1,0 +1,195 @@
+"""Invariant checker: reads every version of a run's round key from etcd's history and checks
+the protocol's safety properties (design.md §3, S1–S6).
+
+Why from etcd's history: it is the ground truth every agent acted on. Watching the round key from
+revision 1 replays each state it ever held, in commit order (tests do not compact). Agent-side
+facts (which node accepted which round) come from the ``round_accepted`` events the handlers emit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from etcdrun.proto import etcd_api_pb2 as pb
+from etcdrun.proto import etcdrun_state_pb2 as st
+from etcdrun.rendezvous.client import EtcdClient
+from etcdrun.rendezvous.errors import RendezvousStateError
+from etcdrun.rendezvous.etcd import codec
+from etcdrun.rendezvous.etcd.keys import RunKeys
+
+
+@dataclass(frozen=True)
+class Version:
+    revision: int
+    state: st.RoundState | None  # None: deleted, or unreadable (then ``problem`` says why)
+    problem: str | None = None
+
+
+def round_history(client: EtcdClient, keys: RunKeys, timeout: float = 10.0) -> list[Version]:
+    """Every version of the round key up to now, oldest first."""
+    kv = client.get(keys.round)
+    target = kv.mod_revision if kv is not None else None
+    out: list[Version] = []
+    w = client.watch(keys.round, start_revision=1)
+    try:
+        while target is None or not out or out[-1].revision < target:
+            # With the key deleted there is no last revision to wait for: stop when idle.
+            batch = w.get(timeout=timeout if target is not None else 0.5)
+            if batch is None:
+                break
+            for ev in batch.events:
+                out.append(version(ev, keys))
+    finally:
+        w.cancel()
+    return out
+
+
+def version(ev: pb.Event, keys: RunKeys) -> Version:
+    """One watch event of the round key as a Version (also for histories kept live)."""
+    if ev.type == pb.Event.DELETE:
+        return Version(ev.kv.mod_revision, None)
+    try:
+        return Version(ev.kv.mod_revision, codec.round_message(ev.kv.value, keys.round))
+    except RendezvousStateError as e:  # garbage someone wrote; the leader restores the state
+        return Version(ev.kv.mod_revision, None, e.message)
+
+
+def _same_state(a: st.RoundState, b: st.RoundState) -> bool:
+    return (a.number, a.phase, a.restart_count, a.master_addr, a.master_port) == (
+        b.number,
+        b.phase,
+        b.restart_count,
+        b.master_addr,
+        b.master_port,
+    ) and list(a.participants) == list(b.participants)
+
+
+def check(
+    history: list[Version], min_nodes: int, max_nodes: int, accepted: Iterable[Mapping] = ()
+) -> list[str]:
+    """Return every violation found (empty when the run was safe)."""
+    errors: list[str] = []
+    frozen: dict[int, st.RoundState] = {}
+    prev: st.RoundState | None = None
+    prev_frozen: st.RoundState | None = None
+    repairing = False  # the last version was unreadable: the next may restore the state before
+    for v in history:
+        s = v.state
+        if v.problem is not None:
+            repairing = True
+            continue
+        if s is None:
+            prev, repairing = None, False
+            continue
+        if repairing and prev is not None and _same_state(prev, s):
+            repairing = False
+            continue  # the leader's repair: the same state again, not a new one
+        repairing = False
+        where = f"round {s.number} @rev {v.revision}"
+        if prev is not None and _backwards(prev, s):
+            errors.append(
+                f"S5 {where}: {st.Phase.Name(s.phase)} after "
+                f"round {prev.number} {st.Phase.Name(prev.phase)}"
+            )
+        if s.phase == st.FROZEN:
+            # S1: one frozen participant list per round number.
+            if s.number in frozen:
+                errors.append(f"S1 {where}: frozen twice")
+            frozen[s.number] = s
+            errors += _check_frozen(s, where, min_nodes, max_nodes)
+            if prev_frozen is not None:
+                errors += _check_stability(prev_frozen, s, where)
+            prev_frozen = s
+        prev = s
+    # S3/S4: a node starts workers only for a frozen round that lists it, once per round.
+    seen: set[tuple[int, str]] = set()
+    for ev in accepted:
+        n, node = int(ev["round"]), str(ev["node"])
+        s = frozen.get(n)
+        if s is None or node not in [p.node_id for p in s.participants]:
+            errors.append(
+                f"S3 round {n}: node {node} started workers outside a frozen round listing it"
+            )
+        elif s.participants[int(ev["node_rank"])].node_id != node:
+            errors.append(f"S4 round {n}: node {node} used rank {ev['node_rank']} of another")
+        if (n, node) in seen:
+            errors.append(f"S4 round {n}: node {node} accepted the round twice")
+        seen.add((n, node))
+    return errors
+
+
+def _backwards(prev: st.RoundState, s: st.RoundState) -> bool:
+    """S5: rounds move forward only; within a round JOINING → FROZEN → CLOSED. A JOINING round
+    may be rewritten as JOINING only to annotate it: to carry an earlier failure with its reason
+    line (the root cause is the first failure, not the first report), or to publish the first
+    round's last call. Nothing else of it may change."""
+    if s.number != prev.number:
+        return s.number < prev.number
+    return s.phase <= prev.phase and s.phase != st.CLOSED and not _annotated(prev, s)
+
+
+# Written into a gathering round for people (the last call's deadline): never decide anything.
+_NOTES = ("last_call_deadline_unix_ms", "last_call_joined")
+
+
+def _annotated(a: st.RoundState, b: st.RoundState) -> bool:
+    if not a.phase == b.phase == st.JOINING:
+        return False
+    ka, kb = st.RoundState(), st.RoundState()
+    ka.CopyFrom(a)
+    kb.CopyFrom(b)
+    cleared = list(_NOTES)
+    if a.HasField("failure") and b.HasField("failure"):  # only a failure replaces a failure
+        cleared += ["failure", "reason"]
+    for name in cleared:
+        ka.ClearField(name)
+        kb.ClearField(name)
+    return ka == kb
+
+
+def _check_frozen(s: st.RoundState, where: str, min_nodes: int, max_nodes: int) -> list[str]:
+    errors = []
+    ps = list(s.participants)
+    if [p.node_rank for p in ps] != list(range(len(ps))):
+        errors.append(f"S2 {where}: node ranks {[p.node_rank for p in ps]} not 0..k-1")
+    if not min_nodes <= len(ps) <= max_nodes:
+        errors.append(f"S2 {where}: {len(ps)} nodes outside [{min_nodes}, {max_nodes}]")
+    if len({p.node_id for p in ps}) != len(ps):
+        errors.append(f"S2 {where}: a node listed twice")
+    first = 0
+    for p in ps:
+        if p.first_global_rank != first:
+            errors.append(
+                f"S2 {where}: node rank {p.node_rank} starts at global rank "
+                f"{p.first_global_rank}, expected {first}"
+            )
+        first += p.local_world_size
+    if s.world_size != first:
+        errors.append(f"S2 {where}: world_size {s.world_size} != {first}")
+    if ps and s.master_addr != ps[0].addr:
+        errors.append(f"S6 {where}: MASTER_ADDR {s.master_addr} is not rank 0's ({ps[0].addr})")
+    return errors
+
+
+def _check_stability(a: st.RoundState, b: st.RoundState, where: str) -> list[str]:
+    """S6: survivors keep their relative order; rank 0 keeps rank 0 while it lives."""
+    errors = []
+    order_a = [p.node_id for p in a.participants]
+    order_b = [p.node_id for p in b.participants]
+    survivors = [n for n in order_a if n in order_b]
+    if [n for n in order_b if n in survivors] != survivors:
+        errors.append(f"S6 {where}: survivors reordered {survivors} -> {order_b}")
+    if order_a and order_a[0] in order_b and order_b[0] != order_a[0]:
+        errors.append(f"S6 {where}: rank 0 moved from {order_a[0]} to {order_b[0]}")
+    return errors
+
+
+def check_run(
+    client: EtcdClient,
+    keys: RunKeys,
+    min_nodes: int,
+    max_nodes: int,
+    accepted: Iterable[Mapping] = (),
+) -> list[str]:
+    return check(round_history(client, keys), min_nodes, max_nodes, accepted)

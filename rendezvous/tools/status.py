@@ -1,0 +1,251 @@
+"""A run as etcd holds it, read in one transaction: what ``etcdrun status`` shows.
+
+Why from etcd alone: when a 64-node job stalls at 2 a.m., the operator may be on none of its
+nodes, and the agents may be the thing that is stuck. Everything that decides a round is in
+etcd — the agent keys (who is alive, and how long their leases have left), the round key (its
+number, phase, participants, why it opened, how the run ended) and the join records — so one
+consistent read answers "which node is missing, which round, why did it restart". The values
+are protobuf (``etcdctl get`` shows bytes): this module is the readable view of them.
+
+The JSON form (``RunStatus.to_json``) is versioned (``schema``) and documented in
+docs/status.md; scripts may rely on it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from etcdrun.proto import etcdrun_state_pb2 as st
+from etcdrun.rendezvous.client import EtcdClient, EtcdError
+from etcdrun.rendezvous.client import txn as t
+from etcdrun.rendezvous.errors import RendezvousError
+from etcdrun.rendezvous.etcd import codec
+from etcdrun.rendezvous.etcd.keys import RunKeys
+
+SCHEMA = 1
+
+
+@dataclass(frozen=True)
+class Node:
+    node_id: str
+    host: str = ""
+    addr: str = ""
+    pid: int = 0
+    local_world_size: int = 0
+    lease_ttl_left: int | None = None  # seconds; None: no live agent key (the node is gone)
+    node_rank: int | None = None  # in the current frozen round
+    joined: bool = False  # has a join record for the current round
+    version: str = ""
+
+
+@dataclass(frozen=True)
+class RootCause:
+    node_id: str
+    host: str
+    global_rank: int
+    local_rank: int
+    exit_code: int
+    signal: str
+    message: str
+    traceback: str
+    time_unix_ms: int
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    """One run at one etcd revision."""
+
+    run_id: str
+    prefix: str
+    revision: int
+    exists: bool
+    round: int | None = None
+    phase: str | None = None  # JOINING | FROZEN | CLOSED
+    reason: str = ""  # why this round opened
+    decided_by: str = ""
+    restart_count: int = 0
+    max_restarts: int | None = None  # the job's settings, as its oldest agent published them
+    min_nodes: int | None = None
+    max_nodes: int | None = None
+    world_size: int = 0
+    master_addr: str = ""
+    master_port: int = 0
+    participants: tuple[Node, ...] = ()  # the frozen round's nodes, by node rank
+    previous: tuple[Node, ...] = ()  # JOINING: the last round's survivors, in their order (S6)
+    departed: tuple[str, ...] = ()  # the nodes whose leaving opened this round
+    departed_cause: tuple[str, ...] = ()  # for each: "lease expired", "left" or "gone"
+    arrived: tuple[str, ...] = ()  # the newcomers that opened it
+    last_call_deadline_unix_ms: int = 0  # JOINING, first round: the leader's last call
+    last_call_joined: int = 0
+    missing: tuple[str, ...] = ()  # nodes of the run whose agent is gone: lost
+    waiting: tuple[Node, ...] = ()  # live agents outside the frozen round (newcomers, spares)
+    joining: tuple[Node, ...] = ()  # JOINING: live agents, with whether each has joined
+    outcome: str | None = None  # CLOSED: SUCCEEDED | FAILED
+    closed_unix_ms: int = 0
+    root_cause: RootCause | None = None
+    unreadable: tuple[str, ...] = ()  # keys of the run that do not decode (reported, skipped)
+    read_unix_ms: int = field(default_factory=lambda: int(time.time() * 1000))
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["schema"] = SCHEMA
+        return out
+
+
+def read(client: EtcdClient, keys: RunKeys, *, ttls: bool = True) -> RunStatus:
+    """The run's state in one transaction (plus one LeaseTimeToLive per agent with ``ttls``)."""
+    res = client.txn(
+        [],
+        [
+            t.get(keys.agents, prefix=True),
+            t.get(keys.round),
+            t.get(keys.rounds, prefix=True),
+        ],
+    )
+    agents_kvs, round_kvs, rounds_kvs = (r.response_range.kvs for r in res.responses)
+    base = dict(run_id=keys.run_id, prefix=keys.root, revision=res.revision)
+    if not agents_kvs and not round_kvs and not rounds_kvs:
+        return RunStatus(exists=False, **base)
+    unreadable: list[str] = []
+    agents = _agents(client, keys, agents_kvs, unreadable, ttls)
+    joined = {keys.parse(kv.key)[2] for kv in rounds_kvs if keys.parse(kv.key)[0] == "join"}
+    hints = {keys.parse(kv.key)[1]: kv for kv in rounds_kvs if keys.parse(kv.key)[0] == "hint"}
+    msg = _round_message(keys, round_kvs, unreadable)
+    settings = _settings(agents_kvs, keys)
+    if msg is None:
+        return RunStatus(exists=True, unreadable=tuple(unreadable), **settings, **base)
+    previous: tuple = ()
+    hint = hints.get(msg.number) if msg.phase == st.JOINING else None
+    if hint is not None:
+        try:
+            previous = codec.hint_from(hint.key, hint.value, keys.run_id)
+        except RendezvousError:
+            unreadable.append(hint.key.decode(errors="replace"))
+    return _with_round(base, msg, agents, joined, settings, tuple(unreadable), previous)
+
+
+def _agents(client, keys, kvs, unreadable: list[str], ttls: bool) -> dict[str, Node]:
+    out: dict[str, Node] = {}
+    for kv in sorted(kvs, key=lambda kv: kv.create_revision):
+        try:
+            info = codec.agent_info(kv.key, kv.value, keys.run_id, kv.lease)
+        except RendezvousError:
+            unreadable.append(kv.key.decode(errors="replace"))
+            continue
+        left = None
+        if ttls:
+            try:
+                left = int(client.lease_ttl(kv.lease).TTL)
+            except EtcdError:
+                left = None
+        out[info.node_id] = Node(
+            info.node_id,
+            info.host,
+            info.addr,
+            info.pid,
+            info.local_world_size,
+            left,
+            version=info.version,
+        )
+    return out
+
+
+def _round_message(keys: RunKeys, kvs, unreadable: list[str]) -> st.RoundState | None:
+    if not kvs:
+        return None
+    try:
+        return codec.round_message(kvs[0].value, keys.round, keys.run_id)
+    except RendezvousError:
+        unreadable.append(keys.round)
+        return None
+
+
+def _settings(kvs, keys: RunKeys) -> dict[str, int | None]:
+    """The job's settings from its oldest agent that published them."""
+    for kv in sorted(kvs, key=lambda kv: kv.create_revision):
+        try:
+            info = codec.agent_info(kv.key, kv.value, keys.run_id, kv.lease)
+        except RendezvousError:
+            continue
+        if info.max_nodes:
+            return dict(
+                min_nodes=info.min_nodes, max_nodes=info.max_nodes, max_restarts=info.max_restarts
+            )
+    return dict(min_nodes=None, max_nodes=None, max_restarts=None)
+
+
+def _with_round(
+    base, msg: st.RoundState, agents, joined, settings, unreadable, previous
+) -> RunStatus:
+    phase = st.Phase.Name(msg.phase)
+    members = {p.node_id: p for p in msg.participants}
+    participants = tuple(_node(agents.get(p.node_id), p) for p in msg.participants)
+    before = tuple(_node(agents.get(m.node_id), m) for m in previous)
+    frozen = phase == "FROZEN"
+    waiting = tuple(n for n in agents.values() if frozen and n.node_id not in members)
+    joining = tuple(
+        _replace(n, joined=n.node_id in joined) for n in agents.values() if phase == "JOINING"
+    )
+    cause = _root_cause(msg) if msg.HasField("failure") else None
+    return RunStatus(
+        exists=True,
+        round=msg.number,
+        phase=phase,
+        reason=msg.reason,
+        decided_by=msg.decided_by,
+        restart_count=msg.restart_count,
+        world_size=msg.world_size or sum(n.local_world_size for n in participants),
+        master_addr=msg.master_addr,
+        master_port=msg.master_port,
+        participants=participants,
+        previous=before,
+        departed=tuple(msg.departed),
+        departed_cause=tuple(msg.departed_cause),
+        arrived=tuple(msg.arrived),
+        last_call_deadline_unix_ms=msg.last_call_deadline_unix_ms,
+        last_call_joined=msg.last_call_joined,
+        # a closed run's nodes have left: finished, not missing (a new user was told MISSING)
+        missing=()
+        if phase == "CLOSED"
+        else tuple(n.node_id for n in participants if n.node_id not in agents)
+        + tuple(d for d in msg.departed if d not in agents and phase == "JOINING"),
+        waiting=waiting,
+        joining=joining,
+        outcome=st.Outcome.Name(msg.outcome) if phase == "CLOSED" and msg.outcome else None,
+        closed_unix_ms=msg.closed_unix_ms,
+        root_cause=cause,
+        unreadable=unreadable,
+        **settings,
+        **base,
+    )
+
+
+def _node(live: Node | None, p: Any) -> Node:
+    """A node of a round (``p``: a Participant message or Member), live or as remembered."""
+    if live is None:  # the node is gone: what the round remembers of it
+        return Node(p.node_id, p.host, p.addr, p.pid, p.local_world_size, node_rank=p.node_rank)
+    return _replace(live, node_rank=p.node_rank)
+
+
+def _replace(n: Node, **kw: Any) -> Node:
+    return Node(**{**asdict(n), **kw})
+
+
+def _root_cause(msg: st.RoundState) -> RootCause:
+    f = msg.failure
+    return RootCause(
+        f.node_id,
+        f.host,
+        f.global_rank,
+        f.local_rank,
+        f.exit_code,
+        f.signal_name,
+        f.message,
+        f.traceback,
+        f.timestamp_ms,
+    )
+
+
+__all__ = ["Node", "RootCause", "RunStatus", "SCHEMA", "read"]

@@ -1,0 +1,158 @@
+"""``etcdrun status``: which node is missing, which round, why it restarted — from etcd alone.
+
+Real etcd, real handlers for the job, the real command for the operator; ``--watch`` runs in a
+real terminal (tmux) and redraws when the run changes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import uuid
+
+import pytest
+from agent_helpers import clean_env, etcdrun_bin, wait_for
+from rdzv_helpers import crash, exit_barriers, handler, new_run_id, rendezvous, shutdown_all
+
+from etcdrun.rendezvous.api import FailureInfo
+
+
+def status(endpoints: str, run: str, *extra: str, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [etcdrun_bin(), "status", "--rdzv-endpoint", endpoints, "--rdzv-id", run, *extra],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env or clean_env(),
+    )
+
+
+def as_json(endpoints: str, run: str) -> dict:
+    proc = status(endpoints, run, "--json")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_a_job_that_lost_a_node_which_node_which_round_why(etcd):
+    run = new_run_id()
+    hs = [handler(etcd.endpoints, run, 2, 4, lease_ttl=2, last_call_timeout=0) for _ in range(3)]
+    try:
+        infos = rendezvous(hs)
+        before = as_json(etcd.endpoints, run)
+        assert (before["round"], before["phase"], before["world_size"]) == (1, "FROZEN", 3)
+        assert [n["node_rank"] for n in before["participants"]] == [0, 1, 2]
+        assert all(n["lease_ttl_left"] is not None for n in before["participants"])
+        victim = next(h for h, i in zip(hs, infos, strict=True) if i.node_rank == 1)
+        lost = victim.node_id
+        crash(victim)
+        rest = [h for h in hs if h is not victim]
+        for h in rest:
+            assert h.membership_changed.wait(10)
+        during = as_json(etcd.endpoints, run)  # the survivors have not rejoined yet
+        assert (during["round"], during["phase"]) == (2, "JOINING")
+        assert during["missing"] == [lost] and during["departed"] == [lost]  # which node, why
+        assert lost in during["reason"] and lost not in [n["node_id"] for n in during["previous"]]
+        text = status(etcd.endpoints, run).stdout
+        assert f"MISSING: {lost}" in text and "round 2 JOINING" in text
+        rendezvous(rest)
+        after = as_json(etcd.endpoints, run)
+        assert (after["round"], after["phase"], after["restart_count"]) == (2, "FROZEN", 0)
+        assert lost not in [n["node_id"] for n in after["participants"]] and not after["missing"]
+        assert (after["min_nodes"], after["max_nodes"], after["schema"]) == (2, 4, 1)
+    finally:
+        shutdown_all(hs)
+
+
+def test_a_failed_run_shows_its_outcome_and_root_cause(etcd):
+    run = new_run_id()
+    h = handler(etcd.endpoints, run, 1, 1)
+    try:
+        rendezvous([h])
+        h.close_with_failure(FailureInfo("n", "host-b", 3, 1, "", "ValueError: boom", "tb", 1.0, 1))
+        s = as_json(etcd.endpoints, run)
+        assert (s["phase"], s["outcome"]) == ("CLOSED", "FAILED") and s["closed_unix_ms"] > 0
+        cause = s["root_cause"]
+        assert (cause["global_rank"], cause["host"], cause["message"]) == (
+            3,
+            "host-b",
+            "ValueError: boom",
+        )
+        text = status(etcd.endpoints, run).stdout
+        assert "ended: FAILED" in text and "root cause: rank 3 (local 1) on host-b" in text
+    finally:
+        shutdown_all([h])
+
+
+def test_a_finished_run_names_no_node_missing(etcd):
+    """Found by a new user: after `ended: SUCCEEDED`, every node of the run was listed MISSING
+    ("its agent is gone") and the world size was 0."""
+    run = new_run_id()
+    hs = [handler(etcd.endpoints, run, 2, 2, lws=2) for _ in range(2)]
+    try:
+        rendezvous(hs)
+        assert exit_barriers(hs, 10) == [True, True]
+    finally:
+        shutdown_all(hs)  # the agents leave, as they do after a success
+    s = as_json(etcd.endpoints, run)
+    assert (s["phase"], s["outcome"], s["missing"]) == ("CLOSED", "SUCCEEDED", [])
+    assert s["world_size"] == 4
+    text = status(etcd.endpoints, run).stdout
+    assert "ended: SUCCEEDED" in text and "MISSING" not in text and "world size 4" in text
+
+
+def test_an_unknown_run_is_one_line_and_exit_1(etcd):
+    proc = status(etcd.endpoints, "no-such-run")
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and "no run no-such-run" in proc.stderr
+
+
+def test_status_speaks_tls_like_the_agent(etcd_tls):
+    run = new_run_id()
+    conf = f"cacert={etcd_tls.tls.ca_file}"
+    h = handler(etcd_tls.endpoints, run, 1, 1, cacert=etcd_tls.tls.ca_file)
+    try:
+        rendezvous([h])
+        proc = status(etcd_tls.endpoints, run, "--rdzv-conf", conf, "--json")
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout)["phase"] == "FROZEN"
+        plain = status(etcd_tls.endpoints, run)  # no CA: one line, as the agent would say
+        assert plain.returncode == 1 and plain.stderr.count("\n") == 1
+    finally:
+        shutdown_all([h])
+
+
+@pytest.fixture
+def tmux():
+    if shutil.which("tmux") is None:
+        if os.environ.get("CI", "").lower() in ("true", "1", "yes"):
+            pytest.fail("tmux is not installed [CI=true: .ci/run installs it]", pytrace=False)
+        pytest.skip("tmux not installed (apt-get install tmux)")
+    name = "etcdrun-status-" + uuid.uuid4().hex[:8]
+    yield name
+    subprocess.run(["tmux", "kill-session", "-t", name], capture_output=True)
+
+
+def test_watch_redraws_in_a_real_terminal_when_the_run_changes(etcd, tmux):
+    run = new_run_id()
+    hs = [handler(etcd.endpoints, run, 1, 3, lease_ttl=2, last_call_timeout=0)]
+    try:
+        rendezvous(hs)
+        cmd = f"{etcdrun_bin()} status --watch --rdzv-endpoint {etcd.endpoints} --rdzv-id {run}"
+        subprocess.run(
+            ["tmux", "new-session", "-d", "-s", tmux, "-x", "160", "-y", "40", cmd], check=True
+        )
+
+        def screen() -> str:
+            return subprocess.run(
+                ["tmux", "capture-pane", "-p", "-t", tmux], capture_output=True, text=True
+            ).stdout
+
+        wait_for(lambda: "round 1 FROZEN, 1 nodes" in screen(), 20, "the first drawing")
+        hs.append(handler(etcd.endpoints, run, 1, 3, lease_ttl=2))
+        rendezvous(hs)  # a newcomer: round 2 with both
+        wait_for(lambda: "round 2 FROZEN, 2 nodes" in screen(), 20, "a redraw after the change")
+        assert "round 1 FROZEN" not in screen()  # redrawn in place, not appended
+    finally:
+        shutdown_all(hs)
