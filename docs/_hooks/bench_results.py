@@ -1,0 +1,37 @@
+"""MkDocs hook: publish bench/results.md (and the files it shows) inside the site.
+
+Why: the benchmark figures live once, in bench/results.md, which bench/compare.py writes next to
+its plot. The pages cite it as ``../bench/results.md`` so that the link also works where the
+Markdown is read as files (GitHub, an editor). MkDocs only knows files under docs/, so this hook
+adds the bench files to the site under ``bench/`` and points the pages' ``../bench/`` links there.
+No copy is kept in docs/: a copy would drift from the generated file.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from mkdocs.structure.files import File
+
+REPO = Path(__file__).resolve().parents[2]
+BENCH_FILES = (
+    "bench/results.md",
+    "bench/recovery.png",
+    "bench/rendezvous_scale.svg",
+    "bench/rendezvous_scale.json",
+)
+LINK = re.compile(r"\]\(\.\./bench/")
+
+
+def on_files(files, config):
+    for path in BENCH_FILES:
+        if (REPO / path).is_file():
+            files.append(File(path, str(REPO), config["site_dir"], config["use_directory_urls"]))
+    return files
+
+
+def on_page_markdown(markdown, page, config, files):
+    if "/" in page.file.src_uri:  # only the top-level pages link to ../bench/
+        return markdown
+    return LINK.sub("](bench/", markdown)
