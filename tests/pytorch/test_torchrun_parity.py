@@ -230,17 +230,18 @@ STATUSES = ("supported", "accepted with a notice", "not applicable")
 ROW = re.compile(r"^\| `(--?[\w-]+)`(?: / `[^`]+`)* \| ([a-z ]+) \|(.*)\|$")
 
 
-def readme_flags() -> dict[str, tuple[str, str]]:
-    text = (ROOT / "README.md").read_text()
+def documented_flags() -> dict[str, tuple[str, str]]:
+    """The flag table of docs/torchrun.md, between its torchrun-flags markers."""
+    text = (ROOT / "docs" / "torchrun.md").read_text()
     section = text.split("<!-- torchrun-flags -->")[1].split("<!-- /torchrun-flags -->")[0]
     rows = [ROW.match(line) for line in section.splitlines() if line.startswith("| `")]
     assert all(rows), [line for line in section.splitlines() if line.startswith("| `")]
     return {m[1]: (m[2], m[3]) for m in rows if m}
 
 
-def test_readme_lists_every_torchrun_flag_with_its_status(torch_available):
-    """README's "From torchrun" table names exactly torch 2.13's options: it cannot drift."""
-    listed = readme_flags()
+def test_docs_list_every_torchrun_flag_with_its_status(torch_available):
+    """docs/torchrun.md's flag table names exactly torch 2.13's options: it cannot drift."""
+    listed = documented_flags()
     assert set(listed) == set(torch_options()), (
         sorted(set(torch_options()) - set(listed)),
         sorted(set(listed) - set(torch_options())),
@@ -264,7 +265,7 @@ def test_flags_accepted_with_a_notice_say_so_at_start(tmp_path, monkeypatch):
     monkeypatch.setattr(accelerators, "ROOT", str(tmp_path))  # a node without GPUs
     fake_logs_specs(tmp_path, monkeypatch)
     values = {"--numa-binding": "node", "--event-log-handler": "console", "--logs-specs": "mine"}
-    for flag, (status, _) in readme_flags().items():
+    for flag, (status, _) in documented_flags().items():
         if status != "accepted with a notice":
             continue
         assert flag in values, f"{flag}: give the test a value that needs a notice"
