@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""etcdrun against an older etcdrun, trial by trial: ``python bench/ab.py --before DIR``.
+"""etcdrun against an older etcdrun, trial by trial: ``python -m bench.ab --before DIR``.
 
 Why a bench of its own: "status, metrics and events cost nothing on the hot path" (issue 13) is
 a claim about the difference between two versions of etcdrun, and on a shared machine the load
@@ -9,8 +9,9 @@ ABBA round after round, so that a drift in load falls on both alike; each side's
 median, and the ratio after/before is printed per scenario with the load average seen.
 
 ``--before DIR``: a checkout of the older version whose own ``bench/.venv-torch`` exists (run its
-``python bench/compare.py --help`` once to make it). The newer side is this checkout, installed
-into this checkout's bench venv (bench/compare.py's ``ensure_venv``). Scenarios: ``1s`` (first
+``python -m bench.compare --help`` once to make it; ``python bench/compare.py --help`` in a
+checkout from before bench/ was a package). The newer side is this checkout, installed into
+this checkout's bench venv (bench/compare.py's ``ensure_venv``). Scenarios: ``1s`` (first
 round N=8, the last agent after the others wait), ``3`` (kill -9 of a member, N=4), ``5``
 (scale-up 3 -> 4), ``8`` (idle etcd requests per agent); ``--rounds`` ABBA rounds (default 2:
 4 trials a side). ``--prewarm none`` runs both sides with standby workers off (the question
@@ -29,10 +30,7 @@ import time
 import uuid
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-import compare  # noqa: E402  (bench/ is not a package)
+from bench import compare
 
 SCENARIOS = ("1s", "3", "5", "8")
 
@@ -72,12 +70,15 @@ def main() -> int:
         ap.error("--before DIR is required (or --report JSON)")
     before_bin = Path(args.before).resolve() / "bench" / ".venv-torch" / "bin"
     if not (before_bin / "etcdrun").exists():
-        print(f"ab: no etcdrun in {before_bin}: run its bench/compare.py --help once", flush=True)
+        print(
+            f"ab: no etcdrun in {before_bin}: run `python -m bench.compare --help` there once",
+            flush=True,
+        )
         return 2
     compare.ensure_venv()  # re-executes under this checkout's bench venv, this checkout installed
-    import scenarios as sc
-    from launchers import LAUNCHERS
-    from procs import become_subreaper
+    from bench import scenarios as sc
+    from bench.launchers import LAUNCHERS
+    from bench.procs import become_subreaper
 
     become_subreaper()
     launcher = LAUNCHERS["etcdrun"]

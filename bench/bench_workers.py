@@ -1,7 +1,7 @@
 """Worker runtime figures: start latency of N workers per entrypoint kind, the exec shim's cost,
 and stop() latency. Prints figures; asserts nothing (see guide: no timing assertions in tests).
 
-    python bench/bench_workers.py [--workers 8] [--repeat 5]
+    python -m bench.bench_workers [--workers 8] [--repeat 5]
 """
 
 from __future__ import annotations

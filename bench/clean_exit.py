@@ -5,7 +5,7 @@ Why this exists: torch 2.13 + gloo workers were killed by SIGABRT while Python f
 ("terminate called without an active exception"; root cause and fix: agent/worker/_site/
 sitecustomize.py). Whether a launcher shows it is a matter of odds, so the claim is a count.
 
-    python bench/clean_exit.py [--n 50] [--cases a,b,c,d,e,f] [--launchers etcdrun,torchrun]
+    python -m bench.clean_exit [--n 50] [--cases a,b,c,d,e,f] [--launchers etcdrun,torchrun]
 
 Cases (single node, static backend, ``--max-restarts 0``):
   a  --run-path tests/agent_scripts/init_method.py, 4 workers, init env://  (torch's own test)
@@ -107,7 +107,7 @@ def clean_env() -> dict[str, str]:
 def _kill_tree(proc: subprocess.Popen[str]) -> None:
     # The launcher runs in its own session; its workers (torchrun's in sessions of their own)
     # are found through the process tree.
-    from procs import descendants
+    from bench.procs import descendants
 
     for pid in [proc.pid, *descendants(proc.pid)]:
         try:

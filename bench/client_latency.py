@@ -19,7 +19,7 @@ How it stays fair:
   runs (CLOCK_MONOTONIC is one clock for all processes on a machine). So the ratio isolates the
   watch path of the client.
 
-Usage: ``python bench/client_latency.py [--n 2000] [--endpoints host:port] [--json out.json]``.
+Usage: ``python -m bench.client_latency [--n 2000] [--endpoints host:port] [--json out.json]``.
 Without ``--endpoints`` it starts (and removes) its own single-member etcd on random ports.
 The timing loop and verdict are in latency_common.py, the watch side (and the putter process)
 in latency_watch.py.
@@ -35,8 +35,8 @@ import sys
 import time
 import uuid
 
-from latency_common import REQUEST_TIMEOUT, TARGET, interleave, summarize
-from latency_watch import bench_watch
+from bench.latency_common import REQUEST_TIMEOUT, TARGET, interleave, summarize
+from bench.latency_watch import bench_watch
 
 OPS = ("put", "range", "txn", "keepalive", "watch")
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""etcdrun vs torchrun, side by side, in one run on this machine: ``python bench/compare.py``.
+"""etcdrun vs torchrun, side by side, in one run on this machine: ``python -m bench.compare``.
 
 Runs issue 5's scenarios for both launchers with the same worker script (bench/compare_worker.py:
 gloo all_reduce every 0.2 s, or idle) on N local agents, a few trials each, every wait bounded,
@@ -12,7 +12,8 @@ Why its own venv (bench/.venv-torch, created on first use): torch 2.13 CPU (torc
 workers' gloo), python-etcd (torchrun's etcd-v2) and matplotlib are the benchmark's needs, not
 etcdrun's. etcdrun is installed there too (from this checkout), so both launchers start the same
 interpreter for their workers; etcdrun's agent never imports torch, and its start-up and RSS are
-measured as such. The script re-executes itself under that venv's Python.
+measured as such. The script re-executes itself under that venv's Python, as the same module
+(``-m bench.compare``, same working directory: run it from the repository root).
 
 Scenario 7 (N simulated participants) is bench/rendezvous_scale.py's job: it is run as is and
 its JSON is reported here.
@@ -39,18 +40,22 @@ TORCH_PIN = "torch==2.13.0"  # the CPU build pip finds on this machine; never a 
 LOAD_MAX = 1.5
 
 
-def ensure_venv(script: str | None = None) -> None:
-    """Create the bench venv if missing, install this checkout into it, re-exec ``script`` (default:
-    the calling script — compare.py, or a bench borrowing this) under it (once).
+def ensure_venv(module: str | None = None) -> None:
+    """Create the bench venv if missing, install this checkout into it, re-exec ``module``
+    (default: the module run with ``-m`` — bench.compare, or a bench borrowing this) under it
+    with ``python -m`` (once).
 
     Why a regular install of the working tree on every run, not an editable one: that is what a
     user runs (byte-compiled modules, no import hook). An editable install adds an import hook
     that every Python process in the venv pays at start-up (agents and workers of both
     launchers, ~8 ms each), and where PYTHONDONTWRITEBYTECODE is set (it is on this machine) an
-    edited checkout is recompiled by every agent that starts (~36 ms each).
+    edited checkout is recompiled by every agent that starts (~36 ms each). bench/ itself is not
+    installed: the re-executed ``python -m`` finds it in the working directory, as the first
+    run did.
     """
     if Path(sys.prefix).resolve() == VENV.resolve():
         return
+    module = module or _main_module()
     steps = []
     if not VENV_PY.exists():
         print(
@@ -89,8 +94,15 @@ def ensure_venv(script: str | None = None) -> None:
     for cmd in steps:
         if subprocess.run(cmd).returncode != 0:
             sys.exit(f"compare.py: setup step failed: {' '.join(cmd)}")
-    target = Path(script or sys.argv[0]).resolve()  # compare.py, or a bench borrowing this
-    os.execv(str(VENV_PY), [str(VENV_PY), str(target), *sys.argv[1:]])
+    os.execv(str(VENV_PY), [str(VENV_PY), "-m", module, *sys.argv[1:]])
+
+
+def _main_module() -> str:
+    """The module ``python -m`` ran (``bench.compare``, ``bench.ab``, ...)."""
+    spec = getattr(sys.modules["__main__"], "__spec__", None)
+    if spec is None:
+        sys.exit("run the benchmarks from the repository root as modules: python -m bench.<name>")
+    return spec.name
 
 
 def loadavg() -> float:
@@ -183,9 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _interrupt)
-    sys.path.insert(0, str(HERE))
-    import publish
-    from runner import run_all
+    from bench import publish  # not at the top: they import etcdrun, sure to be in the bench venv
+    from bench.runner import run_all
 
     if args.report:
         results = json.loads(Path(args.report).read_text())

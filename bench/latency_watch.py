@@ -4,19 +4,28 @@
 A separate putter process (bare stub, the same for both sides) stamps the time just before each
 put into the value; the watcher subtracts it from the time its callback runs (CLOCK_MONOTONIC is
 one clock for all processes of a machine), so the ratio isolates the watch path of the client.
-Run as a script, this module is the putter: ``latency_watch.py <target>``.
+Run as a module, this is the putter: ``python -m bench.latency_watch <target>`` (started by
+``bench_watch`` with the repository root as its working directory, where ``bench`` is found).
 """
 
 from __future__ import annotations
 
-import os
 import queue
 import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
-from latency_common import EVENT_TIMEOUT, REQUEST_TIMEOUT, interleave_samples, now_ns, summarize
+from bench.latency_common import (
+    EVENT_TIMEOUT,
+    REQUEST_TIMEOUT,
+    interleave_samples,
+    now_ns,
+    summarize,
+)
+
+ROOT = Path(__file__).resolve().parent.parent  # the putter runs as bench.latency_watch from here
 
 
 def putter_main(target: str) -> int:
@@ -105,7 +114,8 @@ def _deliver(putter: subprocess.Popen, arrived: queue.Queue, key: bytes, watcher
 
 def _start_putter(target: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, os.path.abspath(__file__), target],
+        [sys.executable, "-m", "bench.latency_watch", target],
+        cwd=ROOT,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,

@@ -13,7 +13,7 @@ of 12 (elections 1.60 and 1.78 s; all 12: 1.00-2.76 s) — 9 pauses, 5 resumed i
 4 fenced. What is left: an election that outlasts TTL after the last acknowledged keep-alive
 still fences, by design — etcd could have expired the lease by then, and S4 comes first.
 
-    python bench/leader_kills.py --kills 12
+    python -m bench.leader_kills --kills 12
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """One kill -9 recovery, quiet and with every core saturated (issue 11, "recovery under load"):
-``python bench/recovery_load.py [--busy] [--trials N]``.
+``python -m bench.recovery_load [--busy] [--trials N]``.
 
 4 etcdrun agents (``--nnodes 2:4``, 1 worker each, default lease_ttl 5) run
 bench/compare_worker.py (gloo all_reduce every 0.2 s) on a one-member etcd; the node rank 1
@@ -9,6 +9,15 @@ agent and its workers are SIGKILLed; recovery is the kill to the survivors' thre
 busy loop per core first (our own, killed by pid). Where the time goes comes from each agent's
 events.jsonl (time_ms) and the workers' BENCH_START/READY lines: the lease expiring, the round
 frozen, the workers spawned, their ``import torch`` and gloo meeting.
+
+Why it imports from tests/: the agents run under the test suite's own harness
+(tests/agent_helpers.py: ``Job`` starts etcdrun agents, keeps their output and tears down
+leaving nothing; ``clean_env``, ``wait_for``), the one the agent tests rely on, and this one-off
+measurement (issue 11) needs nothing else. A copy in bench/ would be a second harness to keep in
+step; moving it here would make the tests import bench/. tests/ is not a package (agent_helpers
+imports etcd_helpers by bare name, as pytest puts tests/ on ``sys.path``), so this script adds
+tests/ to ``sys.path`` itself, right above its one import from it: the one place it edits
+``sys.path``.
 """
 
 from __future__ import annotations
@@ -23,15 +32,15 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.procs import become_subreaper, descendants, kill_pids, parse_lines, reap_orphans
+from etcdrun.rendezvous.localetcd import LocalEtcd
+
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent / "tests"), str(HERE.parent / "tests" / "chaos")]
+sys.path.append(str(HERE.parent / "tests"))  # the agents' harness, from tests/ (see docstring)
 
 from agent_helpers import Job, clean_env, wait_for  # noqa: E402
-from procs import become_subreaper, descendants, kill_pids, parse_lines, reap_orphans  # noqa: E402
 
-from etcdrun.rendezvous.localetcd import LocalEtcd  # noqa: E402
-
-WORKER = str(HERE / "compare_worker.py")
+WORKER = str(HERE / "compare_worker.py")  # started by the agents as a script file
 
 
 def lines(job: Job) -> list:

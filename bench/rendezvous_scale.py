@@ -23,7 +23,7 @@ agent key per participant). CPU: etcd's from /proc (utime+stime, summed over mem
 leader's (the node that froze the round) as its driver thread's and its whole process's.
 Measured 2026-12-01 (bench/results.md): see README "Benchmarks".
 
-Usage: ``python bench/rendezvous_scale.py [--n 10,100,1000] [--members 1,3] [--procs 4]
+Usage: ``python -m bench.rendezvous_scale [--n 10,100,1000] [--members 1,3] [--procs 4]
 [--per-client K] [--leave member] [--lease-ttl 5] [--timeout 120] [--quiet-wait 120]
 [--json out.json] [--svg plot.svg] [--py-spy DIR] [--etcd-log DIR] [--etcd-pprof]
 [--etcd-cpus LIST] [--worker-cpus LIST]``. Exits 1 on a miss with ``--check``. The invariant
@@ -43,8 +43,8 @@ import time
 import uuid
 from collections.abc import Callable
 
-from scale_args import parse
-from scale_metrics import (
+from bench.scale_args import parse
+from bench.scale_metrics import (
     check_infos,
     delta,
     fanout,
@@ -57,9 +57,9 @@ from scale_metrics import (
     snapshot,
     wait_quiet_machine,
 )
-from scale_plot import fit_lines, write_svg
-from scale_pool import Pool
-from scale_report import busy_notes, details, table, target_lines
+from bench.scale_plot import fit_lines, write_svg
+from bench.scale_pool import Pool
+from bench.scale_report import busy_notes, details, table, target_lines
 
 
 # ---- main process -------------------------------------------------------------------------------

@@ -351,7 +351,7 @@ def rows(res: dict, which: str = RUNNING) -> list[list[str]]:
         if s == "6":
             out.extend(_help_row(res))
         if s == "7":
-            from report_scale import scale_rows  # scenario 7: its own module
+            from bench.report_scale import scale_rows  # scenario 7: its own module
 
             out.extend(scale_rows(res.get("scale") or {}))
             continue

@@ -6,7 +6,7 @@ Why its own module: report.py holds the launcher tables; these rows come from an
 
 from __future__ import annotations
 
-from report import _DASHES, TARGETS
+from bench.report import _DASHES, TARGETS
 
 
 def scale_rows(scale: dict) -> list[list[str]]:

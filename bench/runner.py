@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from importlib.metadata import version
 from pathlib import Path
 
-import scenarios as sc
-from launchers import ETCDRUN, LAUNCHERS, TORCHRUN, Launcher
-from procs import TAG_VAR, become_subreaper, sweep
+from bench import scenarios as sc
+from bench.launchers import ETCDRUN, LAUNCHERS, TORCHRUN, Launcher
+from bench.procs import TAG_VAR, become_subreaper, sweep
 
 ALL = ("1", "1s", "2", "3", "3i", "4", "5", "6", "7", "8")
 ALL_SIX = ("etcdrun", "c10d", "etcd-v2", "etcdrun-tuned", "c10d-tuned", "etcd-v2-tuned")
@@ -85,16 +85,23 @@ def _series(
 
 
 def _scale(args: argparse.Namespace, out: Path, tag: str) -> dict:
-    """Scenario 7: bench/rendezvous_scale.py, unchanged; its JSON is what we report."""
-    script = Path(__file__).with_name("rendezvous_scale.py")
-    if not script.exists():
+    """Scenario 7: bench/rendezvous_scale.py, unchanged; its JSON is what we report.
+
+    Run as ``python -m bench.rendezvous_scale`` from the repository root, where ``bench`` is."""
+    root = Path(__file__).resolve().parent.parent
+    if not (root / "bench" / "rendezvous_scale.py").exists():
         return {"error": "bench/rendezvous_scale.py is missing"}
     path = out / "rendezvous_scale.json"
-    cmd = [sys.executable, str(script), "--n", args.scale_n, "--json", str(path)]
+    cmd = [sys.executable, "-m", "bench.rendezvous_scale", "--n", args.scale_n, "--json", str(path)]
     print(f"  [7] {' '.join(cmd[1:])}", flush=True)
     try:
         p = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=900, env={**os.environ, TAG_VAR: tag}
+            cmd,
+            capture_output=True,
+            text=True,
+            timeout=900,
+            env={**os.environ, TAG_VAR: tag},
+            cwd=root,
         )  # its etcd and workers: swept
     except subprocess.TimeoutExpired:
         return {"error": "rendezvous_scale.py did not finish within 900 s"}

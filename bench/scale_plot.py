@@ -7,7 +7,7 @@ as N or as N^2 on the way to 4096. The fit is least squares of log(time) on log(
 time ~ a * N^b says it: 1 is linear, 2 quadratic. Each step's local exponent (between adjacent
 N) shows where it bends. The plot is hand-built SVG: no plotting library is a dependency.
 
-Usage: ``python bench/scale_plot.py RESULTS.json [MORE.json ...] --svg bench/rendezvous_scale.svg``
+Usage: ``python -m bench.scale_plot RESULTS.json [MORE.json ...] --svg bench/rendezvous_scale.svg``
 (the JSON of ``rendezvous_scale.py --json``; several files are merged, a later one winning for
 the same N, cluster size and round).
 """

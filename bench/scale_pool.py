@@ -15,7 +15,7 @@ import os
 import threading
 import time
 
-from scale_metrics import thread_cpu
+from bench.scale_metrics import thread_cpu
 
 EVENTS = (
     "session_opened",

@@ -9,7 +9,7 @@ round's own start/freeze/run lease, not anything per node).
 
 from __future__ import annotations
 
-from scale_metrics import QUIET_BUSY
+from bench.scale_metrics import QUIET_BUSY
 
 # (N, etcd members) -> (seconds, the rounds it applies to)
 TIME_TARGETS = {

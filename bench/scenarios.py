@@ -29,9 +29,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-from launchers import ETCDRUN, Launcher
-from procs import Agent, listener_pid
-from trial import (
+from bench.launchers import ETCDRUN, Launcher
+from bench.procs import Agent, listener_pid
+from bench.trial import (
     FORM_TIMEOUT,
     SETTLE,
     Ctx,

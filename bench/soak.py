@@ -1,13 +1,21 @@
 #!/usr/bin/env python3
-"""Chaos soak: ``python bench/soak.py --trials N --seed S`` runs N seeded chaos trials (seeds
+"""Chaos soak: ``python -m bench.soak --trials N --seed S`` runs N seeded chaos trials (seeds
 S..S+N-1; tests/chaos/: a real 3-member etcd, 3-5 real agents, short real workers, random
 faults) and prints trials, violations, jobs lost, and p50/p99 recovery. A failing trial prints
-its seed, schedule and the command that replays it: ``python bench/soak.py --replay SEED``.
+its seed, schedule and the command that replays it: ``python -m bench.soak --replay SEED``.
 
 Why seeds and not a fixed list: each seed is one schedule (tests/chaos/chaos_schedule.py, pure),
 so a long soak explores, and any trial it fails replays exactly (the schedule, not the timing: the
 processes are real). Why ``--pause-file``: a long soak shares this machine with measurements;
 while the file exists the soak waits between trials.
+
+Why it imports from tests/: a soak trial is the test suite's chaos trial (tests/chaos/
+chaos_trial.py, with its schedule, faults and invariant checks), the one CI's short soak runs
+(tests/chaos/test_chaos_soak.py); this script only runs more seeds of it. A copy in bench/ would
+drift from what CI checks, and moving it here would make the tests import bench/. tests/ is not
+a package (its helpers import one another by bare name, as pytest puts their folders on
+``sys.path``), so this script adds tests/ and tests/chaos/ to ``sys.path`` itself, right above
+its imports from them: the one place it edits ``sys.path``.
 """
 
 from __future__ import annotations
@@ -22,14 +30,14 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent / "tests"), str(HERE.parent / "tests" / "chaos")]
+from bench.procs import become_subreaper, reap_orphans
+from etcdrun.rendezvous.localetcd import find_etcd
+
+TESTS = Path(__file__).resolve().parent.parent / "tests"
+sys.path += [str(TESTS), str(TESTS / "chaos")]  # the chaos trial, from tests/ (see the docstring)
 
 from chaos_schedule import generate  # noqa: E402
 from chaos_trial import Result, Trial  # noqa: E402
-from procs import become_subreaper, reap_orphans  # noqa: E402
-
-from etcdrun.rendezvous.localetcd import find_etcd  # noqa: E402
 
 
 def run_one(seed: int, etcd_bin: str, keep: bool = False) -> Result:
@@ -84,7 +92,7 @@ def print_failure(r: Result) -> None:
         print(f"  violation: {v}")
     for line in r.log:
         print(f"  {line}")
-    print(f"  replay: python bench/soak.py --replay {r.schedule.seed}")
+    print(f"  replay: python -m bench.soak --replay {r.schedule.seed}")
 
 
 def main(argv: list[str] | None = None) -> int:

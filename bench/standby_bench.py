@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Standby workers (issue 14), measured: "ready" with and without them, beside torchrun, and
-what a waiting standby costs: ``python bench/standby_bench.py [--trials 3]``.
+what a waiting standby costs: ``python -m bench.standby_bench [--trials 3]``.
 
 Why a bench of its own beside compare.py: it changes one thing, ``--prewarm`` (``PET_PREWARM``),
 on the same etcdrun, in the two scenarios the issue judges it on — kill -9 of a node with
@@ -24,17 +24,16 @@ import time
 import uuid
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+from bench import compare  # its venv: torch, torchrun, this checkout installed
+from bench.procs import cpu_seconds, proc_kb
 
-import compare  # noqa: E402  (its venv: torch, torchrun, this checkout installed)
-from procs import cpu_seconds, proc_kb  # noqa: E402
+HERE = Path(__file__).resolve().parent
 
 ROOM_VAR = "ETCDRUN_STANDBY_ROOM"  # etcdrun.agent.standby.pool's: only a waiting standby has it
 
 
 def _launchers():
-    from launchers import LAUNCHERS
+    from bench.launchers import LAUNCHERS
 
     tuned = LAUNCHERS["etcdrun-tuned"]
     return [
@@ -60,7 +59,7 @@ def _record(row: dict, trial) -> None:
 
 
 def run_scenarios(args: argparse.Namespace, out: Path, tag: str) -> dict:
-    import scenarios as sc
+    from bench import scenarios as sc
 
     ctx = sc.Ctx(bindir=compare.VENV / "bin", out=out, tag=tag, recover_timeout=args.timeout)
     cases = {
@@ -159,7 +158,7 @@ def standby_cost(args: argparse.Namespace) -> dict:
 
 
 def main() -> int:
-    compare.ensure_venv(__file__)
+    compare.ensure_venv()
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--n", type=int, default=4, help="agents (scale-up: n-1 -> n)")

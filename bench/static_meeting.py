@@ -12,7 +12,7 @@ each costs, per trial and as medians:
 - end: node 1's worker sleeps ``--work`` s longer than node 0's; node 1's worker's last line ->
   node 0's agent gone (a launcher without an exit barrier has node 0 gone long before).
 
-    python bench/static_meeting.py [--trials 5] [--delay 2] [--work 2]
+    python -m bench.static_meeting [--trials 5] [--delay 2] [--work 2]
 
 Workers import nothing heavy (no torch), so the figures are the launchers'.
 """

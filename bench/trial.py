@@ -13,8 +13,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launchers import Launcher
-from procs import Agent, sweep
+from bench.launchers import Launcher
+from bench.procs import Agent, sweep
 
 POLL = 0.05
 FORM_TIMEOUT = 90.0  # a first round, beyond the launcher's own last-call wait

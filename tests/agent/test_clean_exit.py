@@ -25,9 +25,7 @@ import pytest
 from agent_helpers import clean_env, etcdrun_bin
 from layout import ROOT
 
-sys.path.insert(0, str(ROOT / "bench"))
-
-import clean_exit  # noqa: E402
+from bench import clean_exit
 
 SITE_HOOK = ROOT / "agent" / "worker" / "_site" / "sitecustomize.py"
 

@@ -2,7 +2,9 @@
 
 Why test a benchmark: its tables are the project's claims. The report is pure logic over a results
 dict (synthetic here); the harness is checked end to end on a small real job (etcd, etcdrun agents,
-torch workers), so that `python bench/compare.py` does not rot between its long runs.
+torch workers), so that `python -m bench.compare` does not rot between its long runs.
+bench/ is a package, importable from the repository root (pyproject.toml: pytest's
+``pythonpath``).
 """
 
 from __future__ import annotations
@@ -14,11 +16,7 @@ from pathlib import Path
 import pytest
 from layout import ROOT
 
-BENCH = ROOT / "bench"
-sys.path.insert(0, str(BENCH))
-
-import publish  # noqa: E402
-import report  # noqa: E402
+from bench import publish, report
 
 
 def _run(scenario, col, trials, setting="default", unit="s", n=8):
@@ -170,9 +168,9 @@ def test_ready_verdicts_use_the_ready_targets():
 def test_harness_measures_a_real_job_and_leaves_nothing(etcd_bin, torch_available, tmp_path):
     """Scenario 1s and 3' at N = 3 with etcdrun agents and torch workers, as compare.py runs
     them (its own etcd per trial), then the tag sweep finds nothing left to kill."""
-    import scenarios as sc
-    from launchers import LAUNCHERS
-    from procs import sweep, tagged
+    from bench import scenarios as sc
+    from bench.launchers import LAUNCHERS
+    from bench.procs import sweep, tagged
 
     tag = uuid.uuid4().hex
     ctx = sc.Ctx(bindir=Path(sys.executable).parent, out=tmp_path, tag=tag, recover_timeout=30.0)
@@ -210,7 +208,7 @@ def _scale_res(n, members, t1, w1, t2=0.5, w2=None):
 
 
 def test_scale_targets_per_cluster_size_and_round():
-    import scale_report as sr
+    from bench import scale_report as sr
 
     assert sr.verdicts({"time": 1.9, "writes": 3 * 4096 + 10}, 4096, 1) == ("PASS (<=2)", "PASS")
     assert sr.verdicts({"time": 2.1, "writes": 3 * 4096 + 11}, 4096, 1) == ("MISS (>2)", "MISS")
@@ -225,7 +223,7 @@ def test_scale_targets_per_cluster_size_and_round():
 
 
 def test_scale_fit_tells_linear_from_quadratic(tmp_path):
-    import scale_plot as sp
+    from bench import scale_plot as sp
 
     lin = [_scale_res(n, 1, 0.0004 * n, 3 * n) for n in (10, 100, 1000, 4096)]
     quad = [_scale_res(n, 3, 1e-7 * n * n, 3 * n) for n in (10, 100, 1000, 4096)]
@@ -250,11 +248,11 @@ def test_rendezvous_scale_small_real_run(etcd_bin, tmp_path):
     import subprocess
 
     out = tmp_path / "scale.json"
-    cmd = [sys.executable, str(BENCH / "rendezvous_scale.py"), "--n", "6", "--members", "1,3"]
+    cmd = [sys.executable, "-m", "bench.rendezvous_scale", "--n", "6", "--members", "1,3"]
     cmd += ["--procs", "2", "--per-client", "2", "--timeout", "30"]
     cmd += ["--etcd-cpus", "0", "--worker-cpus", "0"]  # both on one CPU: every machine has it
     cmd += ["--json", str(out), "--svg", str(tmp_path / "s.svg")]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=110)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=110, cwd=ROOT)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     results = json.loads(out.read_text())
     assert [(r["n"], r["members"]) for r in results] == [(6, 1), (6, 3)]
