@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from etcdrun.agent import flags
+
 if TYPE_CHECKING:  # pragma: no cover - typing only; keeps this module import-light
     from etcdrun.agent.errors import ProcessFailure
 
@@ -223,6 +225,13 @@ class WorkerSpec:
     The last fields are torch 2.13's (``duplicate_*_filters``, ``virtual_local_rank``,
     ``event_log_handler``) and the launcher's (``log_line_prefix_template``,
     ``signals_to_handle``), with torch's meanings (see ``LaunchConfig``).
+
+    ``max_restarts``: the restart budget is job-wide and the rendezvous owns it (every node
+    must count the same restarts), so None, the default, takes the rendezvous' budget. A value
+    given here is a promise the agent checks at the first round: when the rendezvous' budget
+    differs, the agent stops with one line naming both, rather than run with a budget other than
+    the one asked for (torch's default of 3 would silently have meant the rendezvous' 0).
+    ``prewarm`` defaults as ``LaunchConfig.prewarm`` does (agent/flags.py).
     """
 
     role: str = "default"
@@ -230,7 +239,7 @@ class WorkerSpec:
     rdzv_handler: Any = None
     entrypoint: Callable[..., Any] | str | None = None
     args: tuple[Any, ...] = ()
-    max_restarts: int = 3
+    max_restarts: int | None = None
     monitor_interval: float = 0.1
     master_addr: str | None = None
     master_port: int | None = None
@@ -249,7 +258,7 @@ class WorkerSpec:
     virtual_local_rank: bool = False
     signals_to_handle: str = DEFAULT_SIGNALS
     event_log_handler: str = "null"
-    prewarm: str = "none"  # ours: standby workers (agent/standby/pool.py); LaunchConfig checks it
+    prewarm: str = field(default_factory=lambda: flags.DEFAULT_PREWARM)  # standby workers
     restart_grace: float | None = None  # between rounds; None: agent/grace.py's default (3 s)
 
     def __post_init__(self) -> None:
@@ -257,7 +266,7 @@ class WorkerSpec:
             raise ValueError(
                 f"local_world_size ({self.local_world_size}) must be a positive integer"
             )
-        if self.max_restarts < 0:
+        if self.max_restarts is not None and self.max_restarts < 0:
             raise ValueError(f"max_restarts ({self.max_restarts}) must be non-negative")
         if self.monitor_interval < 0:
             raise ValueError("monitor_interval must be non-negative")

@@ -262,7 +262,7 @@ class LaunchConfig:
             rdzv_handler=handler,
             entrypoint=entrypoint,
             args=tuple(args),
-            max_restarts=self.max_restarts,
+            max_restarts=None,  # the rendezvous' budget: launch_agent gives it max_restarts
             monitor_interval=self.monitor_interval,
             master_addr=self.master_addr,
             master_port=self.master_port,

@@ -37,7 +37,7 @@ from etcdrun.agent.report.metrics import MetricsConfig
 from etcdrun.agent.report.observer import AgentObserver
 from etcdrun.agent.standby import pool as standby
 from etcdrun.agent.worker.group import WorkerGroup
-from etcdrun.rendezvous.api import FailureInfo, RendezvousHandler, RendezvousInfo
+from etcdrun.rendezvous.api import FailureInfo, Liveness, RendezvousHandler, RendezvousInfo
 from etcdrun.rendezvous.errors import RendezvousClosedError
 
 log = logging.getLogger("etcdrun.agent")
@@ -73,8 +73,10 @@ class ElasticAgent:
             raise ValueError("WorkerSpec.rdzv_handler is required")
         self._spec = spec
         self._h: RendezvousHandler = spec.rdzv_handler
+        self._liveness = self._h.liveness()
+        self._report = self._h.report()
         self._wake = threading.Event()  # a worker exited or the membership changed
-        self._fencing = Fencing(self._h, early and early.tag)  # the warden: fences the workers
+        self._fencing = Fencing(self._liveness, early and early.tag)  # the warden
         self.observer = AgentObserver(self._h, event_log_handler, metrics)
         self._standbys = early.pool if early else standby.for_agent(spec, self._fencing.env)
         self._group = WorkerGroup(
@@ -177,10 +179,24 @@ class ElasticAgent:
     def _join(self, action: loop.Join) -> loop.Event:
         self.observer.joining()
         try:
-            return loop.Joined(self._rendezvous())
+            info = self._rendezvous()
         except RendezvousClosedError as exc:
             self._closed_error = exc
             return loop.RunClosed(self._h.closed_failure(), exc.succeeded)
+        self._check_budget(info)
+        return loop.Joined(info)
+
+    def _check_budget(self, info: RendezvousInfo) -> None:
+        """WorkerSpec.max_restarts, when given, must be the rendezvous' own budget (the
+        rendezvous decides every restart; see WorkerSpec): refused with one line otherwise."""
+        wanted = self._spec.max_restarts
+        if wanted is not None and wanted != info.max_restarts:
+            raise ValueError(
+                f"run {info.run_id} round {info.round} node {info.node_id}: "
+                f"WorkerSpec.max_restarts={wanted}, but the rendezvous' restart budget is "
+                f"{info.max_restarts}; the budget is job-wide, so give it to the rendezvous "
+                "(LaunchConfig.max_restarts, --max-restarts, or its config's max_restarts)"
+            )
 
     def _start(self, action: loop.StartWorkers) -> loop.Event:
         info = action.info
@@ -216,7 +232,7 @@ class ElasticAgent:
         st = self._state
         why = st.reason or (st.then.value if st.then is not None else "")
         self.observer.stopped(result, self._group.workers, why)
-        if st.then is loop.Then.REJOIN and st.reason == "lease lost":
+        if st.then is loop.Then.FENCED:
             self._lease_lost = True
             self.observer.fenced(len(self._group.workers))
         return loop.WorkersStopped(result, self._h.closed_failure())
@@ -229,7 +245,7 @@ class ElasticAgent:
     def _barrier(self, action: loop.ExitBarrier) -> loop.Event:
         if self._h.exit_barrier():
             return loop.BarrierDone(True)
-        if self._h.session_lost():
+        if self._lost():
             return loop.BarrierDone(False, fenced=True)
         return loop.BarrierDone(False, self._h.closed_failure())
 
@@ -264,14 +280,14 @@ class ElasticAgent:
 
         def ticker() -> None:
             while not done.wait(self._status_interval):
-                first = self._last_call_line()
-                if first is not None:
-                    log.info("%s", first)
+                call = self._report.last_call()  # the first round's, as every node says it
+                if call is not None:
+                    log.info("%s", call.line(time.time()))
                     continue
                 log.info(
                     "waiting for a round (%.0f s): %s",
                     time.monotonic() - started,
-                    self._h.status() or "...",
+                    self._report.status() or "...",
                 )
 
         th = threading.Thread(target=ticker, name="etcdrun-status", daemon=True)
@@ -281,18 +297,6 @@ class ElasticAgent:
         finally:
             done.set()
             th.join()
-
-    def _last_call_line(self) -> str | None:
-        """The first round's last call, as the leader published it in the round key."""
-        view = getattr(self._h, "view", None)
-        settings = getattr(self._h, "settings", None)
-        if view is None or settings is None:
-            return None
-        from etcdrun.rendezvous.etcd.leader import (
-            last_call,  # etcd only: the static agent loads no gRPC
-        )
-
-        return last_call.line(view.message(), settings.min_nodes, settings.max_nodes)
 
     def _wait(self) -> loop.Event:
         """Sleep until the workers end or the round is superseded (a signal raises).
@@ -305,20 +309,23 @@ class ElasticAgent:
             self._wake.clear()
             self._check_deferred()
             if changed.is_set():
-                if self._h.session_lost() or not self._h.confirm_session():
+                if self._lost() or self._liveness.confirm() is Liveness.LOST:
                     return loop.LeaseLost()  # our own lease vanished: fencing, not a change
                 paused = self._fencing.paused_at is not None  # a broken world: no grace
-                return loop.RoundSuperseded(self._h.round_reason(), paused)
+                return loop.RoundSuperseded(self._report.round_reason(), paused)
             if self._fencing.follow():  # the lease in doubt: pause; etcd answered: resume
                 return loop.LeaseLost()
             result = self._group.poll()
             if result is not None:
                 if result.state == WorkerState.SUCCEEDED:
                     return loop.WorkersSucceeded()
-                if self._fencing.fenced() or self._h.session_lost():
+                if self._fencing.fenced() or self._lost():
                     return loop.LeaseLost()  # the warden killed them: fencing, not a failure
                 return loop.WorkersFailed()
             self._wake.wait()
+
+    def _lost(self) -> bool:
+        return self._liveness.read().state is Liveness.LOST
 
     def _stop_workers(
         self, grace: float | None = None, forward: signal.Signals | None = None

@@ -24,7 +24,7 @@ from etcdrun.agent.report.metrics import INSTALL, MetricsConfig, prometheus_avai
 from etcdrun.agent.standby import pool as standby
 from etcdrun.agent.worker.logdir import NOTICES, AgentLogFile, LogDirError, check_writable, describe
 from etcdrun.rendezvous import registry
-from etcdrun.rendezvous.api import RendezvousHandler, RendezvousParameters
+from etcdrun.rendezvous.api import RendezvousHandler, RendezvousParameters, ReportPort
 from etcdrun.rendezvous.free_port import reserve_free_port
 
 __all__ = ["LaunchConfig", "elastic_launch", "launch_agent"]
@@ -39,11 +39,11 @@ class _NodeField(logging.Filter):
 
     def __init__(self) -> None:
         super().__init__()
-        self.handler: RendezvousHandler | None = None
+        self.report: ReportPort | None = None
         self._fallback = f"{socket.gethostname()}:{os.getpid()}"
 
     def filter(self, record: logging.LogRecord) -> bool:
-        node = getattr(self.handler, "node_id", None) if self.handler is not None else None
+        node = self.report.node_id() if self.report is not None else None
         record.node = node or self._fallback
         return True
 
@@ -77,7 +77,7 @@ def _name_nodes(log_handler: logging.Handler | None, rdzv: RendezvousHandler) ->
     """From now on agent.log names the rendezvous' node (its id changes per incarnation)."""
     for f in log_handler.filters if log_handler is not None else ():
         if isinstance(f, _NodeField):
-            f.handler = rdzv
+            f.report = rdzv.report()
 
 
 def _metrics_config(config: LaunchConfig) -> MetricsConfig:

@@ -40,7 +40,8 @@ class Phase(str, enum.Enum):
 class Then(str, enum.Enum):
     """What follows a stop: the three ways an attempt ends."""
 
-    REJOIN = "rejoin"  # the round was superseded (or the lease lost): join the next one
+    REJOIN = "rejoin"  # the round was superseded: join the next one
+    FENCED = "fenced"  # our place was lost (S4): the workers died at once; join as a new node
     RESTART = "restart"  # our workers failed: ask the rendezvous for a restart
     FINISH = "finish"  # our workers succeeded: wait for the other nodes
 
@@ -283,7 +284,7 @@ def _running(state: State, event: Event) -> Step | None:
         return Step(replace(stopping, then=Then.REJOIN, reason=reason), stop)
     if isinstance(event, LeaseLost):
         return Step(
-            replace(stopping, then=Then.REJOIN, reason="lease lost"), StopWorkers(grace=0.0)
+            replace(stopping, then=Then.FENCED, reason="lease lost"), StopWorkers(grace=0.0)
         )
     return None
 
@@ -292,15 +293,15 @@ def _stopping(state: State, event: Event) -> Step | None:
     if not isinstance(event, WorkersStopped) or state.info is None:
         return None
     info, stopped = state.info, replace(state, result=event.result)
-    if state.then is Then.REJOIN:
+    if state.then in (Then.REJOIN, Then.FENCED):
         note = f"round {info.round} superseded ({state.reason}): restarting workers"
-        if state.reason == "lease lost":
+        if state.then is Then.FENCED:
             note = f"round {info.round}: this node's lease was lost: workers killed, rejoining"
         if event.closed_failure is not None:  # the run failed elsewhere meanwhile
             done = replace(stopped, phase=Phase.DONE)
             return Step(done, FailWithRemoteRootCause(event.closed_failure, note=note))
-        lost = state.reason == "lease lost"  # the deaths are the fencing's: nobody's failure
-        if not lost and event.result.real_failures():  # ours failed first: maybe the cause
+        # Fenced, the deaths are the fencing's: nobody's failure. Else ours may be the cause.
+        if state.then is Then.REJOIN and event.result.real_failures():
             return _restart(stopped, info, event.result)
         return Step(replace(stopped, phase=Phase.JOINING), Join(note=note))
     if state.then is Then.FINISH:

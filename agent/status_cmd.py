@@ -57,13 +57,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _keys_and_client(ns: argparse.Namespace) -> tuple[Any, Any]:
-    from etcdrun.rendezvous.etcd.config import EtcdRendezvousConfig
     from etcdrun.rendezvous.etcd.keys import RunKeys
+    from etcdrun.rendezvous.torch.conf import etcd_config
 
     if not ns.rdzv_endpoint.strip() or not ns.rdzv_id.strip():
         raise UsageError("status needs --rdzv-endpoint and --rdzv-id (the job's own)")
     conf = parse_rdzv_conf(ns.rdzv_conf)
-    cfg = EtcdRendezvousConfig.from_conf(conf)
+    cfg = etcd_config(conf)
     keys = RunKeys(cfg.prefix, ns.rdzv_id)
     from etcdrun.rendezvous.client import EtcdClient
 

@@ -7,11 +7,15 @@ names and meanings match torch.distributed.elastic.rendezvous so a user maps the
 from __future__ import annotations
 
 import abc
+import enum
 import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the contract names the event log; importing it stays lazy
+    from etcdrun.rendezvous.events import EventLog
 
 
 @dataclass(frozen=True)
@@ -157,12 +161,129 @@ def _no_op() -> None:
     return None
 
 
+class Liveness(enum.Enum):
+    """This node's right to run workers, as its backend knows it (fencing, design.md S4).
+
+    Why three values and not a flag: an etcd leader election longer than the fence margin leaves
+    every lease alive (etcd renews them when a new leader takes over), yet no keep-alive is
+    answered meanwhile. ``IN_DOUBT`` is that window: the workers pause (a stopped process does
+    not talk) instead of dying, and resume when the backend answers again.
+    """
+
+    LIVE = "live"  # the place holds: workers run
+    IN_DOUBT = "in doubt"  # unanswered past the fence deadline, not yet possibly gone: pause
+    LOST = "lost"  # the place is gone (or must be presumed gone): kill, rejoin as a new node
+
+
+@dataclass(frozen=True)
+class LeaseReading:
+    """One reading of the liveness port: what the agent, its warden and its metrics act on.
+
+    ``deadline`` is the monotonic moment the place must be presumed in doubt (the workers are
+    paused then), None when the backend has no such limit; ``margin`` runs from that moment to
+    the one the place could be gone for good (the warden kills just before it). ``time_left``
+    and ``keepalive_age`` are for people and metrics; None without a lease.
+    """
+
+    state: Liveness = Liveness.LIVE
+    deadline: float | None = None
+    margin: float = 0.0
+    time_left: float | None = None
+    keepalive_age: float | None = None
+
+
+class LivenessPort:
+    """How the agent learns whether it may keep its workers running, and gives its place up.
+
+    The defaults fit a backend without a lease (static): always live, no deadline, no margin.
+    A backend with a lease overrides all four; its ``subscribe`` callbacks run on a backend
+    thread after every keep-alive and when the lease falls in doubt, and must return at once
+    (set an event, hand a value to the warden).
+    """
+
+    def read(self) -> LeaseReading:
+        return LeaseReading()
+
+    def confirm(self) -> Liveness:
+        """Ask the backend now (etcd: one LeaseTimeToLive). Why: a round superseded because
+        this node's own lease vanished reaches the agent through the round watch first; telling
+        the two apart decides between a stop with grace and fencing."""
+        return self.read().state
+
+    def give_up(self, why: str) -> None:
+        """The workers were fenced behind the agent's back (its warden killed them while the
+        agent was silent): give the place up even if the lease lives, so that the others hear
+        of it at once and the next join registers a new node."""
+        return None
+
+    def subscribe(self, callback: Callable[[LeaseReading], None]) -> Callable[[], None]:
+        """Call ``callback(reading)`` whenever the reading changes; return an unsubscribe."""
+        return _no_op
+
+
+@dataclass(frozen=True)
+class LastCall:
+    """The first round's last call as the backend published it, so every node says it alike."""
+
+    deadline_unix: float  # wall clock: informational, nothing decides from it
+    joined: int
+    min_nodes: int
+    max_nodes: int
+
+    def seconds_left(self, now_unix: float) -> float:
+        return max(0.0, self.deadline_unix - now_unix)
+
+    def line(self, now_unix: float) -> str:
+        return (
+            f"first round: {self.joined} of max {self.max_nodes} joined (min {self.min_nodes}); "
+            f"starting in {self.seconds_left(now_unix):.0f} s unless more join"
+        )
+
+
+class ReportPort:
+    """What a backend tells about itself that the agent only reports and never acts on: its
+    node id, its events, its waiting line, why the round opened, a last call, its calls to the
+    store. The defaults tell nothing; every answer must be cheap and must not raise.
+    """
+
+    def node_id(self) -> str | None:
+        """This node's id in the job (it may change per incarnation); None before a round."""
+        return None
+
+    def events(self) -> EventLog | None:
+        """The backend's event log (docs/events.md): the agent writes it to events.jsonl and
+        counts it in its metrics beside its own."""
+        return None
+
+    def status(self) -> str:
+        """One line on where the rendezvous stands, for the agent's waiting message."""
+        return ""
+
+    def round_reason(self) -> str:
+        """Why the current round was opened ("node(s) left: ...", "worker rank 3 failed")."""
+        return ""
+
+    def last_call(self) -> LastCall | None:
+        return None
+
+    def observe(self, hook: Callable[[str, float, str | None], None] | None) -> None:
+        """Call ``hook(method, seconds, error)`` after every request to the backend's store
+        (None stops it): the agent's request metrics. Default: no store, nothing to observe."""
+        return None
+
+
 class RendezvousHandler(abc.ABC):
     """A backend's view of the job's membership, as the agent uses it.
 
     Lifecycle: ``next_rendezvous()`` (repeatedly: once per round) → ``shutdown()``. The handler
     pushes membership changes through ``membership_changed``: the agent waits on that event
     (together with its workers) instead of asking etcd in a loop.
+
+    Three parts: torch's interface (the first eight members), the restart contract every backend
+    keeps (``request_restart``, ``exit_barrier``, ``close_with_failure``, ``closed_failure``), and
+    two narrow ports the agent asks for once: ``liveness()`` (may the workers run?) and
+    ``report()`` (what to tell people). The agent uses nothing else: a new backend written
+    against this class alone gets the agent's fencing, events, story lines and metrics.
     """
 
     @abc.abstractmethod
@@ -183,11 +304,6 @@ class RendezvousHandler(abc.ABC):
     def num_nodes_waiting(self) -> int:
         """Live nodes that are not in the current round (newcomers and hot spares)."""
 
-    @property
-    @abc.abstractmethod
-    def membership_changed(self) -> threading.Event:
-        """Set when the round this node runs in is superseded (or its session is lost)."""
-
     @abc.abstractmethod
     def shutdown(self) -> bool:
         """Leave gracefully (peers see it at once); True when it left cleanly."""
@@ -195,27 +311,16 @@ class RendezvousHandler(abc.ABC):
     def get_run_id(self) -> str:
         return ""
 
-    # ---- what the elastic agent needs beyond torch's interface (defaults fit a backend without
-    # ---- a shared round: static) ----------------------------------------------------------------
-    def session_lost(self) -> bool:
-        """True when this node's place in the job is gone (its etcd lease lost or presumed
-        lost): its workers must stop at once, without a grace period (fencing, S4)."""
+    @property
+    def use_agent_store(self) -> bool:
+        """TORCHELASTIC_USE_AGENT_STORE: our workers build their own store from MASTER_*."""
         return False
 
-    def give_up_session(self, why: str) -> None:
-        """This node's workers were fenced behind the agent's back (its warden killed them: the
-        agent had fallen silent past its fence deadline): its place in the job is given up even
-        if the lease lives, so that the others hear of it at once and the next join registers
-        a new node (soak seed 1591: it rejoined as itself and the others' barrier waited for
-        it). Default: nothing to give up."""
-        return None
-
-    def confirm_session(self) -> bool:
-        """Ask now whether this node's place in the job still holds (etcd: its lease lives);
-        False means ``session_lost()``. Why: the agent asks before stopping workers for a
-        superseded round — when the cause is its own lost lease, that is fencing (no grace).
-        Default: the place holds while it is not lost."""
-        return not self.session_lost()
+    # ---- membership: pushed, never polled ---------------------------------------------------
+    @property
+    @abc.abstractmethod
+    def membership_changed(self) -> threading.Event:
+        """Set when the round this node runs in is superseded (or its place is lost)."""
 
     def on_membership_change(self, callback: Callable[[], None]) -> Callable[[], None]:
         """Call ``callback`` whenever ``membership_changed`` is set; return an unsubscribe.
@@ -226,35 +331,6 @@ class RendezvousHandler(abc.ABC):
         """
         return _no_op
 
-    def session_in_doubt(self) -> bool:
-        """True while this node's lease is in doubt: keep-alives unanswered past the fence
-        deadline, yet etcd cannot have expired it. Why: an etcd leader election longer than
-        the margin is not a loss — the workers pause (SIGSTOP) rather than die, and resume when
-        etcd answers. Default: never."""
-        return False
-
-    def fence_margin(self) -> float:
-        """Seconds from the fence deadline (pause) to the moment the lease could have expired
-        (kill). Default 0: no pause, the deadline kills."""
-        return 0.0
-
-    def on_lease_change(self, callback: Callable[[], None]) -> Callable[[], None]:
-        """Call ``callback()`` after every keep-alive and when the lease falls in doubt (a
-        backend thread; return at once); return an unsubscribe. Default: never."""
-        return _no_op
-
-    def fence_deadline(self) -> float | None:
-        """The monotonic moment this node's right to run workers must be presumed lost (its
-        lease may be expiring: fencing, S4), or None when the backend has no such limit."""
-        return None
-
-    def on_fence_deadline(self, callback: Callable[[float], None]) -> Callable[[], None]:
-        """Call ``callback(deadline)`` whenever the fence deadline moves (after each lease
-        keep-alive); return an unsubscribe. Why: a guard outside the agent's process (the
-        warden) fences the workers when the agent itself is frozen and stops moving it. The
-        callback runs on a backend thread and must return at once. Default: no deadline."""
-        return _no_op
-
     def job_running(self) -> bool:
         """True when the run has a frozen round whose workers run: a node that joins now stops
         them all for a new round, so the agent first lets its standbys finish their imports
@@ -262,12 +338,9 @@ class RendezvousHandler(abc.ABC):
         stop."""
         return False
 
-    def round_reason(self) -> str:
-        """Why the current round was opened ("node(s) left: ...", "worker rank 3 failed")."""
-        return ""
-
+    # ---- the restart contract: one path for every backend (design.md §3, L3b) --------------
     def request_restart(self, reason: str, failure: FailureInfo | None = None) -> bool:
-        """Ask for a new round after a worker failure: the one path for every backend.
+        """Ask for a new round after a worker failure.
 
         The backend owns the restart budget: it either grants the restart (the next
         ``next_rendezvous()`` returns a round with ``restart_count`` + 1) or, once the budget is
@@ -290,11 +363,15 @@ class RendezvousHandler(abc.ABC):
         """The failure that closed the run, once it is closed as failed."""
         return None
 
-    def status(self) -> str:
-        """One line on where the rendezvous stands, for the agent's waiting message."""
-        return ""
+    # ---- the ports ------------------------------------------------------------------------------
+    def liveness(self) -> LivenessPort:
+        """This node's right to run workers. Default: no lease, always live."""
+        return _NO_LEASE
 
-    @property
-    def use_agent_store(self) -> bool:
-        """TORCHELASTIC_USE_AGENT_STORE: our workers build their own store from MASTER_*."""
-        return False
+    def report(self) -> ReportPort:
+        """What the backend tells people. Default: nothing."""
+        return _SILENT
+
+
+_NO_LEASE = LivenessPort()
+_SILENT = ReportPort()

@@ -18,6 +18,7 @@ import pytest
 
 from etcdrun.proto import etcd_api_pb2 as pb
 from etcdrun.proto.etcd_stubs import bind
+from etcdrun.rendezvous.client import EtcdClient
 from etcdrun.rendezvous.localetcd import EtcdMember, LocalEtcd, TlsConfig, grpc_channel
 
 # Every LocalEtcd started through owned_local_etcd(), whatever the fixture's scope: the leak
@@ -155,3 +156,18 @@ def assert_no_leases(
             shown = ", ".join(f"{lid:x} keys={keys[:5]}" for lid, keys in list(leases.items())[:10])
             pytest.fail(f"{len(leases)} lease(s) left in etcd: {shown}", pytrace=False)
         time.sleep(0.05)
+
+
+def enable_auth(endpoints: str, **tls) -> None:
+    """root + a user ``alice`` whose role covers only /jobs/42/ (the auth tests' setup)."""
+    admin = EtcdClient(endpoints, **tls)
+    try:
+        admin.user_add("root", "rootpw")
+        admin.user_grant_role("root", "root")
+        admin.role_add("job42")
+        admin.role_grant_prefix("job42", "/jobs/42/")
+        admin.user_add("alice", "alicepw")
+        admin.user_grant_role("alice", "job42")
+        admin.auth_enable()
+    finally:
+        admin.close()

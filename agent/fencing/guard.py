@@ -4,7 +4,7 @@ Why: the agent fences its own workers when its lease is presumed lost (it kills 
 grace), but a frozen agent fences nothing, and a killed one leaves its workers' descendants
 behind. The warden (warden.py) is the guard outside the agent's process; this module feeds it:
 each worker's pidfd as it starts, the lease's fence deadline while workers run (pushed by the
-rendezvous after every keep-alive: ``on_fence_deadline``), and ``inf`` when none run. It also
+rendezvous' liveness port after every keep-alive), and ``inf`` when none run. It also
 tags every worker's environment, so that after every stop whatever the workers started — double
 forked, setsid'd — is found and killed (``warden.sweep``).
 
@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable
 
 from etcdrun.agent.fencing import warden
-from etcdrun.rendezvous.api import RendezvousHandler
+from etcdrun.rendezvous.api import LeaseReading, Liveness, LivenessPort
 
 log = logging.getLogger("etcdrun.agent")
 KILL_LEAD = 0.1  # s: the warden kills this long before etcd could expire the lease (docstring)
@@ -62,15 +62,15 @@ class Fencing:
     """One per agent: ``start()`` (the warden), per attempt ``started()``/``stopped()``,
     ``fenced()`` to read the warden's word, ``close()``."""
 
-    def __init__(self, handler: RendezvousHandler, tag: str | None = None) -> None:
+    def __init__(self, liveness: LivenessPort, tag: str | None = None) -> None:
         self.tag = tag or new_tag()
-        self._h = handler
+        self._liveness = liveness
         self._link: warden.Link | None = None
         self._running = False
         self._fenced = False
         self.paused_at: float | None = None  # monotonic: when the agent paused the workers
-        self._unsubscribe = None
-        self._unsubscribe_lease = None
+        self._wake: Callable[[], None] | None = None
+        self._unsubscribe: Callable[[], None] | None = None
 
     @property
     def env(self) -> dict[str, str]:
@@ -80,15 +80,14 @@ class Fencing:
     def start(self, wake: Callable[[], None]) -> None:
         """Start the warden; ``wake`` runs after every keep-alive and when the lease falls in
         doubt (the agent then calls ``follow()``)."""
-        self._unsubscribe_lease = self._h.on_lease_change(wake)
+        self._wake = wake
+        self._unsubscribe = self._liveness.subscribe(self._on_reading)
         if sys.platform != "linux" or not hasattr(os, "pidfd_open"):
             return
         try:
             self._link = warden.Link(self.tag)
         except OSError as e:  # the agent still fences itself; say that this guard is off
             log.warning("could not start the warden (%s): a frozen agent cannot be fenced", e)
-            return
-        self._unsubscribe = self._h.on_fence_deadline(self._deadline)
 
     def spawned(self, pidfd: int) -> None:
         """A worker was started (called on the thread that reaps workers, before any reap:
@@ -99,7 +98,7 @@ class Fencing:
     def started(self) -> None:
         """This attempt's workers run: from now on a silent agent gets them killed."""
         self._fenced, self._running = False, True
-        self._deadline(self._h.fence_deadline())
+        self._deadline(self._liveness.read())
 
     def stopped(self, sweep: bool = True, skip: set[int] = frozenset()) -> int:  # type: ignore[assignment]
         """The workers are gone: no deadline while none run; kill what they left behind (but
@@ -116,7 +115,7 @@ class Fencing:
         if not self._fenced and self._link is not None:
             self._fenced = self._link.fenced()
             if self._fenced:  # our place is gone with them, even if the lease lives
-                self._h.give_up_session("its warden fenced the workers (the agent was silent)")
+                self._liveness.give_up("its warden fenced the workers (the agent was silent)")
         return self._fenced
 
     def follow(self) -> bool:
@@ -126,17 +125,18 @@ class Fencing:
         /proc to find the trees): fence now, as before the pause existed."""
         if not self._running:
             return False
+        in_doubt = self._liveness.read().state is Liveness.IN_DOUBT
         if sys.platform != "linux":
-            return self._h.session_in_doubt()
-        if self._h.session_in_doubt() and self.paused_at is None:
+            return in_doubt
+        if in_doubt and self.paused_at is None:
             self.paused_at = time.monotonic()
             warden.sweep(self.tag, signal.SIGSTOP)
             log.warning(
                 "etcd has not answered keep-alives past the fence deadline: workers paused "
                 "(SIGSTOP) until it answers; killed before the lease could expire (in %.1f s)",
-                kill_after(self._h.fence_margin()),
+                kill_after(self._liveness.read().margin),
             )
-        elif self.paused_at is not None and not self._h.session_in_doubt():
+        elif self.paused_at is not None and not in_doubt:
             self.resume("etcd answered: the lease is alive and the round unchanged")
         return False
 
@@ -149,17 +149,26 @@ class Fencing:
         log.warning("%s: workers resumed after %.2f s paused", why, took)
 
     def close(self) -> None:
-        if self._unsubscribe_lease is not None:
-            self._unsubscribe_lease()
         if self._unsubscribe is not None:
             self._unsubscribe()
         if self._link is not None:
             self._link.close()  # the warden sweeps once more and leaves
             self._link = None
 
-    def _deadline(self, at: float | None) -> None:
+    def _on_reading(self, reading: LeaseReading) -> None:
+        """A backend thread, after every keep-alive and when the lease falls in doubt: move
+        the warden's deadlines (a keep-alive answered: only a live reading carries a newer
+        pair, and the warden takes a newer pair for etcd's answer), then wake the agent (it
+        calls ``follow()``)."""
+        if reading.state is Liveness.LIVE:
+            self._deadline(reading)
+        if self._wake is not None:
+            self._wake()
+
+    def _deadline(self, reading: LeaseReading) -> None:
+        at = reading.deadline
         if self._running and self._link is not None and at is not None:
-            self._link.deadline(at, at + kill_after(self._h.fence_margin()))
+            self._link.deadline(at, at + kill_after(reading.margin))
 
 
 __all__ = ["Fencing"]

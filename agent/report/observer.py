@@ -25,7 +25,7 @@ from etcdrun.agent.api import RunResult, Worker
 from etcdrun.agent.report import story
 from etcdrun.agent.report.event_sink import FILE_NAME, EventSink
 from etcdrun.agent.report.metrics import INSTALL, MetricsConfig, MetricStore, prometheus_available
-from etcdrun.rendezvous.api import RendezvousHandler, RendezvousInfo
+from etcdrun.rendezvous.api import Liveness, RendezvousHandler, RendezvousInfo
 from etcdrun.rendezvous.events import EventLog
 
 log = logging.getLogger("etcdrun.agent")
@@ -38,9 +38,10 @@ class AgentObserver:
         event_log_handler: str = "null",
         metrics: MetricsConfig | None = None,
     ) -> None:
-        self._h = handler
+        self._report = handler.report()
+        self._liveness = handler.liveness()
         self.events = EventLog(handler.get_run_id() or "run")
-        self._rdzv_events: EventLog | None = getattr(handler, "events", None)
+        self._rdzv_events = self._report.events()
         self._event_handler = event_log_handler
         self._metrics_cfg = metrics or MetricsConfig()
         self.metrics = MetricStore(self._metrics_cfg.handler)
@@ -66,9 +67,7 @@ class AgentObserver:
         if self._metrics_cfg.handler != "null":
             for ev in logs:
                 self._unsubscribe.append(ev.subscribe(self.metrics.on_event))
-            client = getattr(self._h, "client", None)
-            if client is not None and hasattr(client, "observe"):
-                client.observe(self.metrics.etcd_call)
+            self._report.observe(self.metrics.etcd_call)
         if self._metrics_cfg.port is not None:
             self._serve()
 
@@ -107,9 +106,7 @@ class AgentObserver:
             self._server.close()
         for unsubscribe in self._unsubscribe:
             unsubscribe()
-        client = getattr(self._h, "client", None)
-        if client is not None and hasattr(client, "observe"):
-            client.observe(None)
+        self._report.observe(None)
         if self._sink is not None:
             self._sink.close()
 
@@ -204,8 +201,7 @@ class AgentObserver:
 
     def fenced(self, workers: int) -> None:
         """The workers are gone because the lease was lost (S4): say how close it was."""
-        sess = getattr(self._h, "session", None)
-        left = sess.lease_time_left() if sess is not None else None
+        left = self._liveness.read().time_left
         info = self._info
         self.events.emit(
             "fenced",
@@ -229,12 +225,13 @@ class AgentObserver:
 
     # ---- health and live metrics -----------------------------------------------------------
     def _lease(self) -> tuple[float | None, float | None]:
-        sess = getattr(self._h, "session", None)
-        if sess is None or not hasattr(sess, "lease_time_left"):
+        """(seconds the lease has left, age of the last keep-alive); (None, None) without."""
+        reading = self._liveness.read()
+        if reading.time_left is None:
             return None, None
-        if sess.lost.is_set():
-            return 0.0, sess.keepalive_age()
-        return max(0.0, sess.lease_time_left()), sess.keepalive_age()
+        if reading.state is Liveness.LOST:
+            return 0.0, reading.keepalive_age
+        return max(0.0, reading.time_left), reading.keepalive_age
 
     def health(self) -> dict[str, Any]:
         with self._lock:
@@ -266,11 +263,8 @@ class AgentObserver:
         for s in workers:
             counts[s] = counts.get(s, 0) + 1
         gauges = {"lease_time_to_expiry_seconds": left, "lease_keepalive_lag_seconds": lag}
-        view = getattr(self._h, "view", None)
-        msg = view.message() if view is not None else None
-        if msg is not None:
-            deadline = msg.last_call_deadline_unix_ms if msg.phase == 1 else 0  # JOINING
-            gauges["last_call_seconds_left"] = max(0.0, deadline / 1000 - time.time())
+        call = self._report.last_call()  # 0 when none runs: a gauge that vanishes misleads
+        gauges["last_call_seconds_left"] = call.seconds_left(time.time()) if call else 0.0
         return {"gauges": gauges, "workers": counts}
 
 

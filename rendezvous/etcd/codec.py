@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 import zlib
+from dataclasses import dataclass
 from typing import TypeVar
 
 from google.protobuf.message import DecodeError, Message
@@ -222,17 +223,29 @@ def hint_from(key: bytes | str, value: bytes, run_id: str | None) -> tuple[Membe
     return members_from(decode(st.RoundState, key, value, run_id))
 
 
+@dataclass(frozen=True)
+class Why:
+    """Why a round opened, as its round key carries it and its frozen round keeps (design.md
+    §2): the reason line, the nodes that went (with how: "lease expired", "left", "gone") and
+    the nodes that came. A worker failure that opened it travels in the Round itself."""
+
+    reason: str = ""
+    departed: tuple[str, ...] = ()
+    departed_cause: tuple[str, ...] = ()
+    arrived: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, msg: st.RoundState) -> Why:
+        return cls(msg.reason, tuple(msg.departed), tuple(msg.departed_cause), tuple(msg.arrived))
+
+
 def round_to(
     r: Round,
     *,
-    reason: str = "",
+    why: Why = Why(),
     decided_by: str = "",
     outcome: int = 0,
     failure: st.Failure | None = None,
-    departed: tuple[str, ...] = (),
-    arrived: tuple[str, ...] = (),
-    departed_cause: tuple[str, ...] = (),
-    last_call: tuple[int, int] | None = None,
 ) -> bytes:
     msg = st.RoundState(
         number=r.number,
@@ -240,14 +253,14 @@ def round_to(
         restart_count=r.restart_count,
         master_addr=r.master_addr,
         master_port=r.master_port,
-        reason=reason,
+        reason=why.reason,
         decided_by=decided_by,
         outcome=outcome,
         closed_unix_ms=int(time.time() * 1000) if r.phase is Phase.CLOSED else 0,
         run_lease=r.run_lease,
-        departed=list(departed),
-        arrived=list(arrived),
-        departed_cause=list(departed_cause),
+        departed=list(why.departed),
+        arrived=list(why.arrived),
+        departed_cause=list(why.departed_cause),
         world_size=sum(m.local_world_size for m in r.members) if r.phase is Phase.FROZEN else 0,
         participants=[
             st.Participant(
@@ -262,8 +275,6 @@ def round_to(
             for m in r.members
         ],
     )
-    if last_call is not None:
-        msg.last_call_deadline_unix_ms, msg.last_call_joined = last_call
     if failure is None and r.failure is not None:
         failure = failure_to(r.failure)
     if failure is not None:

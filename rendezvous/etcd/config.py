@@ -8,11 +8,14 @@ torchrun command line keeps its ``--rdzv-conf``; keys with no meaning here get o
 Credentials may come from the conf, from etcdctl's environment variables (``ETCDCTL_USER``,
 ``ETCDCTL_PASSWORD``, ``ETCDCTL_CACERT``, ``ETCDCTL_CERT``, ``ETCDCTL_KEY``) or from a file
 (``password_file``); the password is never logged or shown in a repr.
+
+Every setting has one name and one default, here: ``SETTINGS`` names the keys and how each is
+read, ``EtcdRendezvousConfig`` holds their defaults. torchrun's keys are mapped onto these by
+torch/conf.py, which depends on this module and never the other way round.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -22,8 +25,7 @@ if TYPE_CHECKING:  # the client pulls in gRPC: checking a config must stay cheap
     from etcdrun.rendezvous.client.config import ClientConfig
 
 # Keys the launcher itself passes through the rendezvous config (the seed's behaviour).
-_PASSTHROUGH = {"min_nodes", "max_nodes", "rank"}
-log = logging.getLogger("etcdrun.rendezvous")
+PASSTHROUGH = frozenset({"min_nodes", "max_nodes", "rank"})
 
 
 def _seconds(name: str, positive: bool = True):
@@ -68,8 +70,10 @@ def _path(name: str):
     return conv
 
 
-_KEYS = {
+SETTINGS = {
     "join_timeout": _seconds("join_timeout"),
+    "closed_ttl": _int_seconds("closed_ttl"),
+    "run_lease_ttl": _int_seconds("run_lease_ttl"),
     "last_call_timeout": _seconds("last_call_timeout", positive=False),
     "close_timeout": _seconds("close_timeout"),
     "lease_ttl": _int_seconds("lease_ttl"),
@@ -98,10 +102,18 @@ def _count(name: str, v: Any) -> int:
 
 @dataclass(frozen=True)
 class EtcdRendezvousConfig:
+    """The etcd backend's settings, validated (``from_values``); each field's comment says what
+    it bounds. Why ``closed_ttl`` apart from ``join_timeout``: the CLOSED marker keeps a run id
+    refused until it expires, and a job that waits an hour for its nodes need not lock its id
+    for an hour. Why ``run_lease_ttl`` is derived by default: it must outlast a leader failover
+    (about one lease_ttl), so it follows lease_ttl unless set."""
+
     join_timeout: float = 600.0  # a round must complete within this
     last_call_timeout: float = 30.0  # first round only, while fewer than max agents registered
     close_timeout: float = 300.0  # exit barrier: how long a finished node waits for peers
+    closed_ttl: int = 600  # how long a closed run's marker refuses its id to late joiners
     lease_ttl: int = 5  # liveness; keep-alive every ttl/3
+    run_lease_ttl: int = 0  # how long the run's keys outlive its last agent; 0: max(10, 6 x ttl)
     request_timeout: float = 2.0  # one etcd request on one endpoint
     retry_timeout: float = 30.0  # an etcd call across endpoints before giving up
     prefix: str = "/etcdrun"
@@ -113,22 +125,17 @@ class EtcdRendezvousConfig:
     max_restarts: int = 0  # job-wide worker-failure budget (the launcher passes it)
     https: bool = False  # torchrun's protocol=https: endpoints without a scheme get https://
 
-    @property
-    def run_lease_ttl(self) -> int:
-        """How long a run's round key and hints outlive its last agent: long enough to ride out
-        a leader failover (the next leader adopts the lease within about one lease_ttl), short
-        enough that a job whose every agent was killed leaves nothing for long."""
-        return max(10, 6 * self.lease_ttl)
+    def __post_init__(self) -> None:
+        if not self.run_lease_ttl:  # long enough to ride out a leader failover, short enough
+            # that a job whose every agent was killed leaves nothing for long
+            object.__setattr__(self, "run_lease_ttl", max(10, 6 * self.lease_ttl))
 
     def client_config(self, endpoints: str) -> ClientConfig:
         """How this backend reaches etcd: the endpoints plus the TLS, auth and timeout keys."""
         from etcdrun.rendezvous.client.config import ClientConfig
-        from etcdrun.rendezvous.torch.conf import endpoints as with_scheme
 
-        if self.https:
-            endpoints = with_scheme(endpoints, https=True)
         return ClientConfig.create(
-            endpoints,
+            with_scheme(endpoints, self.https),
             ca_cert=self.cacert,
             cert=self.cert,
             key=self.key,
@@ -139,25 +146,28 @@ class EtcdRendezvousConfig:
         )
 
     @classmethod
-    def from_conf(
-        cls, conf: Mapping[str, Any], environ: Mapping[str, str] | None = None
+    def from_values(
+        cls,
+        values: Mapping[str, Any],
+        *,
+        https: bool = False,
+        origin: Mapping[str, str] | None = None,
+        environ: Mapping[str, str] | None = None,
     ) -> EtcdRendezvousConfig:
-        from etcdrun.rendezvous.torch.conf import read_torch_conf
-
+        """Validate our keys (``values``: others are left to their readers) and take the
+        credentials etcdctl's environment gives; ``origin`` names the torchrun key a value was
+        read from, for the message when it is bad."""
         env = os.environ if environ is None else environ
-        read = read_torch_conf(conf, strict=True)  # torchrun's keys mapped; unknown: ValueError
-        for line in read.notices:
-            log.warning("%s", line)
-        vals: dict[str, Any] = {"https": read.https}
-        for k, v in read.config.items():
-            if k not in _KEYS:
+        vals: dict[str, Any] = {"https": https}
+        for k, v in values.items():
+            if k not in SETTINGS:
                 continue
             try:
-                vals[k] = _KEYS[k](v)
+                vals[k] = SETTINGS[k](v)
             except ValueError as e:
-                if k not in read.origin:
+                if not origin or k not in origin:
                     raise
-                raise ValueError(f"{e} (read from torchrun's {read.origin[k]})") from None
+                raise ValueError(f"{e} (read from torchrun's {origin[k]})") from None
         if "password_file" in vals:
             if "password" in vals:
                 raise ValueError("rdzv_conf: give password or password_file, not both")
@@ -184,3 +194,12 @@ class EtcdRendezvousConfig:
         if not vals.get("prefix", "/").startswith("/"):
             raise ValueError("rdzv_conf prefix must start with '/'")
         return cls(**vals)
+
+
+def with_scheme(endpoints: str, https: bool) -> str:
+    """The endpoints as etcdrun's client reads them: ``https://`` on those without a scheme
+    when torchrun's ``protocol=https`` asked for it; unchanged otherwise."""
+    if not https:
+        return endpoints
+    parts = [p.strip() for p in endpoints.split(",") if p.strip()]
+    return ",".join(p if "://" in p else f"https://{p}" for p in parts)

@@ -6,8 +6,10 @@ Leader, which decides (protocol.py) and applies. Membership changes reach the ag
 ``membership_changed`` — set by the round-key watch, never by polling.
 
 Who owns what: the handler owns the client (unless given one), the round view, the event log and
-the current session incarnation; each session has one Driver (the round watch, the election, the
-leader's term). The pieces borrow one another's objects; none holds the handler.
+the current incarnation (session and driver), and builds the RunContext the pieces borrow; each
+session has one Driver (the round watch, the election, the leader's term). The agent reaches the
+session through the two ports the handler gives (liveness.py, report.py); none holds the
+handler.
 
 Threads: the agent's own thread (next_rendezvous, joins, restarts, close), the client's watch and
 keep-alive threads (callbacks only update the view and post to the driver) and one driver thread
@@ -44,17 +46,19 @@ from etcdrun.rendezvous.errors import (
     RendezvousTimeoutError,
 )
 from etcdrun.rendezvous.etcd import codec
-from etcdrun.rendezvous.etcd.config import EtcdRendezvousConfig
+from etcdrun.rendezvous.etcd.context import RunContext
+from etcdrun.rendezvous.etcd.incarnation import Incarnation
 from etcdrun.rendezvous.etcd.keys import RunKeys, require_run_id
 from etcdrun.rendezvous.etcd.leader.driver import Driver, SessionLost
-from etcdrun.rendezvous.etcd.leader.status import status_line
 from etcdrun.rendezvous.etcd.node import joining, lifecycle, node_names
+from etcdrun.rendezvous.etcd.node.liveness import SessionLiveness
 from etcdrun.rendezvous.etcd.node.run_gate import RunGate
 from etcdrun.rendezvous.etcd.node.session import Session
-from etcdrun.rendezvous.etcd.node.session_fence import SessionFence
 from etcdrun.rendezvous.etcd.protocol import Phase, Round, Settings
+from etcdrun.rendezvous.etcd.report import EtcdReport
 from etcdrun.rendezvous.etcd.round_view import RoundView
 from etcdrun.rendezvous.events import EventLog
+from etcdrun.rendezvous.torch.conf import etcd_config
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +67,7 @@ class _Reopen(Exception):
     """This session is done with: start over with a new one (or "shut down")."""
 
 
-class EtcdRendezvousHandler(SessionFence, RendezvousHandler):
+class EtcdRendezvousHandler(RendezvousHandler):
     """Elastic rendezvous for one node; see the module docstring for the moving parts.
 
     Connection loss: etcd calls retry across endpoints for ``retry_timeout``; a lease that cannot
@@ -74,29 +78,55 @@ class EtcdRendezvousHandler(SessionFence, RendezvousHandler):
     def __init__(self, params: RendezvousParameters, client: EtcdClient | None = None) -> None:
         require_run_id(params.run_id)
         self.params = params
-        self.cfg = EtcdRendezvousConfig.from_conf(params.config)
-        self.settings = Settings(
-            params.min_nodes, params.max_nodes, self.cfg.last_call_timeout, self.cfg.max_restarts
-        )
-        self.keys = RunKeys(self.cfg.prefix, params.run_id)
-        self.run_id = params.run_id
+        self.cfg = etcd_config(params.config)
         self._own_client = client is None
-        self.client = client or EtcdClient(self.cfg.client_config(params.endpoint))
-        self.events = EventLog(self.run_id)
-        self.view = RoundView()
+        self.ctx = RunContext(
+            client=client or EtcdClient(self.cfg.client_config(params.endpoint)),
+            keys=RunKeys(self.cfg.prefix, params.run_id),
+            events=EventLog(params.run_id),
+            view=RoundView(),
+            settings=Settings(
+                params.min_nodes,
+                params.max_nodes,
+                self.cfg.last_call_timeout,
+                self.cfg.max_restarts,
+            ),
+            config=self.cfg,
+        )
+        self.run_id = params.run_id
         self.host = socket.gethostname()
         self.addr = params.local_addr or self.host
-        self._session: Session | None = None
-        self._driver: Driver | None = None
+        self._now = Incarnation()
+        self._liveness = SessionLiveness(self._now)
+        self._report = EtcdReport(self.ctx, self._now)
         self._incarnation = 0
         self._tag = node_names.draw_suffix()  # node ids: <host>-<tag>.<incarnation>
         self._joined: int | None = None  # the round number this session has joined
-        self._gate = RunGate(self.client, self.keys, self.view)
-        self._fence_listeners: list[Callable[[float], None]] = []
-        self._lease_listeners: list[Callable[[], None]] = []
+        self._gate = RunGate(self.ctx)
         self._shutdown = False
         self._superseded: int | None = None  # the running round whose end was reported
         self.view.listen(self._on_superseded)
+
+    # ---- what the run context holds, for the backend's own tests and tools -------------------
+    @property
+    def client(self) -> EtcdClient:
+        return self.ctx.client
+
+    @property
+    def keys(self) -> RunKeys:
+        return self.ctx.keys
+
+    @property
+    def events(self) -> EventLog:
+        return self.ctx.events
+
+    @property
+    def view(self) -> RoundView:
+        return self.ctx.view
+
+    @property
+    def settings(self) -> Settings:
+        return self.ctx.settings
 
     # ---- RendezvousHandler: torch's part -------------------------------------------------------
     def get_backend(self) -> str:
@@ -148,14 +178,14 @@ class EtcdRendezvousHandler(SessionFence, RendezvousHandler):
         if self._shutdown:
             return True
         self._shutdown = True
-        sess = self._session
+        sess = self._now.session
         orphaned = sess is not None and sess.orphaned
         if sess is not None and not orphaned and not sess.lost.is_set():
             sess.mark_leaving("left", self.policy.parting_timeout)  # "left", not "lost"
         ok = self._drop_session()  # the driver first: a leader must not reopen the round
         self.view.wake()  # a next_rendezvous() waiting in another thread ends now
         if not orphaned and self.client.reached:  # never reached: nothing of ours to remove
-            lifecycle.clean_up_if_none_left(self.client, self.keys, self.events, self.policy)
+            lifecycle.clean_up_if_none_left(self.ctx)
         if self._own_client:
             self.client.close(revoke_leases=not orphaned)
         if not orphaned:
@@ -163,12 +193,15 @@ class EtcdRendezvousHandler(SessionFence, RendezvousHandler):
         node_names.release_suffix(self._tag)
         return ok
 
-    # ---- RendezvousHandler: what the agent needs beyond torch's --------------------------------
+    # ---- RendezvousHandler: membership, the restart contract, the ports ------------------------
     def on_membership_change(self, callback: Callable[[], None]) -> Callable[[], None]:
         return self.view.listen(callback)
 
-    def round_reason(self) -> str:
-        return self.view.reason()
+    def liveness(self) -> SessionLiveness:
+        return self._liveness
+
+    def report(self) -> EtcdReport:
+        return self._report
 
     def request_restart(self, reason: str, failure: FailureInfo | None = None) -> bool:
         running = self.view.running()
@@ -176,32 +209,18 @@ class EtcdRendezvousHandler(SessionFence, RendezvousHandler):
             return False
         try:
             return lifecycle.request_restart(
-                self.client,
-                self.keys,
-                self.events,
-                running,
-                reason,
-                failure,
-                by=self.node_id or "",
+                self.ctx, running, reason, failure, by=self.node_id or ""
             )
         except EtcdError as e:
             raise self._wrap(e) from None
 
     def exit_barrier(self, timeout: float | None = None) -> bool:
-        running, sess = self.view.running(), self._session
+        running, sess = self.view.running(), self._now.session
         if running is None or sess is None or sess.lost.is_set():
             return False  # a lost session's success is of a round the others left
         try:
-            return lifecycle.exit_barrier(
-                self.client,
-                self.keys,
-                self.events,
-                sess,
-                self.view,
-                running,
-                timeout=self.cfg.close_timeout if timeout is None else timeout,
-                closed_ttl=self.cfg.join_timeout,
-            )
+            wait = self.cfg.close_timeout if timeout is None else timeout
+            return lifecycle.exit_barrier(self.ctx, sess, running, timeout=wait)
         except EtcdError as e:
             raise self._wrap(e) from None
 
@@ -216,24 +235,15 @@ class EtcdRendezvousHandler(SessionFence, RendezvousHandler):
             return None
         return codec.failure_from(msg.failure)
 
-    def status(self) -> str:
-        """One line for the waiting message; reads only immutable snapshots (never raises)."""
-        driver = self._driver
-        if driver is None and not self.client.reached:
-            return f"connecting to etcd at {self.client.endpoints}"
-        leader = driver.status if driver is not None else None
-        return status_line(self.view.current(), leader, self.settings, time.monotonic())
-
     # ---- ours ----------------------------------------------------------------------------------
     @property
     def session(self) -> Session | None:
         """This node's current session (None before the first round and after shutdown)."""
-        return self._session
+        return self._now.session
 
     @property
     def node_id(self) -> str | None:
-        sess = self._session
-        return sess.node_id if sess is not None else None
+        return self._now.node_id
 
     @property
     def policy(self) -> RetryPolicy:
@@ -270,7 +280,7 @@ class EtcdRendezvousHandler(SessionFence, RendezvousHandler):
                     continue  # the job runs on without us: keep waiting for a place
                 raise RendezvousTimeoutError(
                     f"no round with this node completed within join_timeout="
-                    f"{self.cfg.join_timeout:g}s ({self.status()})",
+                    f"{self.cfg.join_timeout:g}s ({self._report.status()})",
                     run_id=self.run_id,
                     round=r.number if r else None,
                     node=sess.node_id,
@@ -304,36 +314,21 @@ class EtcdRendezvousHandler(SessionFence, RendezvousHandler):
     def _ensure_session(self) -> Session:
         if self._shutdown:
             raise RendezvousClosedError("handler was shut down", run_id=self.run_id)
-        sess = self._session
+        sess = self._now.session
         if sess is not None and not sess.lost.is_set():
             return sess
         self._drop_session()
         self._incarnation += 1
         fold = joining.FoldedJoin(self.keys, self.addr, self.params.local_world_size)
         sess, self._tag = node_names.register(
-            self.client,
-            self.keys,
-            self.host,
-            self._tag,
-            self._incarnation,
-            self._agent_info,
-            self.cfg.lease_ttl,
-            fold,
+            self.ctx, self.host, self._tag, self._incarnation, self._agent_info, fold
         )
-        self._session, self._joined = sess, fold.joined(sess)
+        self._now.session, self._joined = sess, fold.joined(sess)
         self.events.node = sess.node_id
-        driver = Driver(
-            sess,
-            self.keys,
-            self.settings,
-            self.view,
-            self.events,
-            closed_ttl=self.cfg.join_timeout,
-            run_ttl=self.cfg.run_lease_ttl,
-        )
+        driver = Driver(self.ctx, sess)
         sess.on_lost(lambda s: self._on_lost(s, driver))
-        self._wire_fence(sess)
-        self._driver = driver
+        self._liveness.attach(sess)
+        self._now.driver = driver
         driver.start()
         rev, pid = sess.create_revision, os.getpid()
         self.events.emit(
@@ -349,7 +344,7 @@ class EtcdRendezvousHandler(SessionFence, RendezvousHandler):
 
     def _on_superseded(self) -> None:
         """View listener (any thread): the round this node runs in is over — once per round."""
-        run, sess = self.view.running(), self._session
+        run, sess = self.view.running(), self._now.session
         if run is None or self._superseded == run.number or sess is None or sess.lost.is_set():
             return
         r = self.view.current()
@@ -365,10 +360,10 @@ class EtcdRendezvousHandler(SessionFence, RendezvousHandler):
         )
 
     def _drop_session(self) -> bool:
-        driver, self._driver = self._driver, None
+        driver, self._now.driver = self._now.driver, None
         if driver is not None:
             driver.stop()
-        sess, self._session = self._session, None
+        sess, self._now.session = self._now.session, None
         return sess.close() if sess is not None else True
 
     def _on_lost(self, sess: Session, driver: Driver) -> None:
@@ -383,15 +378,7 @@ class EtcdRendezvousHandler(SessionFence, RendezvousHandler):
     # ---- the run's end -------------------------------------------------------------------------
     def _close(self, outcome: int, failure: st.Failure | None) -> None:
         try:
-            done = lifecycle.set_closed(
-                self.client,
-                self.keys,
-                self.events,
-                outcome,
-                failure,
-                ttl=self.cfg.join_timeout,
-                by=self.node_id or "",
-            )
+            done = lifecycle.set_closed(self.ctx, outcome, failure, by=self.node_id or "")
         except EtcdError as e:
             raise self._wrap(e) from None
         if done is not None:

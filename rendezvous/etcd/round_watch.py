@@ -14,11 +14,10 @@ import logging
 from collections.abc import Callable
 
 from etcdrun.proto import etcd_api_pb2 as pb
-from etcdrun.rendezvous.client import EtcdClient, Watch, WatchBatch
+from etcdrun.rendezvous.client import Watch, WatchBatch
 from etcdrun.rendezvous.errors import RendezvousError
 from etcdrun.rendezvous.etcd import codec
-from etcdrun.rendezvous.etcd.keys import RunKeys
-from etcdrun.rendezvous.etcd.round_view import RoundView
+from etcdrun.rendezvous.etcd.context import RunContext
 
 log = logging.getLogger(__name__)
 
@@ -27,17 +26,11 @@ class RoundWatch:
     """``on_change`` after each batch applied to the view; ``on_end`` when the watch ended."""
 
     def __init__(
-        self,
-        client: EtcdClient,
-        keys: RunKeys,
-        view: RoundView,
-        *,
-        on_change: Callable[[], None],
-        on_end: Callable[[], None],
+        self, ctx: RunContext, *, on_change: Callable[[], None], on_end: Callable[[], None]
     ) -> None:
-        self._client = client
-        self._keys = keys
-        self._view = view
+        self._client = ctx.client
+        self._keys = ctx.keys
+        self._view = ctx.view
         self._on_change = on_change
         self._on_end = on_end
         self._watch: Watch | None = None

@@ -26,76 +26,42 @@ def fence(keys: RunKeys, current: Round | None) -> pb.Compare:
     return t.mod_revision(keys.round, "==", current.mod_revision)
 
 
+def opening(
+    number: int, restart_count: int, failure: FailureInfo | None = None, run_lease: int = 0
+) -> Round:
+    """Round ``number`` as it opens for joining: no members yet (the hint holds the previous
+    ones); ``failure``: the worker failure that opened it, charged at the freeze."""
+    return Round(number, Phase.JOINING, (), restart_count, failure=failure, run_lease=run_lease)
+
+
 def start_round(
     keys: RunKeys,
     current: Round | None,
-    number: int,
+    new: Round,
     hint: tuple[Member, ...],
-    restart_count: int,
-    reason: str,
+    why: codec.Why,
     by: str,
-    failure: FailureInfo | None = None,
-    run_lease: int = 0,
-    departed: tuple[str, ...] = (),
-    arrived: tuple[str, ...] = (),
-    departed_cause: tuple[str, ...] = (),
-) -> tuple[Round, Txn]:
-    """Open round ``number`` for joining; drop every older round's records in the same Txn.
-    The hint (the previous participants, for rank stability) goes to its own key, read by the
-    leader alone: the round key every agent watches stays a few bytes until the freeze. Both
-    live under ``run_lease`` (0: none), so that they cannot outlive every agent forever."""
-    new = Round(number, Phase.JOINING, (), restart_count, failure=failure, run_lease=run_lease)
+) -> Txn:
+    """Open ``new`` (``opening()``) for joining; drop every older round's records in the same
+    Txn. The hint (the previous participants, for rank stability) goes to its own key, read by
+    the leader alone: the round key every agent watches stays a few bytes until the freeze.
+    Both live under the new round's run lease (0: none), so that they cannot outlive every
+    agent forever."""
     ops = [
-        t.put(
-            keys.round,
-            codec.round_to(
-                new,
-                reason=reason,
-                decided_by=by,
-                departed=departed,
-                arrived=arrived,
-                departed_cause=departed_cause,
-            ),
-            run_lease,
-        ),
-        t.delete(keys.rounds, end=keys.round_dir(number)),
-        t.put(keys.hint(number), codec.hint_to(number, hint), run_lease),
+        t.put(keys.round, codec.round_to(new, why=why, decided_by=by), new.run_lease),
+        t.delete(keys.rounds, end=keys.round_dir(new.number)),
+        t.put(keys.hint(new.number), codec.hint_to(new.number, hint), new.run_lease),
     ]
-    return new, ([fence(keys, current)], ops)
+    return [fence(keys, current)], ops
 
 
-def freeze(
-    keys: RunKeys,
-    current: Round,
-    members: tuple[Member, ...],
-    master_addr: str,
-    master_port: int,
-    restart_count: int,
-    by: str,
-    run_lease: int = 0,
-    why: st.RoundState | None = None,
-) -> tuple[Round, Txn]:
-    """Freeze ``current`` with ``members``; ``why`` (departures.py) says why it opened."""
-    new = Round(
-        current.number,
-        Phase.FROZEN,
-        members,
-        restart_count,
-        master_addr,
-        master_port,
-        run_lease=run_lease,
-    )
+def freeze(keys: RunKeys, current: Round, new: Round, why: st.RoundState | None, by: str) -> Txn:
+    """Freeze ``current`` as ``new`` (FROZEN, its members and master); ``why``
+    (departures.py) says why it opened, and the failure it carries, if any."""
     w = why or st.RoundState()
-    value = codec.round_to(
-        new,
-        reason=w.reason,
-        decided_by=by,
-        failure=w.failure if w.HasField("failure") else None,
-        departed=tuple(w.departed),
-        arrived=tuple(w.arrived),
-        departed_cause=tuple(w.departed_cause),
-    )
-    return new, ([fence(keys, current)], [t.put(keys.round, value, run_lease)])
+    failure = w.failure if w.HasField("failure") else None
+    value = codec.round_to(new, why=codec.Why.of(w), decided_by=by, failure=failure)
+    return [fence(keys, current)], [t.put(keys.round, value, new.run_lease)]
 
 
 def close(

@@ -31,6 +31,7 @@ from etcdrun.rendezvous.api import (
     RendezvousHandler,
     RendezvousInfo,
     RendezvousParameters,
+    ReportPort,
 )
 from etcdrun.rendezvous.errors import RendezvousClosedError, RendezvousTooManyNodesError
 from etcdrun.rendezvous.free_port import reserve_free_port
@@ -117,6 +118,16 @@ def _max_restarts(params: RendezvousParameters) -> int:
     return n
 
 
+class _MeetingReport(ReportPort):
+    """What the static backend tells: where the meeting on the master node stands."""
+
+    def __init__(self, barrier: StaticBarrier) -> None:
+        self._barrier = barrier
+
+    def status(self) -> str:
+        return self._barrier.status
+
+
 class StaticRendezvousHandler(RendezvousHandler):
     """One fixed round; membership never changes, so ``membership_changed`` is never set."""
 
@@ -154,6 +165,7 @@ class StaticRendezvousHandler(RendezvousHandler):
             socket.gethostname(),
         )
         self._barrier = StaticBarrier(me, self._master_addr, self._master_port)
+        self._report = _MeetingReport(self._barrier)
         self._lock = threading.Lock()
         self._restart_count = 0
         self._failure: FailureInfo | None = None
@@ -231,8 +243,8 @@ class StaticRendezvousHandler(RendezvousHandler):
     def num_nodes_waiting(self) -> int:
         return 0
 
-    def status(self) -> str:
-        return self._barrier.status
+    def report(self) -> ReportPort:
+        return self._report
 
     def exit_barrier(self, timeout: float | None = None) -> bool:
         """Wait until every node's workers are done (torchrun's agents do, on their store); a

@@ -33,16 +33,18 @@ No torch here: the mapping is plain data, tested without it.
 from __future__ import annotations
 
 import difflib
+import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-# etcdrun's keys, as etcd_config validates them (its table, not a copy that could drift), and
-# the keys etcdrun's launcher itself passes through the rendezvous config.
-from etcdrun.rendezvous.etcd.config import _KEYS as OURS
-from etcdrun.rendezvous.etcd.config import _PASSTHROUGH
+# etcdrun's keys, as etcd/config.py validates them (its table, not a copy that could drift),
+# and the keys etcdrun's launcher itself passes through the rendezvous config.
+from etcdrun.rendezvous.etcd.config import PASSTHROUGH, EtcdRendezvousConfig, with_scheme
+from etcdrun.rendezvous.etcd.config import SETTINGS as OURS
 
+log = logging.getLogger("etcdrun.rendezvous")
 ALIASES = {
     "timeout": "join_timeout",
     "read_timeout": "request_timeout",
@@ -106,7 +108,7 @@ def _protocol(value: Any) -> bool:
 
 def known_keys(strict: bool = False) -> list[str]:
     """Every key the reading accepts (etcdrun's agent: also the launcher's pass-through keys)."""
-    extra = _PASSTHROUGH if strict else set()
+    extra = PASSTHROUGH if strict else set()
     return sorted({*OURS, *ALIASES, *_HEARTBEAT, *MEANINGLESS, "protocol", *extra})
 
 
@@ -140,7 +142,7 @@ def read_torch_conf(conf: Mapping[str, Any], *, strict: bool = False) -> TorchCo
     for key, value in conf.items():
         if key in OURS and (strict or key not in _OURS_UNUSED):
             ours[key] = value
-        elif strict and key in _PASSTHROUGH:
+        elif strict and key in PASSTHROUGH:
             ours[key] = value
         elif key in ALIASES:
             if ALIASES[key] not in conf:  # etcdrun's own key wins over torchrun's alias
@@ -173,9 +175,20 @@ def endpoints(endpoint: str, https: bool) -> str:
     parts = [p.strip() for p in endpoint.split(",") if p.strip()]
     if not parts:
         raise ValueError("etcd-v3 needs --rdzv-endpoint host[:port][,host[:port]...] of etcd")
-    if https:
-        parts = [p if "://" in p else f"https://{p}" for p in parts]
-    return ",".join(parts)
+    return with_scheme(",".join(parts), https)
+
+
+def etcd_config(
+    conf: Mapping[str, Any], environ: Mapping[str, str] | None = None
+) -> EtcdRendezvousConfig:
+    """etcdrun's own agent's reading of ``--rdzv-conf``: torchrun's keys mapped (one notice line
+    for each that means nothing here), then every value validated; an unknown key is an error."""
+    read = read_torch_conf(conf, strict=True)
+    for line in read.notices:
+        log.warning("%s", line)
+    return EtcdRendezvousConfig.from_values(
+        read.config, https=read.https, origin=read.origin, environ=environ
+    )
 
 
 __all__ = [
@@ -184,6 +197,7 @@ __all__ = [
     "TorchConf",
     "did_you_mean",
     "endpoints",
+    "etcd_config",
     "known_keys",
     "read_torch_conf",
 ]

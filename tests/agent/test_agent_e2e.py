@@ -12,7 +12,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
 import uuid
@@ -23,12 +22,11 @@ from agent_helpers import (
     WORKER,
     alive,
     clean_env,
-    etcdrun_bin,
     wait_for,
     wait_leases_only,
 )
-from etcd_helpers import assert_no_leases, require_local
-from test_client_security import enable_auth  # root + alice, scoped to /jobs/42/
+from cli_helpers import assert_one_clear_line, etcd_argv, run_cli
+from etcd_helpers import assert_no_leases, enable_auth, require_local
 
 from etcdrun.agent.config import LaunchConfig
 from etcdrun.agent.launcher import elastic_launch
@@ -317,51 +315,6 @@ def test_elastic_launch_etcd_one_node_returns_values(etcd, tmp_path):
 
 
 # ---- 6. bad input -------------------------------------------------------------------------------
-def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 30):
-    return subprocess.run(
-        [etcdrun_bin(), *args],
-        capture_output=True,
-        text=True,
-        env=env or clean_env(),
-        timeout=timeout,
-        stdin=subprocess.DEVNULL,
-    )
-
-
-def assert_one_clear_line(proc, *needles: str) -> str:
-    """Non-zero exit, no traceback, exactly one error line, which names ``needles``."""
-    assert proc.returncode not in (0, None), proc.stderr
-    assert "Traceback" not in proc.stderr, proc.stderr
-    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("etcdrun: error: ")]
-    assert len(errors) == 1, proc.stderr
-    for needle in needles:
-        assert needle in errors[0], errors[0]
-    # Anything else on stderr is the agent's own short log lines, not a dump.
-    others = [ln for ln in proc.stderr.splitlines() if ln not in errors]
-    assert all(ln.startswith("[etcdrun ") for ln in others), proc.stderr
-    assert len(others) <= 3, proc.stderr
-    return errors[0]
-
-
-def etcd_argv(endpoints: str, conf: str, *rest: str) -> list[str]:
-    return [
-        "--nnodes",
-        "1",
-        "--rdzv-backend",
-        "etcd",
-        "--rdzv-endpoint",
-        endpoints,
-        "--rdzv-id",
-        "bad",
-        "--rdzv-conf",
-        conf,
-        *rest,
-        WORKER,
-        "/nonexistent",
-        "exit",
-    ]
-
-
 def test_unreachable_etcd_is_one_line_after_a_bounded_wait():
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))

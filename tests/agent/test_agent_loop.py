@@ -23,7 +23,7 @@ from etcdrun.agent.elastic_agent import ElasticAgent
 from etcdrun.agent.errors import ChildFailedError
 from etcdrun.agent.launcher import elastic_launch
 from etcdrun.agent.report.event_sink import read
-from etcdrun.rendezvous.api import RendezvousParameters
+from etcdrun.rendezvous.api import LeaseReading, Liveness, LivenessPort, RendezvousParameters
 from etcdrun.rendezvous.static.handler import StaticRendezvousHandler
 
 sys.path.insert(0, str(SCRIPTS))  # e2e_callables: importable here and in the workers
@@ -138,16 +138,27 @@ def test_static_budget_spent_reports_our_root_cause(tmp_path, caplog):
     assert "the restart budget is spent: the job failed" in caplog.text
 
 
-class LosingStatic(PushingStatic):
-    """A pushed change that says "your lease is lost" (etcd's fencing, S4), once."""
+class Switch(LivenessPort):
+    """A liveness port a test turns to LOST."""
 
     lost = False
 
-    def session_lost(self) -> bool:
-        return self.lost
+    def read(self) -> LeaseReading:
+        return LeaseReading(Liveness.LOST if self.lost else Liveness.LIVE)
+
+
+class LosingStatic(PushingStatic):
+    """A pushed change that says "your lease is lost" (etcd's fencing, S4), once."""
+
+    def __init__(self, params: RendezvousParameters) -> None:
+        super().__init__(params)
+        self.port = Switch()
+
+    def liveness(self) -> LivenessPort:
+        return self.port
 
     def next_rendezvous(self):
-        self.lost = False
+        self.port.lost = False
         return super().next_rendezvous()
 
 
@@ -161,7 +172,7 @@ def test_a_lost_lease_fences_the_workers_and_every_step_is_one_event(tmp_path, c
     try:
         wait_for(lambda: len(list(tmp_path.glob("ready_*"))) == 2, 30, "the first workers")
         (tmp_path / "go").touch()
-        h.lost = True
+        h.port.lost = True
         h.push()
     finally:
         runner.join(60)

@@ -19,8 +19,8 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from cli_helpers import assert_one_clear_line, etcd_argv, run_cli
 from rdzv_helpers import crash, handler, new_run_id, rendezvous, shutdown_all
-from test_agent_e2e import assert_one_clear_line, etcd_argv, run_cli
 from tlsgen import generate
 
 from etcdrun.rendezvous.client import EtcdClient, EtcdError

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 from agent_helpers import WORKER, Agent, clean_env, etcdrun_bin, wait_for
+from cli_helpers import assert_one_clear_line, run_cli
 from layout import TESTS
-from test_agent_e2e import assert_one_clear_line, run_cli
 
 CHATTY = str(TESTS / "workers" / "chatty.py")
 LINES = 3000  # ~330 KB: more than the whole tmpfs

@@ -196,7 +196,22 @@ def test_workers_killed_by_the_fencing_are_nobodys_failure():
     request charged to the job (soak seed 1591 asked for one)."""
     fenced = failed_result()
     steps = walk(State(), loop.Joined(info()), loop.LeaseLost(), loop.WorkersStopped(fenced))
+    assert steps[1].state.then is Then.FENCED  # a value, not the reason's words
     assert isinstance(steps[-1].action, loop.Join) and steps[-1].state.phase is Phase.JOINING
+
+
+def test_a_superseded_round_whose_reason_reads_lease_lost_is_no_fencing():
+    """What the round says is for people: a peer's round opened "lease lost" (a peer's lease)
+    stops with the grace, and our workers' failures are still a restart request."""
+    steps = walk(
+        State(),
+        loop.Joined(info()),
+        loop.RoundSuperseded("lease lost"),
+        loop.WorkersStopped(failed_result()),
+    )
+    assert steps[1].action == loop.StopWorkers(restart=True)
+    assert steps[1].state.then is Then.REJOIN
+    assert isinstance(steps[-1].action, loop.RequestRestart)
 
 
 def test_superseded_while_the_run_failed_elsewhere_reports_the_remote_cause():

@@ -523,7 +523,8 @@ def test_the_cli_forks_its_standbys_before_the_launchers_imports(tmp_path):
     registry, metrics, gRPC) is imported: their ``import torch`` is a node's critical path."""
     code = (
         "import sys\n"
-        "from etcdrun.agent import cli, standby\n"
+        "from etcdrun.agent import cli\n"
+        "from etcdrun.agent.standby import pool as standby\n"
         "def early(spec):\n"
         "    print(sorted(m for m in ('etcdrun.agent.launcher', 'multiprocessing', 'grpc')\n"
         "                 if m in sys.modules))\n"

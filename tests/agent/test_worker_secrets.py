@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 from agent_helpers import SCRIPTS, WORKER, clean_env, etcdrun_bin
+from cli_helpers import assert_one_clear_line, run_cli
 from etcd_helpers import require_local
-from test_agent_e2e import assert_one_clear_line, run_cli
 
 from etcdrun.agent.config import LaunchConfig
 from etcdrun.agent.launcher import elastic_launch

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from etcd_helpers import enable_auth
 
 from etcdrun.rendezvous.client import (
     EtcdAuthError,
@@ -12,21 +13,6 @@ from etcdrun.rendezvous.client import (
     EtcdConnectionError,
     EtcdPermissionError,
 )
-
-
-def enable_auth(endpoints: str, **tls) -> None:
-    """root + a user ``alice`` whose role covers only /jobs/42/."""
-    admin = EtcdClient(endpoints, **tls)
-    try:
-        admin.user_add("root", "rootpw")
-        admin.user_grant_role("root", "root")
-        admin.role_add("job42")
-        admin.role_grant_prefix("job42", "/jobs/42/")
-        admin.user_add("alice", "alicepw")
-        admin.user_grant_role("alice", "job42")
-        admin.auth_enable()
-    finally:
-        admin.close()
 
 
 def test_tls_with_ca(etcd_tls):

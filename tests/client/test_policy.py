@@ -13,7 +13,7 @@ import time
 import grpc
 import pytest
 from fake_etcd import FakeEtcd
-from test_leader import World
+from leader_world import World
 
 from etcdrun.rendezvous.api import RendezvousParameters
 from etcdrun.rendezvous.client import EtcdClient, EtcdConnectionError, RetryPolicy

@@ -13,10 +13,12 @@ from typing import NamedTuple
 
 import pytest
 from fake_etcd import FakeEtcd
-from test_leader import KEYS, open_session
+from leader_world import KEYS, open_session
 
 from etcdrun.rendezvous.api import RendezvousParameters
 from etcdrun.rendezvous.client import EtcdCompactedError, EtcdConnectionError, WatchBatch
+from etcdrun.rendezvous.etcd.config import EtcdRendezvousConfig
+from etcdrun.rendezvous.etcd.context import RunContext
 from etcdrun.rendezvous.etcd.handler import EtcdRendezvousHandler
 from etcdrun.rendezvous.etcd.leader.driver import Driver, RoundChanged
 from etcdrun.rendezvous.etcd.node.session import Session
@@ -41,7 +43,10 @@ def node(fake: FakeEtcd, name: str, settings: Settings) -> Node:
     log.subscribe(got.append)
     log.subscribe(lambda e: elected.set() if e["event"] == "leader_elected" else None)
     return Node(
-        Driver(session, KEYS, settings, view, log, closed_ttl=600, run_ttl=30),
+        Driver(
+            RunContext(fake, KEYS, log, view, settings, EtcdRendezvousConfig(run_lease_ttl=30)),
+            session,
+        ),
         session,
         view,
         got,
@@ -162,7 +167,7 @@ def test_status_during_leader_churn_never_raises():
         while not done.is_set():
             for h in list(hs):
                 try:
-                    lines.append(h.status())
+                    lines.append(h.report().status())
                 except BaseException as e:  # the failure this test exists to catch
                     errors.append(e)
 

@@ -18,6 +18,7 @@ from rdzv_helpers import crash, exit_barriers, handler, new_run_id, rendezvous, 
 from torchrun_helpers import descendants
 
 from etcdrun.proto import etcdrun_state_pb2 as st
+from etcdrun.rendezvous.api import Liveness
 from etcdrun.rendezvous.client import EtcdClient
 from etcdrun.rendezvous.etcd import codec
 from etcdrun.rendezvous.etcd.keys import RunKeys
@@ -120,13 +121,13 @@ def test_a_node_whose_lease_expired_unseen_is_told_it_is_fenced_at_the_barrier(e
         with EtcdClient(etcd.endpoints) as c:
             c.revoke(hs[0].session.lease_id)  # as if it had expired while the node was frozen
         assert hs[0].exit_barrier(5) is False
-        assert hs[0].session_lost()
+        assert hs[0].liveness().read().state is Liveness.LOST
     finally:
         shutdown_all(hs)
 
 
 def test_a_node_whose_workers_were_fenced_behind_its_back_comes_back_as_a_new_node(etcd):
-    """Its warden killed the workers (give_up_session) though the lease lived: the next join
+    """Its warden killed the workers (``give_up``) though the lease lived: the next join
     registers a new node, so the others hear of a departure and an arrival, not of a member
     still running (soak seed 1591)."""
     run = new_run_id()
@@ -134,8 +135,8 @@ def test_a_node_whose_workers_were_fenced_behind_its_back_comes_back_as_a_new_no
     try:
         rendezvous(hs)
         old = hs[0].session.node_id
-        hs[0].give_up_session("its warden fenced the workers")
-        assert hs[0].session_lost()
+        hs[0].liveness().give_up("its warden fenced the workers")
+        assert hs[0].liveness().read().state is Liveness.LOST
         infos = rendezvous(hs)
         assert hs[0].session.node_id != old
         assert {i.round for i in infos} == {2} and [i.node_count for i in infos] == [2, 2]

@@ -13,84 +13,16 @@ import time
 
 import pytest
 from fake_etcd import FakeEtcd
+from leader_world import FAIL, KEYS, World, open_session
 
 from etcdrun.proto import etcdrun_state_pb2 as st
-from etcdrun.rendezvous.api import FailureInfo
 from etcdrun.rendezvous.client import EtcdConnectionError, RetryPolicy
 from etcdrun.rendezvous.etcd import codec
-from etcdrun.rendezvous.etcd.keys import RunKeys
 from etcdrun.rendezvous.etcd.leader import last_call
 from etcdrun.rendezvous.etcd.leader.last_call import ANNOUNCE_AFTER
 from etcdrun.rendezvous.etcd.leader.status import LeaderStatus
-from etcdrun.rendezvous.etcd.leader.term import Leader
 from etcdrun.rendezvous.etcd.node.session import Session
 from etcdrun.rendezvous.etcd.protocol import Phase, Round, Settings
-from etcdrun.rendezvous.etcd.round_view import RoundView
-from etcdrun.rendezvous.etcd.round_watch import RoundWatch
-from etcdrun.rendezvous.events import EventLog
-
-KEYS = RunKeys("/etcdrun", "unit")
-FAIL = FailureInfo(node_id="n1", host="h", global_rank=1, exit_code=1, message="boom")
-
-
-def open_session(fake: FakeEtcd, name: str) -> Session:
-    info = st.AgentInfo(node_id=name, host="h", addr=f"{name}.addr", local_world_size=1)
-    return Session.open(fake, KEYS, info, ttl=5)
-
-
-class World:
-    """N agents' sessions, the oldest one's leader, and a round view fed by a round watch."""
-
-    def __init__(self, n: int, settings: Settings, policy: RetryPolicy | None = None) -> None:
-        self.fake = FakeEtcd(deliver="manual", policy=policy)
-        self.sessions = [open_session(self.fake, f"n{i}") for i in range(n)]
-        self.view = RoundView()
-        self.events = EventLog(KEYS.run_id)
-        self.got: list[dict] = []  # every event the leader emitted
-        self.events.subscribe(self.got.append)
-        self.batches: list = []
-        self.watch = RoundWatch(
-            self.fake, KEYS, self.view, on_change=lambda: None, on_end=lambda: None
-        )
-        self.watch.start()
-        self.leader = Leader(
-            self.sessions[0],
-            KEYS,
-            settings,
-            self.view,
-            self.events,
-            closed_ttl=600,
-            run_ttl=30,
-            deliver=self.batches.append,
-        )
-        self.leader.start()
-        self.now = 100.0
-
-    def step(self) -> float | None:
-        """Deliver what etcd sent, then let the leader decide once."""
-        self.fake.pump()
-        while self.batches:
-            self.leader.on_batch(self.batches.pop(0))
-        return self.leader.act(self.now)
-
-    def join(self, i: int, number: int | None = None) -> None:
-        s = self.sessions[i]
-        r = self.view.current()
-        n = number if number is not None else r.number
-        rec = st.JoinRecord(
-            node_id=s.node_id,
-            addr=s.info.addr,
-            local_world_size=1,
-            master_port=1000 + i,
-            agent_create_revision=s.create_revision,
-        )
-        self.fake.put(KEYS.join(n, s.node_id), codec.encode(rec), s.lease_id)
-
-    def round(self) -> Round:
-        self.fake.pump()
-        r = self.view.current()
-        assert r is not None
-        return r
 
 
 def test_first_round_opens_then_freezes_once_every_live_agent_joined():
@@ -146,8 +78,10 @@ def test_a_last_call_that_lasts_is_published_in_the_round_key_once():
     assert (msg.phase, msg.last_call_joined) == (st.JOINING, 3)
     assert msg.last_call_deadline_unix_ms / 1000 == pytest.approx(time.time() + 29, abs=2)
     assert w.fake.writes == writes + 1
-    text = last_call.line(msg, 2, 4)
-    assert text is not None and text.startswith("first round: 3 of max 4 joined (min 2); start")
+    call = last_call.notice(msg, 2, 4)
+    assert call is not None
+    text = call.line(time.time())
+    assert text.startswith("first round: 3 of max 4 joined (min 2); starting in 2")
     assert text.endswith("s unless more join")
     w.step()
     assert w.fake.writes == writes + 1  # once
@@ -332,7 +266,5 @@ def test_leader_status_defaults_are_empty():
 def _restart_txn(running: Round):
     from etcdrun.rendezvous.etcd import transitions
 
-    _, (guard, ops) = transitions.start_round(
-        KEYS, running, running.number + 1, running.members, running.restart_count, "x", "n1", FAIL
-    )
-    return guard, ops
+    new = transitions.opening(running.number + 1, running.restart_count, FAIL)
+    return transitions.start_round(KEYS, running, new, running.members, codec.Why("x"), "n1")

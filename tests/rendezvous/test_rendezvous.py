@@ -349,7 +349,7 @@ def test_status_line_while_waiting_names_counts_and_last_call(etcd):
         deadline = time.monotonic() + 10
         lines: list[str] = []
         while time.monotonic() < deadline:
-            lines = [h.status() for h in hs]
+            lines = [h.report().status() for h in hs]
             if any("last call in" in s for s in lines):
                 break
             time.sleep(0.05)

@@ -15,6 +15,7 @@ from rdzv_helpers import (
     violations,
 )
 
+from etcdrun.rendezvous.api import Liveness
 from etcdrun.rendezvous.client import EtcdClient
 from etcdrun.rendezvous.etcd.keys import RunKeys
 from etcdrun.rendezvous.tools import checker
@@ -91,7 +92,7 @@ def test_stalled_keepalive_fences_before_the_ttl_and_rejoins_as_new_node(etcd):
                 for h in hs:
                     assert h.membership_changed.wait(ttl + 1)
                 fenced = time.monotonic() - t0
-                assert all(h.session_lost() for h in hs)
+                assert all(h.liveness().read().state is Liveness.LOST for h in hs)
                 assert fenced < ttl, f"fencing took {fenced:.2f}s, TTL is {ttl}s"
             finally:
                 local.members[0].resume()

@@ -45,7 +45,8 @@ def wire(value: bytes) -> st.RoundState:
 @pytest.mark.parametrize("n", [1, codec.PACK_AT - 1, codec.PACK_AT, 4096])
 def test_a_round_reads_back_the_same_whatever_its_size(n):
     r = frozen(n)
-    value = codec.round_to(r, reason="agent joined", departed=("a",), departed_cause=("left",))
+    why = codec.Why("agent joined", departed=("a",), departed_cause=("left",))
+    value = codec.round_to(r, why=why)
     got, msg = codec.round_and_message(KEY, value, 9, "r")
     assert got.members == r.members and got.world_size == 8 * n
     assert (got.number, got.restart_count, got.master_port) == (4, 2, 29500)

@@ -43,7 +43,7 @@ class Node(threading.Thread):
 
     def finish(self, timeout: float = 30) -> Any:
         self.join(timeout)
-        assert not self.is_alive(), f"{self.name} is still waiting: {self.h.status()}"
+        assert not self.is_alive(), f"{self.name} is still waiting: {self.h.report().status()}"
         return self.result
 
 
@@ -67,12 +67,12 @@ def nodes():
 def test_a_node_waits_for_node_0_then_both_go(nodes):
     late, early = nodes(0), nodes(1)
     early.start()
-    wait_for(lambda: "waits for node 0" in early.h.status(), 10, "node 1 retrying node 0")
+    wait_for(lambda: "waits for node 0" in early.h.report().status(), 10, "node 1 retrying node 0")
     assert early.is_alive()  # no worker may start before node 0 is there
     late.start()
     a, b = late.finish(), early.finish()
     assert (a.node_rank, b.node_rank, a.world_size, b.world_size) == (0, 1, 2, 2)
-    assert early.h.status() == "" and late.h.status() == ""
+    assert early.h.report().status() == "" and late.h.report().status() == ""
     # a restart (the static backend re-runs its one round) meets nobody again
     assert early.h.next_rendezvous().node_rank == 1
 
@@ -81,7 +81,7 @@ def test_node_0_waits_for_every_rank_and_says_which(nodes):
     n0, n2 = nodes(0, nodes=3), nodes(2, nodes=3)
     n0.start()
     n2.start()
-    wait_for(lambda: "node rank(s) 1 (2 of 3 here)" in n0.h.status(), 10, "node 2 counted")
+    wait_for(lambda: "node rank(s) 1 (2 of 3 here)" in n0.h.report().status(), 10, "node 2 counted")
     assert n0.is_alive() and n2.is_alive()
     n1 = nodes(1, nodes=3)
     n1.start()
@@ -115,7 +115,7 @@ def test_the_same_rank_twice_is_refused(nodes):
     first = nodes(1, nodes=3)
     n0.start()
     first.start()
-    wait_for(lambda: "(2 of 3 here)" in n0.h.status(), 10, "node 1 at node 0")
+    wait_for(lambda: "(2 of 3 here)" in n0.h.report().status(), 10, "node 1 at node 0")
     twin = nodes(1, nodes=3)
     twin.start()
     err = twin.finish()

@@ -5,7 +5,7 @@ Why an actor with a thread of its own: watch callbacks must return at once (they
 client's single watch thread), while the leader's work does etcd round trips. Callbacks only post
 typed messages here; the driver drains its mailbox, applies every message, then decides once — so
 a burst of N join events costs one decision, not N. Nothing here holds a reference to the
-handler: the driver borrows the session, the round view and the event log it was given.
+handler: the driver borrows the run context and the session it was given.
 
 Connection loss: an etcd error inside a term ends the term (the leader's caches may have missed
 events); the election runs again and a new term re-reads a consistent snapshot. A lost session
@@ -22,15 +22,12 @@ from dataclasses import dataclass
 
 from etcdrun.rendezvous.client import EtcdError, WatchBatch
 from etcdrun.rendezvous.errors import RendezvousError
-from etcdrun.rendezvous.etcd.keys import RunKeys
+from etcdrun.rendezvous.etcd.context import RunContext
 from etcdrun.rendezvous.etcd.leader.election import Election
 from etcdrun.rendezvous.etcd.leader.status import LeaderStatus
 from etcdrun.rendezvous.etcd.leader.term import Leader
 from etcdrun.rendezvous.etcd.node.session import Session
-from etcdrun.rendezvous.etcd.protocol import Settings
-from etcdrun.rendezvous.etcd.round_view import RoundView
 from etcdrun.rendezvous.etcd.round_watch import RoundWatch
-from etcdrun.rendezvous.events import EventLog
 
 log = logging.getLogger(__name__)
 
@@ -74,34 +71,17 @@ Message = Elect | RoundChanged | RoundWatchEnded | LeaderEvents | SessionLost | 
 class Driver:
     """One per session. ``start()`` (reads the round, starts the thread) → ``post`` → ``stop()``."""
 
-    def __init__(
-        self,
-        session: Session,
-        keys: RunKeys,
-        settings: Settings,
-        view: RoundView,
-        events: EventLog,
-        *,
-        closed_ttl: float,
-        run_ttl: int,
-    ) -> None:
+    def __init__(self, ctx: RunContext, session: Session) -> None:
+        self._ctx = ctx
         self._session = session
-        self._keys = keys
-        self._settings = settings
-        self._view = view
-        self._events = events
-        self._closed_ttl = closed_ttl
-        self._run_ttl = run_ttl
-        self._policy = session.client.policy
+        self._policy = ctx.policy
         self._mailbox: queue.SimpleQueue[Message] = queue.SimpleQueue()
         self._round_watch = RoundWatch(
-            session.client,
-            keys,
-            view,
+            ctx,
             on_change=lambda: self.post(RoundChanged()),
             on_end=lambda: self.post(RoundWatchEnded()),
         )
-        self._election = Election(session, keys.agents, lambda: self.post(Elect()))
+        self._election = Election(session, ctx.keys.agents, lambda: self.post(Elect()))
         self._leader: Leader | None = None
         self._failures = 0  # decisions in a row that raised: the policy's backoff index
         self._stopped = False
@@ -190,13 +170,8 @@ class Driver:
         if not self._election.check():
             return
         leader = Leader(
+            self._ctx,
             self._session,
-            self._keys,
-            self._settings,
-            self._view,
-            self._events,
-            closed_ttl=self._closed_ttl,
-            run_ttl=self._run_ttl,
             deliver=lambda b: self.post(LeaderEvents(b)),
             departed=self._election.departed,
         )

@@ -19,13 +19,12 @@ import time
 from dataclasses import dataclass, replace
 
 from etcdrun.proto import etcdrun_state_pb2 as st
+from etcdrun.rendezvous import api
 from etcdrun.rendezvous.client import EtcdError
 from etcdrun.rendezvous.client import txn as t
-from etcdrun.rendezvous.etcd.keys import RunKeys
+from etcdrun.rendezvous.etcd.context import RunContext
 from etcdrun.rendezvous.etcd.node.session import Session
 from etcdrun.rendezvous.etcd.protocol import Phase, Round
-from etcdrun.rendezvous.etcd.round_view import RoundView
-from etcdrun.rendezvous.events import EventLog
 
 log = logging.getLogger(__name__)
 ANNOUNCE_AFTER = 1.0  # seconds a last call must last before the leader publishes it
@@ -59,16 +58,10 @@ class LastCall:
 
 
 def publish(
-    session: Session,
-    keys: RunKeys,
-    view: RoundView,
-    events: EventLog,
-    r: Round,
-    call: LastCall,
-    joined: int,
-    now: float,
+    ctx: RunContext, session: Session, call: LastCall, r: Round, joined: int, now: float
 ) -> bool:
     """Write the last call into the JOINING round ``r`` (fenced on it, and on our session)."""
+    keys, view = ctx.keys, ctx.view
     msg = view.message()
     if msg is None or msg.number != r.number or msg.phase != st.JOINING:
         return False
@@ -83,7 +76,7 @@ def publish(
         return False
     call.published = (r.number, joined)
     view.apply(replace(r, mod_revision=res.revision), out)
-    events.emit(
+    ctx.events.emit(
         "last_call",
         round=r.number,
         joined=joined,
@@ -94,14 +87,7 @@ def publish(
 
 
 def announce(
-    call: LastCall,
-    session: Session,
-    keys: RunKeys,
-    view: RoundView,
-    events: EventLog,
-    r: Round,
-    joined: int,
-    now: float,
+    ctx: RunContext, session: Session, call: LastCall, r: Round, joined: int, now: float
 ) -> float:
     """The leader waits in a last call: publish it once it has lasted ``ANNOUNCE_AFTER`` (and
     again when the count joined changes); return when to decide again."""
@@ -111,22 +97,19 @@ def announce(
     if due > now:
         return min(call.until, due)
     try:
-        publish(session, keys, view, events, r, call, joined, now)
+        publish(ctx, session, call, r, joined, now)
     except EtcdError as e:  # informational: the round goes on without it
         log.warning("leader %s: publishing the last call failed: %s", session.node_id, e)
     return call.until
 
 
-def line(msg: st.RoundState | None, min_nodes: int, max_nodes: int) -> str | None:
-    """``first round: 2 of max 3 joined (min 2); starting in 25 s unless more join`` from the
-    round key, or None when it carries no last call."""
+def notice(msg: st.RoundState | None, min_nodes: int, max_nodes: int) -> api.LastCall | None:
+    """The last call the round key carries, for every node to say it (``first round: 2 of max
+    3 joined (min 2); starting in 25 s unless more join``); None when it carries none."""
     if msg is None or msg.phase != st.JOINING or not msg.last_call_deadline_unix_ms:
         return None
-    left = max(0.0, msg.last_call_deadline_unix_ms / 1000 - time.time())
-    return (
-        f"first round: {msg.last_call_joined} of max {max_nodes} joined (min {min_nodes}); "
-        f"starting in {left:.0f} s unless more join"
-    )
+    deadline = msg.last_call_deadline_unix_ms / 1000
+    return api.LastCall(deadline, msg.last_call_joined, min_nodes, max_nodes)
 
 
-__all__ = ["ANNOUNCE_AFTER", "LastCall", "announce", "line", "publish"]
+__all__ = ["ANNOUNCE_AFTER", "LastCall", "announce", "notice", "publish"]

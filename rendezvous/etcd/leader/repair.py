@@ -19,24 +19,16 @@ from dataclasses import replace
 
 from etcdrun.rendezvous.client import txn as t
 from etcdrun.rendezvous.etcd import codec
-from etcdrun.rendezvous.etcd.keys import RunKeys
+from etcdrun.rendezvous.etcd.context import RunContext
 from etcdrun.rendezvous.etcd.node.session import Session
-from etcdrun.rendezvous.etcd.round_view import RoundView
-from etcdrun.rendezvous.events import EventLog
 
 log = logging.getLogger(__name__)
 
 
-def repair_round(
-    session: Session,
-    keys: RunKeys,
-    view: RoundView,
-    events: EventLog,
-    bad: tuple[int, str],
-    run_lease: int,
-) -> bool:
+def repair_round(ctx: RunContext, session: Session, bad: tuple[int, str], run_lease: int) -> bool:
     """Overwrite the unreadable round key (at revision ``bad[0]``) with the last good state;
     True when this call did. False when no good state is known or the fence failed."""
+    keys, view = ctx.keys, ctx.view
     revision, problem = bad
     good, msg = view.current(), view.message()
     if good is None:
@@ -47,7 +39,7 @@ def repair_round(
     if not res.succeeded:
         return False
     view.apply(replace(good, mod_revision=res.revision), msg)
-    events.emit("round_repaired", round=good.number, bad_revision=revision, problem=problem)
+    ctx.events.emit("round_repaired", round=good.number, bad_revision=revision, problem=problem)
     log.error(
         "%s held a value etcdrun cannot read (%s); restored round %d %s",
         keys.round,

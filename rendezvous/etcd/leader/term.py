@@ -31,7 +31,7 @@ from etcdrun.rendezvous.client import (
 from etcdrun.rendezvous.client import txn as t
 from etcdrun.rendezvous.errors import RendezvousError
 from etcdrun.rendezvous.etcd import codec, transitions
-from etcdrun.rendezvous.etcd.keys import RunKeys
+from etcdrun.rendezvous.etcd.context import RunContext
 from etcdrun.rendezvous.etcd.leader import departures, last_call, repair
 from etcdrun.rendezvous.etcd.leader.status import LeaderStatus
 from etcdrun.rendezvous.etcd.node import lifecycle
@@ -45,14 +45,11 @@ from etcdrun.rendezvous.etcd.protocol import (
     Member,
     Phase,
     Round,
-    Settings,
     StartRound,
     View,
     Wait,
     decide,
 )
-from etcdrun.rendezvous.etcd.round_view import RoundView
-from etcdrun.rendezvous.events import EventLog
 
 log = logging.getLogger(__name__)
 MAX_STEPS = 4  # decisions in a row without a new event: each write changes the view
@@ -64,25 +61,18 @@ class Leader:
 
     def __init__(
         self,
+        ctx: RunContext,
         session: Session,
-        keys: RunKeys,
-        settings: Settings,
-        view: RoundView,
-        events: EventLog,
         *,
-        closed_ttl: float,
-        run_ttl: int,
         deliver: Callable[[WatchBatch], None],
         departed: dict[str, str] | None = None,
     ) -> None:
+        self._ctx = ctx
         self._session = session
-        self._client = session.client
-        self._keys = keys
-        self._settings = settings
-        self._view = view
-        self._events = events
-        self._closed_ttl = closed_ttl  # how long a failed run's marker stays
-        self._run_ttl = run_ttl  # the run lease's TTL: how long the run outlives its last agent
+        self._client = ctx.client
+        self._keys = ctx.keys
+        self._view = ctx.view
+        self._events = ctx.events
         self._run_lease: Lease | None = None  # kept alive by this term
         self._deliver = deliver
         self.agents: dict[str, Agent] = {}
@@ -177,7 +167,7 @@ class Leader:
             if view is None:
                 self._publish(r, "waiting for the round's hint (written with the round)")
                 return None
-            action = decide(view, self._settings, now)
+            action = decide(view, self._ctx.settings, now)
             if isinstance(action, Wait):
                 if action.until is not None and r is not None:
                     self._last_call.wait(r.number, action.until, now)
@@ -185,16 +175,7 @@ class Leader:
                 if action.until is None or r is None:
                     return action.until
                 joined = sum(1 for n in view.joined if n in self.agents)
-                return last_call.announce(
-                    self._last_call,
-                    self._session,
-                    self._keys,
-                    self._view,
-                    self._events,
-                    r,
-                    joined,
-                    now,
-                )
+                return last_call.announce(self._ctx, self._session, self._last_call, r, joined, now)
             try:
                 applied = self._apply(r, action)
             except EtcdNoSpaceError as e:
@@ -226,7 +207,7 @@ class Leader:
         if bad is not None:
             good = self._view.current()
             lease = self._run_lease_for(good) if good is not None else 0
-            repair.repair_round(self._session, self._keys, self._view, self._events, bad, lease)
+            repair.repair_round(self._ctx, self._session, bad, lease)
 
     def _abort(self, r: Round | None, e: EtcdNoSpaceError) -> None:
         """etcd takes no more writes (its space quota is exhausted), so no round can open and
@@ -259,7 +240,7 @@ class Leader:
                 log.warning(
                     "leader %s: the run lease %x expired", self._session.node_id, r.run_lease
                 )
-        self._run_lease = self._client.lease(self._run_ttl)
+        self._run_lease = self._client.lease(self._ctx.config.run_lease_ttl)
         return self._run_lease.id
 
     def _decision_view(self, r: Round | None) -> View | None:
@@ -284,35 +265,24 @@ class Leader:
             return self._close_failed(r, action)
         run_lease = self._run_lease_for(r)
         if isinstance(action, StartRound):
-            causes = self.departures.causes(action.departed)
-            new, (guard, ops) = transitions.start_round(
-                self._keys,
-                r,
-                action.number,
-                action.hint,
-                action.restart_count,
-                departures.reason(action.departed, causes) or action.reason,
-                me,
-                run_lease=run_lease,
-                departed=action.departed,
-                arrived=action.arrived,
-                departed_cause=causes,
+            new = transitions.opening(action.number, action.restart_count, run_lease=run_lease)
+            guard, ops = transitions.start_round(
+                self._keys, r, new, action.hint, self._why(action), me
             )
         else:
             assert isinstance(action, Freeze) and r is not None
-            new, (guard, ops) = transitions.freeze(
-                self._keys,
-                r,
+            new = Round(
+                r.number,
+                Phase.FROZEN,
                 action.members,
+                action.restart_count,
                 action.master_addr,
                 action.master_port,
-                action.restart_count,
-                me,
                 run_lease=run_lease,
-                why=self.departures.why_frozen(
-                    self._view.message(), r.number, self.hints.get(r.number, ()), self.agents
-                ),
             )
+            hint = self.hints.get(r.number, ())
+            why = self.departures.why_frozen(self._view.message(), r.number, hint, self.agents)
+            guard, ops = transitions.freeze(self._keys, r, new, why, me)
         res = self._client.txn([*guard, fence], ops)
         if not res.succeeded:
             return False
@@ -323,15 +293,19 @@ class Leader:
         self._applied(action, res.revision)
         return True
 
+    def _why(self, action: StartRound) -> codec.Why:
+        """Why a round opens: each departure with how it went, and the arrivals."""
+        causes = self.departures.causes(action.departed)
+        reason = departures.reason(action.departed, causes) or action.reason
+        return codec.Why(reason, action.departed, causes, action.arrived)
+
     def _close_failed(self, r: Round | None, action: CloseFailed) -> bool:
         """The budget is spent: close the run with the root cause every node will report."""
         closed = lifecycle.close_run(
-            self._client,
-            self._keys,
+            self._ctx,
             r,
             st.FAILED,
             codec.failure_to(action.failure),
-            ttl=self._closed_ttl,
             by=self._session.node_id,
             fence=[self._session.is_owner()],
         )
@@ -350,15 +324,15 @@ class Leader:
     def _applied(self, action: StartRound | Freeze, revision: int) -> None:
         if isinstance(action, StartRound):
             self.hints[action.number] = action.hint
-            causes = self.departures.causes(action.departed)
+            why = self._why(action)
             self._events.emit(
                 "round_started",
                 round=action.number,
-                reason=departures.reason(action.departed, causes) or action.reason,
+                reason=why.reason,
                 restart_count=action.restart_count,
-                departed=list(action.departed),
-                departed_cause=list(causes),
-                arrived=list(action.arrived),
+                departed=list(why.departed),
+                departed_cause=list(why.departed_cause),
+                arrived=list(why.arrived),
             )
             return
         self._events.emit(

@@ -1,10 +1,10 @@
 """The end of a round or of the run: a restart after a worker failure, the exit barrier, closing
 the run (as succeeded or failed), and the last agent's clean-up.
 
-Why functions over (client, keys, session, view): these are the writes an agent makes about the
-*job* rather than about its own membership; each is one fenced transaction from transitions.py.
-They borrow what they need and keep nothing, so the handler and the leader share one
-``close_run`` instead of each closing the run its own way.
+Why functions over the run context: these are the writes an agent makes about the *job* rather
+than about its own membership; each is one fenced transaction from transitions.py. They borrow
+what they need and keep nothing, so the handler and the leader share one ``close_run`` instead
+of each closing the run its own way.
 """
 
 from __future__ import annotations
@@ -17,16 +17,15 @@ from dataclasses import replace
 from etcdrun.proto import etcd_api_pb2 as pb
 from etcdrun.proto import etcdrun_state_pb2 as st
 from etcdrun.rendezvous.api import FailureInfo
-from etcdrun.rendezvous.client import EtcdClient, EtcdError, RetryPolicy
+from etcdrun.rendezvous.client import EtcdClient, EtcdError
 from etcdrun.rendezvous.client import txn as t
 from etcdrun.rendezvous.client.errors import NO_SPACE_REMEDY, EtcdLeaseNotFoundError
 from etcdrun.rendezvous.errors import RendezvousError
 from etcdrun.rendezvous.etcd import codec, transitions
+from etcdrun.rendezvous.etcd.context import RunContext
 from etcdrun.rendezvous.etcd.keys import RunKeys
 from etcdrun.rendezvous.etcd.node.session import Session
 from etcdrun.rendezvous.etcd.protocol import Phase, Round
-from etcdrun.rendezvous.etcd.round_view import RoundView
-from etcdrun.rendezvous.events import EventLog
 
 log = logging.getLogger(__name__)
 
@@ -37,25 +36,24 @@ def read_round(client: EtcdClient, keys: RunKeys, timeout: float | None = None) 
 
 
 def close_run(
-    client: EtcdClient,
-    keys: RunKeys,
+    ctx: RunContext,
     current: Round | None,
     outcome: int,
     failure: st.Failure | None,
     *,
-    ttl: float,
     by: str,
     fence: Sequence[pb.Compare] = (),
 ) -> tuple[Round, st.RoundState] | None:
     """One attempt to close the run, fenced on the round key as read (and on ``fence``).
 
-    The CLOSED marker lives under a lease of its own (``ttl`` seconds: late joiners fail at once
+    The CLOSED marker lives under a lease of its own (``closed_ttl``: late joiners fail at once
     meanwhile, then it expires by itself). When the compare fails, that lease is revoked at once
-    — it would otherwise live ``ttl`` (600 s by default) for nothing. Returns the closed round and
-    the message written (for the writer's own view: see ``written``), or None when the round key
+    — it would otherwise live ``closed_ttl`` for nothing. Returns the closed round and the
+    message written (for the writer's own view: see ``written``), or None when the round key
     had moved (re-read and decide again)."""
-    marker = client.lease(int(ttl), keepalive=False)
-    closed, (guard, ops) = transitions.close(keys, current, outcome, failure, marker.id, by)
+    client = ctx.client
+    marker = client.lease(ctx.config.closed_ttl, keepalive=False)
+    closed, (guard, ops) = transitions.close(ctx.keys, current, outcome, failure, marker.id, by)
     # An exception leaves the marker alone: the write may have been applied with its answer
     # lost, and revoking would delete the CLOSED key with it.
     res = client.txn([*guard, *fence], ops)
@@ -74,36 +72,22 @@ def written(ops: Sequence[pb.RequestOp]) -> st.RoundState:
 
 
 def set_closed(
-    client: EtcdClient,
-    keys: RunKeys,
-    events: EventLog,
-    outcome: int,
-    failure: st.Failure | None = None,
-    *,
-    ttl: float,
-    by: str,
+    ctx: RunContext, outcome: int, failure: st.Failure | None = None, *, by: str
 ) -> tuple[Round, st.RoundState] | None:
     """Close the run, whatever round it is in; a run already closed stays as it is. Returns
     what this call wrote (for the writer's own view), or None when it was closed already."""
     while True:
-        cur = read_round(client, keys)
+        cur = read_round(ctx.client, ctx.keys)
         if cur is not None and cur.phase is Phase.CLOSED:
             return None
-        done = close_run(client, keys, cur, outcome, failure, ttl=ttl, by=by)
+        done = close_run(ctx, cur, outcome, failure, by=by)
         if done is not None:
-            events.emit("run_closed", round=done[0].number, outcome=st.Outcome.Name(outcome))
+            ctx.events.emit("run_closed", round=done[0].number, outcome=st.Outcome.Name(outcome))
             return done
 
 
 def request_restart(
-    client: EtcdClient,
-    keys: RunKeys,
-    events: EventLog,
-    running: Round,
-    reason: str,
-    failure: FailureInfo | None,
-    *,
-    by: str,
+    ctx: RunContext, running: Round, reason: str, failure: FailureInfo | None, *, by: str
 ) -> bool:
     """Open the round after ``running`` because a worker failed. The leader charges the
     job-wide budget when it freezes that round — or closes the run as failed when the budget is
@@ -111,27 +95,20 @@ def request_restart(
     when the round had already moved on (someone else opened it): then an earlier failure than
     the one it carries replaces it, since the root cause is the first failure, not the first
     report (two nodes failing in one round used to name whichever reported first)."""
+    client, keys = ctx.client, ctx.keys
+    new = transitions.opening(running.number + 1, running.restart_count, failure, running.run_lease)
     fenced_on: Round | None = running
     while fenced_on is not None:
-        new, (guard, ops) = transitions.start_round(
-            keys,
-            fenced_on,
-            running.number + 1,
-            running.members,
-            running.restart_count,
-            reason,
-            by,
-            failure=failure,
-            run_lease=running.run_lease,
-        )
+        why = codec.Why(reason)
+        guard, ops = transitions.start_round(keys, fenced_on, new, running.members, why, by)
         if client.txn(guard, ops).succeeded:
-            events.emit(
+            ctx.events.emit(
                 "round_started", round=new.number, reason=reason, restart_count=new.restart_count
             )
             return True
         fenced_on = _rewritten(client, keys, running, fenced_on)
     if failure is not None:
-        _attach_if_earlier(client, keys, events, running.number + 1, failure, reason)
+        _attach_if_earlier(ctx, new.number, failure, reason)
     return False
 
 
@@ -152,19 +129,13 @@ def _rewritten(client: EtcdClient, keys: RunKeys, running: Round, tried: Round) 
     return now if same else None
 
 
-def _attach_if_earlier(
-    client: EtcdClient,
-    keys: RunKeys,
-    events: EventLog,
-    number: int,
-    failure: FailureInfo,
-    reason: str,
-) -> None:
+def _attach_if_earlier(ctx: RunContext, number: int, failure: FailureInfo, reason: str) -> None:
     """Put ``failure`` (and its ``reason`` line) on round ``number`` while it gathers, in place
     of an older failure it carries: fenced on the value read, so a round that moved on is left
     alone. The reason goes with it: every node prints the earliest failure as the restart's
     cause, never the first report (a worker its own agent stopped, or a consequence of the real
     failure)."""
+    client, keys = ctx.client, ctx.keys
     kv = client.get(keys.round)
     if kv is None:
         return
@@ -185,20 +156,10 @@ def _attach_if_earlier(
         msg.reason = reason
     put = t.put(keys.round, msg.SerializeToString(), kv.lease)
     if client.txn([t.mod_revision(keys.round, "==", kv.mod_revision)], [put]).succeeded:
-        events.emit("round_failure_replaced", round=number, failed_rank=failure.global_rank)
+        ctx.events.emit("round_failure_replaced", round=number, failed_rank=failure.global_rank)
 
 
-def exit_barrier(
-    client: EtcdClient,
-    keys: RunKeys,
-    events: EventLog,
-    session: Session,
-    view: RoundView,
-    running: Round,
-    *,
-    timeout: float,
-    closed_ttl: float,
-) -> bool:
+def exit_barrier(ctx: RunContext, session: Session, running: Round, *, timeout: float) -> bool:
     """Wait until every node of ``running`` finished (or the run closed); the last one to
     arrive closes the run as SUCCEEDED. True when everyone made it in time.
 
@@ -207,14 +168,15 @@ def exit_barrier(
     time is up, and every member still registered has arrived, the run is closed SUCCEEDED all
     the same — else the fenced node, back, joined a run nobody else would join and waited out
     join_timeout before failing. It finds the run closed and leaves at once."""
-    prefix = keys.barrier(running.number, "exit")
+    client, view = ctx.client, ctx.view
+    prefix = ctx.keys.barrier(running.number, "exit")
     try:
         client.put(prefix + session.node_id, b"", lease=session.lease_id)
     except EtcdLeaseNotFoundError:  # expired while we could not act: ask, so ``lost`` is set
         session.confirm()
         return False
     if client.get_prefix(prefix, count_only=True).count >= len(running.members):
-        set_closed(client, keys, events, st.SUCCEEDED, ttl=closed_ttl, by=session.node_id)
+        set_closed(ctx, st.SUCCEEDED, by=session.node_id)
         return True
     deadline = time.monotonic() + timeout
     while True:
@@ -227,29 +189,19 @@ def exit_barrier(
             # (a round frozen since ran someone's workers: the run goes on).
             if cur.number > running.number + 1 or cur.phase is not Phase.JOINING:
                 return False
-            at = cur.mod_revision - 1
-            return _close_if_the_rest_are_gone(
-                client, keys, events, session, running, at, closed_ttl
-            )
+            return _close_if_the_rest_are_gone(ctx, session, running, cur.mod_revision - 1)
         if not view.wait(cur, deadline, stop=lambda: False):
-            return _close_if_the_rest_are_gone(
-                client, keys, events, session, running, 0, closed_ttl
-            )
+            return _close_if_the_rest_are_gone(ctx, session, running, 0)
 
 
 def _close_if_the_rest_are_gone(
-    client: EtcdClient,
-    keys: RunKeys,
-    events: EventLog,
-    session: Session,
-    running: Round,
-    at_revision: int,
-    closed_ttl: float,
+    ctx: RunContext, session: Session, running: Round, at_revision: int
 ) -> bool:
     """Close the run SUCCEEDED when each member of ``running`` is at the barrier or gone (its
     agent key lapsed: it cannot come back as itself); True then. A member still registered may
     still be working, and keeps the run open. Newcomers and spares do not count: the work is
     done."""
+    client, keys = ctx.client, ctx.keys
     try:
         arrived = _names(client, keys.barrier(running.number, "exit"), at_revision)
     except EtcdError:  # compacted since: who arrived is unknown, so the run stays open
@@ -258,8 +210,8 @@ def _close_if_the_rest_are_gone(
     late = [m.node_id for m in running.members if m.node_id not in arrived]
     if any(node in live for node in late):
         return False
-    if set_closed(client, keys, events, st.SUCCEEDED, ttl=closed_ttl, by=session.node_id):
-        events.emit("exit_barrier_incomplete", round=running.number, gone=late)
+    if set_closed(ctx, st.SUCCEEDED, by=session.node_id):
+        ctx.events.emit("exit_barrier_incomplete", round=running.number, gone=late)
         log.warning(
             "run %s round %d: %s left before the exit barrier; every other node finished, so "
             "the run closed as SUCCEEDED",
@@ -313,19 +265,18 @@ def describe_vanished(client: EtcdClient, keys: RunKeys) -> str:
     return f"the run was aborted: its state ({keys.round}) was removed from etcd while it ran"
 
 
-def clean_up_if_none_left(
-    client: EtcdClient, keys: RunKeys, events: EventLog, policy: RetryPolicy
-) -> None:
+def clean_up_if_none_left(ctx: RunContext) -> None:
     """The last agent out removes the run's keys (a closed run keeps its marker, which
     expires by itself), so nothing of a finished job stays in etcd. Best effort, bounded by the
     policy's parting timeout: leaving must not hang on a dead etcd."""
+    client, keys, policy = ctx.client, ctx.keys, ctx.policy
     try:
         cur = read_round(client, keys, timeout=policy.parting_timeout)
         guard, ops = transitions.clean_up_if_none_left(keys, cur)
         if client.txn(guard, ops, timeout=policy.parting_timeout).succeeded:
             if cur is not None and cur.run_lease:
                 client.revoke(cur.run_lease, timeout=policy.parting_timeout)
-            events.emit("run_cleaned")
+            ctx.events.emit("run_cleaned")
     except (EtcdError, RendezvousError) as e:
         log.warning("could not remove the run's keys: %s", e)
 

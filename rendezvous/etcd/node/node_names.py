@@ -23,8 +23,7 @@ import threading
 from collections.abc import Callable
 
 from etcdrun.proto import etcdrun_state_pb2 as st
-from etcdrun.rendezvous.client import EtcdClient
-from etcdrun.rendezvous.etcd.keys import RunKeys
+from etcdrun.rendezvous.etcd.context import RunContext
 from etcdrun.rendezvous.etcd.node import job_settings
 from etcdrun.rendezvous.etcd.node.joining import FoldedJoin
 from etcdrun.rendezvous.etcd.node.session import NodeIdTaken, Session
@@ -64,13 +63,11 @@ def node_id(host: str, suffix: str, incarnation: int) -> str:
 
 
 def register(
-    client: EtcdClient,
-    keys: RunKeys,
+    ctx: RunContext,
     host: str,
     suffix: str,
     incarnation: int,
     agent_info: Callable[[str], st.AgentInfo],
-    lease_ttl: int,
     fold: FoldedJoin | None = None,
 ) -> tuple[Session, str]:
     """Open a session under a readable node id (the job's settings checked around it:
@@ -79,7 +76,8 @@ def register(
     for attempt in range(CLASH_TRIES):
         info = agent_info(node_id(host, suffix, incarnation))
         try:
-            return job_settings.open_session(client, keys, info, lease_ttl, fold), suffix
+            sess = job_settings.open_session(ctx.client, ctx.keys, info, ctx.config.lease_ttl, fold)
+            return sess, suffix
         except NodeIdTaken:
             if attempt == CLASH_TRIES - 1:
                 raise

@@ -11,21 +11,19 @@ from __future__ import annotations
 
 import logging
 
-from etcdrun.rendezvous.client import EtcdClient
 from etcdrun.rendezvous.errors import RendezvousClosedError, RendezvousStateError
-from etcdrun.rendezvous.etcd.keys import RunKeys
+from etcdrun.rendezvous.etcd.context import RunContext
 from etcdrun.rendezvous.etcd.node import lifecycle
 from etcdrun.rendezvous.etcd.protocol import Phase, Round
-from etcdrun.rendezvous.etcd.round_view import RoundView
 
 log = logging.getLogger(__name__)
 
 
 class RunGate:
-    def __init__(self, client: EtcdClient, keys: RunKeys, view: RoundView) -> None:
-        self._client = client
-        self._keys = keys
-        self._view = view
+    def __init__(self, ctx: RunContext) -> None:
+        self._client = ctx.client
+        self._keys = ctx.keys
+        self._view = ctx.view
         self.saw_live = False  # this node saw the run live (a round not CLOSED), in any session
         self._retry_noted: int | None = None  # said once: waiting to retry a failed run
 
