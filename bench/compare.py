@@ -4,9 +4,9 @@
 Runs issue 5's scenarios for both launchers with the same worker script (bench/compare_worker.py:
 gloo all_reduce every 0.2 s, or idle) on N local agents, a few trials each, every wait bounded,
 every process killed and checked gone after each trial. Prints medians, min-max and the
-torchrun/etcdrun ratio per scenario, and writes bench/results.md, bench/recovery.png and the
-"Benchmarks vs torchrun" section of README.md (only on a full run; ``--only`` runs publish
-nothing unless ``--publish``). Raw figures and every agent's log go to bench/out/<time>/.
+torchrun/etcdrun ratio per scenario, and writes bench/results.md and bench/recovery.png (only
+on a full run; ``--only`` runs publish nothing unless ``--publish``); README and the docs link to
+them rather than repeat them. Raw figures and every agent's log go to bench/out/<time>/.
 
 Why its own venv (bench/.venv-torch, created on first use): torch 2.13 CPU (torchrun and the
 workers' gloo), python-etcd (torchrun's etcd-v2) and matplotlib are the benchmark's needs, not
@@ -173,7 +173,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument(
         "--publish",
         action="store_true",
-        help="write results.md, recovery.png and README even with --only",
+        help="write results.md and recovery.png even with --only",
     )
     ap.add_argument("--report", metavar="JSON", help="only rebuild the report from a saved run")
     ap.add_argument("-v", "--verbose", action="store_true")
@@ -220,8 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(publish.console(results))
     if args.publish or results["meta"]["complete"]:
-        publish.publish(results, HERE / "results.md", HERE / "recovery.png", REPO / "README.md")
-        print("wrote bench/results.md, bench/recovery.png, README.md (Benchmarks vs torchrun)")
+        publish.publish(results, HERE / "results.md", HERE / "recovery.png")
+        print("wrote bench/results.md, bench/recovery.png")
     return 0
 
 

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 from etcdrun.agent.api import EntrypointKind, RunResult, Worker, WorkerSpec, WorkerState
 from etcdrun.agent.errors import ProcessFailure
 from etcdrun.agent.worker import spawn as _spawn
-from etcdrun.agent.worker.logdir import LogDir, copy_stopped
+from etcdrun.agent.worker.logdir import LogDir, WorkerFiles, copy_stopped
 from etcdrun.agent.worker.proc import WorkerProc
 from etcdrun.agent.worker.reactor import Reactor
 from etcdrun.rendezvous.api import check_run_id
@@ -36,10 +36,8 @@ from etcdrun.rendezvous.api import check_run_id
 if TYPE_CHECKING:  # pragma: no cover
     from etcdrun.rendezvous.api import RendezvousInfo
 
-__all__ = ["WorkerGroup", "WorkerFiles", "worker_env"]
+__all__ = ["WorkerGroup"]
 
-WorkerFiles = _spawn.WorkerFiles
-worker_env = _spawn.worker_env
 KILL_WAIT = 10.0  # after SIGKILL: only an unkillable (D-state) process takes longer
 DRAIN_WAIT = 1.0  # after the workers are gone: output their children may still hold
 

@@ -21,6 +21,7 @@ import os
 import shutil
 import tempfile
 import threading
+from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
 FULL_BELOW = 64 * 1024  # bytes free under which a worker's failed write is put down to the disk
@@ -156,12 +157,48 @@ class LogDir:
         return self._path
 
 
+@dataclass(frozen=True)
+class WorkerFiles:
+    """A worker's files: ``<log_dir>/<run_id>/attempt_<n>/<global rank>/``.
+
+    stdout.log/stderr.log exist when the stream is redirected or teed (or filtered off the
+    console); error.json when the worker raised under ``@record``; return.pkl for a callable.
+    """
+
+    dir: str
+    stdout: str
+    stderr: str
+    error_file: str
+    return_file: str
+
+    @classmethod
+    def under(cls, attempt_dir: str, global_rank: int) -> WorkerFiles:
+        d = os.path.join(attempt_dir, str(global_rank))
+        return cls(
+            dir=d,
+            stdout=os.path.join(d, "stdout.log"),
+            stderr=os.path.join(d, "stderr.log"),
+            error_file=os.path.join(d, "error.json"),
+            return_file=os.path.join(d, "return.pkl"),
+        )
+
+    def prepare(self) -> None:
+        """Create the directory; drop a previous run's error/return files (they would lie)."""
+        os.makedirs(self.dir, exist_ok=True)
+        for stale in (self.error_file, self.return_file):
+            try:
+                os.unlink(stale)
+            except FileNotFoundError:
+                pass
+
+
 __all__ = [
     "full_disk_line",
     "NOTICES",
     "AgentLogFile",
     "LogDir",
     "LogDirError",
+    "WorkerFiles",
     "check_writable",
     "copy_stopped",
     "describe",

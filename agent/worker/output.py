@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
     from etcdrun.agent.api import Worker, WorkerSpec
-    from etcdrun.agent.worker.spawn import WorkerFiles
+    from etcdrun.agent.worker.logdir import WorkerFiles
 
 TEE = "tee"  # _spawn's stream mode for a teed stream
 # torchrun's header for a teed line (LocalElasticAgent/TailLog: "[trainer0]:"), and its variable.

@@ -12,9 +12,8 @@ from typing import Any
 from etcdrun.agent.api import Worker
 from etcdrun.agent.errors import ProcessFailure
 from etcdrun.agent.worker import spawn as _spawn
-from etcdrun.agent.worker.logdir import full_disk_line
+from etcdrun.agent.worker.logdir import WorkerFiles, full_disk_line
 from etcdrun.agent.worker.reactor import TAIL_LINES
-from etcdrun.agent.worker.spawn import WorkerFiles
 
 
 class WorkerProc:

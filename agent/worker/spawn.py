@@ -1,7 +1,7 @@
 """How one worker process is made: its environment, its files, its streams and its process.
 
 Why apart from ``workers.py``: the per-process mechanics (fds, exec shim, multiprocessing,
-imported lazily); ``workers.py`` is the group's life cycle (state, stop, results)."""
+imported lazily); group.py is the group's life cycle (state, stop, results)."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ import os
 import subprocess
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from etcdrun.agent.api import EntrypointKind, Std, Worker, WorkerSpec
 from etcdrun.agent.worker import boot as _boot
 from etcdrun.agent.worker.credentials import credential_names, scrubbed
+from etcdrun.agent.worker.logdir import WorkerFiles
 from etcdrun.agent.worker.output import filtered_file, line_prefix
 from etcdrun.agent.worker.reactor import STDERR, STDOUT, Reactor
 
@@ -30,41 +30,6 @@ CONSOLE, FILE, TEE = "console", "file", "tee"
 # The worker interpreter's exit hook (why, and what it fixes: agent/worker/_site/sitecustomize.py).
 SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_site")
 USER_PYTHONPATH = "ETCDRUN_USER_PYTHONPATH"  # the same name as the hook's USER_PATH_VAR
-
-
-@dataclass(frozen=True)
-class WorkerFiles:
-    """A worker's files: ``<log_dir>/<run_id>/attempt_<n>/<global rank>/``.
-
-    stdout.log/stderr.log exist when the stream is redirected or teed (or filtered off the
-    console); error.json when the worker raised under ``@record``; return.pkl for a callable.
-    """
-
-    dir: str
-    stdout: str
-    stderr: str
-    error_file: str
-    return_file: str
-
-    @classmethod
-    def under(cls, attempt_dir: str, global_rank: int) -> WorkerFiles:
-        d = os.path.join(attempt_dir, str(global_rank))
-        return cls(
-            dir=d,
-            stdout=os.path.join(d, "stdout.log"),
-            stderr=os.path.join(d, "stderr.log"),
-            error_file=os.path.join(d, "error.json"),
-            return_file=os.path.join(d, "return.pkl"),
-        )
-
-    def prepare(self) -> None:
-        """Create the directory; drop a previous run's error/return files (they would lie)."""
-        os.makedirs(self.dir, exist_ok=True)
-        for stale in (self.error_file, self.return_file):
-            try:
-                os.unlink(stale)
-            except FileNotFoundError:
-                pass
 
 
 def worker_env(
