@@ -1,9 +1,10 @@
 """How many accelerators a node's workers can see, counted the way torchrun counts them, without
 importing torch (``--nproc-per-node gpu|xpu|auto``).
 
-Why not torch: ``etcdrun`` starts in 33 ms and its agent never loads torch (torchrun's
-``import torch`` alone is ~1.3 s here). torch asks its runtimes (CUDA/HIP, Level Zero); we read
-what the kernel drivers publish and apply the same visibility variables the runtimes apply:
+Why not torch: ``etcdrun`` starts fast and its agent never loads torch, whose import alone costs
+many times etcdrun's whole start (bench/results.md, 'Figures cited by the code'). torch asks its
+runtimes (CUDA/HIP, Level Zero); we read what the kernel drivers publish and apply the same
+visibility variables the runtimes apply:
 
 - ``gpu`` (torch.cuda): NVIDIA GPUs from ``/proc/driver/nvidia/gpus/*`` filtered by
   ``CUDA_VISIBLE_DEVICES``; else (a ROCm build of torch calls AMD GPUs "cuda") AMD GPUs from
@@ -52,7 +53,8 @@ def _read(*parts: str) -> str:
 
 def _visible(value: str | None, present: int) -> int:
     """How many of ``present`` devices a ``*_VISIBLE_DEVICES`` list leaves (None: all).
-    The runtimes stop at the first invalid entry (CUDA's rule; HIP's too)."""
+    The runtimes stop at the first invalid entry (CUDA's rule; HIP's too).
+    """
     if value is None:
         return present
     count = 0

@@ -43,7 +43,8 @@ DEFAULT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"  # torchrun's --signals-to-han
 def handled_signals(text: str) -> tuple[signal.Signals, ...]:
     """torchrun's ``--signals-to-handle`` list as signals. A name that is no signal, or one no
     process can catch, is a ValueError naming it (torch logs a warning and goes on without it:
-    a job would then die of the signal it was meant to pass on)."""
+    a job would then die of the signal it was meant to pass on).
+    """
     out = []
     for item in text.split(","):
         name = item.strip().upper()

@@ -79,7 +79,8 @@ def _script_args(argv: list[str], ns: argparse.Namespace) -> list[str]:
 
 def _rendezvous(ns: argparse.Namespace) -> _Rendezvous:
     """The backend, its endpoint (normalised), the run id and, for a backend whose endpoint is
-    the master node, that node's address: all as the launcher should get them."""
+    the master node, that node's address: all as the launcher should get them.
+    """
     from etcdrun.rendezvous import registry
 
     if ns.standalone:  # the launcher reserves a free port on this machine
@@ -112,7 +113,8 @@ def _rendezvous(ns: argparse.Namespace) -> _Rendezvous:
 
 def _entrypoint(ns: argparse.Namespace, script_args: list[str]) -> tuple[str, list[str], str]:
     """(entrypoint, args, kind): the same command lines as torchrun's; the kind tells the worker
-    runtime how to run it, so that it never has to guess."""
+    runtime how to run it, so that it never has to guess.
+    """
     if ns.run_path:
         return ns.script, script_args, "run_path"
     if ns.no_python:
@@ -125,7 +127,8 @@ def _entrypoint(ns: argparse.Namespace, script_args: list[str]) -> tuple[str, li
 
 def parse_namespace(argv: Sequence[str]) -> argparse.Namespace:
     """The command line as argparse reads it (torch.distributed.run's ``parse_args``): option
-    prefixes written out, and ``script_args`` exactly as given (a literal ``--`` kept)."""
+    prefixes written out, and ``script_args`` exactly as given (a literal ``--`` kept).
+    """
     parser = build_parser()
     argv = expand_abbreviations(parser, list(argv), ETCDRUN_ONLY)
     ns = parser.parse_args(argv)
@@ -145,7 +148,8 @@ def config_from_args(
     ns: argparse.Namespace,
 ) -> tuple[LaunchConfig, Callable[..., Any] | str, list[str]]:
     """(LaunchConfig, entrypoint, args) from a parsed command line (torch's ``config_from_args``);
-    a mistake is a UsageError (a ValueError), as torch raises ValueError."""
+    a mistake is a UsageError (a ValueError), as torch raises ValueError.
+    """
     script_args = list(ns.script_args)
     min_nodes, max_nodes = parse_nnodes(ns.nnodes)
     nproc = parse_nproc(ns.nproc_per_node)
@@ -211,7 +215,8 @@ def _fail(exc: BaseException, code: int) -> int:
 
 def _setup_logging() -> None:
     """The agent's own lines on stderr, short and prefixed so they stand apart from workers'.
-    ``LOGLEVEL`` (torchrun's variable) sets the level; etcdrun.events lines only at DEBUG."""
+    ``LOGLEVEL`` (torchrun's variable) sets the level; etcdrun.events lines only at DEBUG.
+    """
     import logging
 
     level = os.environ.get("LOGLEVEL", "INFO").upper()
@@ -229,7 +234,8 @@ def _setup_logging() -> None:
 def _check_script(config: LaunchConfig, entrypoint: str, args: list[str]) -> None:
     """A script that is not there is one line, before anything starts (torchrun starts every
     worker to find out, and each one prints a traceback). Modules and executables are found by
-    the worker, on its own path: they are not checked here."""
+    the worker, on its own path: they are not checked here.
+    """
     if config.entrypoint_kind == "run_path":
         script = entrypoint
     elif entrypoint == os.environ.get("PYTHON_EXEC", sys.executable) and "-m" not in args[:2]:
@@ -261,7 +267,9 @@ def _prepare(ns: argparse.Namespace) -> tuple[LaunchConfig, Any, list[str]]:
 
 def _launch(config: LaunchConfig, entrypoint: Any, cmd_args: list[str]) -> dict[int, Any]:
     """The node's standbys first, then the launcher's imports (the rendezvous registry,
-    errors, metrics, logs: 20-25 ms here) beside their ``import torch``, not before it."""
+    errors, metrics, logs), so that those run beside the standbys' ``import torch``, not before
+    it (bench/results.md, 'Figures cited by the code').
+    """
     _setup_logging()
     from etcdrun.agent.standby import pool as standby
 
@@ -277,7 +285,8 @@ def _launch(config: LaunchConfig, entrypoint: Any, cmd_args: list[str]) -> dict[
 def main(argv: Sequence[str] | None = None) -> int:
     """The console script: parse, then run this node's agent until the job ends; an exit code
     (0 done, 1 workers or rendezvous failed, 2 a mistake, 128+N a signal, 130 Ctrl-C).
-    ``etcdrun status ...`` shows a run instead (agent/status_cmd.py)."""
+    ``etcdrun status ...`` shows a run instead (agent/status_cmd.py).
+    """
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["status"]:
         from etcdrun.agent import status_cmd

@@ -137,7 +137,8 @@ class LaunchConfig:
     def _check_torch_fields(self) -> None:
         """torch 2.13's newer fields: torch's checks (shutdown_timeout) and ours, which fail at
         once where torch would fail late (an unknown handler at the end of the run) or warn
-        (an unknown signal name)."""
+        (an unknown signal name).
+        """
         self._resolve_shutdown_timeout()
         self.signals()
         if self.event_log_handler not in EVENT_LOG_HANDLERS:
@@ -171,7 +172,8 @@ class LaunchConfig:
         """Seconds between the stop signal and SIGKILL: ``shutdown_timeout`` (torch's name) or
         ``stop_grace`` (ours), else ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` (torch's), else None (the
         agent's default, 30 s as torch's). torch writes the resolved value back into
-        ``shutdown_timeout``; here the fields stay as given, so ``dataclasses.replace`` works."""
+        ``shutdown_timeout``; here the fields stay as given, so ``dataclasses.replace`` works.
+        """
         value = self.shutdown_timeout if self.shutdown_timeout is not None else self.stop_grace
         raw = os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT")
         if value is not None or not raw:
@@ -188,7 +190,8 @@ class LaunchConfig:
 
     def _adopt_logs_specs(self) -> None:
         """A torch LogsSpecs object (the Python API's way to say log_dir/redirects/tee/filter):
-        its settings are ours where ours are unset."""
+        its settings are ours where ours are unset.
+        """
         specs = self.logs_specs
         if specs is None or isinstance(specs, str):
             return
@@ -204,7 +207,8 @@ class LaunchConfig:
 
     def notices(self) -> list[str]:
         """One line for each setting that is accepted but not honoured here, or honoured
-        otherwise than a torchrun user may think; the launcher logs them at start."""
+        otherwise than a torchrun user may think; the launcher logs them at start.
+        """
         out = []
         if isinstance(self.logs_specs, str):
             out.append(
@@ -250,7 +254,8 @@ class LaunchConfig:
         args: Sequence[Any],
     ) -> WorkerSpec:
         """The WorkerSpec this node runs; ``handler`` None for its standbys, which start
-        before the handler exists (agent/standby/pool.py ``early``)."""
+        before the handler exists (agent/standby/pool.py ``early``).
+        """
         extra: dict[str, Any] = {}
         grace = self.grace()  # --shutdown-timeout or --stop-grace (or torch's variable)
         if grace is not None:  # None: WorkerSpec's default (30 s, like torchrun)

@@ -158,7 +158,8 @@ def parse_filters(text: str | None) -> list[str] | None:
 
 def find_logs_specs(name: str | None) -> str | None:
     """``--logs-specs NAME``: the entry point must exist in ``torchrun.logs_specs`` (torch's
-    error otherwise); found without loading it (it is torch code)."""
+    error otherwise); found without loading it (it is torch code).
+    """
     if name is None:
         return None
     from importlib.metadata import entry_points

@@ -35,7 +35,8 @@ logger = logging.getLogger(__name__)
 class _NodeField(logging.Filter):
     """Puts the node id on every record of agent.log: several agents sharing one --log-dir
     append to one file, and each line must say which node wrote it. Before the first session
-    (and for the static backend) the node is ``<host>:<pid>``."""
+    (and for the static backend) the node is ``<host>:<pid>``.
+    """
 
     def __init__(self) -> None:
         super().__init__()

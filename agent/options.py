@@ -4,8 +4,8 @@ Why apart from cli.py: this is the declaration (every option, its spelling and i
 cli.py is the flow (parse, resolve the rendezvous, build the LaunchConfig, run). What the help
 says about backends (their names, what their endpoint is, which take a node rank or a master
 address) is read from the registry, never typed here: the registry is plain data (no backend is
-loaded), so ``etcdrun --help`` stays cheap (33 ms with python -S, min of 30 runs, 23 ms before it
-read the registry; no gRPC; torchrun's: 1.3 s).
+loaded), so ``etcdrun --help`` stays cheap: it imports no gRPC (bench/results.md, 'Figures
+cited by the code').
 """
 
 from __future__ import annotations
@@ -325,7 +325,8 @@ def _add_node_options(p: argparse.ArgumentParser) -> None:
 
 def _add_torch_213_options(p: argparse.ArgumentParser) -> None:
     """torchrun 2.13's newer options, with its meanings (and where they are not honoured here,
-    one line at start says so: LaunchConfig.notices)."""
+    one line at start says so: LaunchConfig.notices).
+    """
     _opt(
         p,
         "--logs-specs",

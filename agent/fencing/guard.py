@@ -16,15 +16,17 @@ frozen agent), resumed when etcd answers with TTL > 0 and the round is unchanged
 just before etcd could expire the lease (TTL after the last acknowledged keep-alive was sent,
 less ``KILL_LEAD``).
 
-Why a lead: killed at the very moment the lease could expire, a worker was gone only after it —
-SIGKILL to gone took up to 0.2 s for workers with torch imported (every standby worker) on a busy
-2-core machine, and a keep-alive acknowledged just before an etcd cut then left them alive 2.007 s
-after the cut at TTL 2 (tests/deploy/test_netns.py long outage). The workers are paused already:
-killing them 0.1 s sooner loses only an answer that comes in those 0.1 s.
+Why a lead: killed at the very moment the lease could expire, a worker is gone only after it.
+SIGKILL takes a while to end a process that imported torch (every standby worker) on a busy
+machine, so a keep-alive acknowledged just before an etcd cut left such workers alive past the
+moment etcd could expire the lease (tests/deploy/test_netns.py, the long outage; figures in
+bench/results.md, 'Design notes' figures', S4). The workers are paused already: killing them
+``KILL_LEAD`` sooner loses only an answer that comes in that window.
 
-Measured before: SIGSTOP of an agent for 8 s left two live processes per RANK for 5.6 s; after
-kill -9 of an agent a grandchild survived with parent 1. Linux only (pidfds); elsewhere the
-agent fences itself as before and nothing here runs.
+Without the warden, a stopped agent's workers lived on beside the survivors' new workers of the same
+RANK, and a killed agent's workers' children outlived it, adopted by init
+(bench/results.md, 'Figures cited by the code'). Linux only (pidfds); elsewhere the agent
+fences its workers itself and nothing here runs.
 """
 
 from __future__ import annotations
@@ -60,7 +62,8 @@ def node_env(tag: str) -> dict[str, str]:
 
 class Fencing:
     """One per agent: ``start()`` (the warden), per attempt ``started()``/``stopped()``,
-    ``fenced()`` to read the warden's word, ``close()``."""
+    ``fenced()`` to read the warden's word, ``close()``.
+    """
 
     def __init__(self, liveness: LivenessPort, tag: str | None = None) -> None:
         self.tag = tag or new_tag()
@@ -79,7 +82,8 @@ class Fencing:
 
     def start(self, wake: Callable[[], None]) -> None:
         """Start the warden; ``wake`` runs after every keep-alive and when the lease falls in
-        doubt (the agent then calls ``follow()``)."""
+        doubt (the agent then calls ``follow()``).
+        """
         self._wake = wake
         self._unsubscribe = self._liveness.subscribe(self._on_reading)
         if sys.platform != "linux" or not hasattr(os, "pidfd_open"):
@@ -91,7 +95,8 @@ class Fencing:
 
     def spawned(self, pidfd: int) -> None:
         """A worker was started (called on the thread that reaps workers, before any reap:
-        the pidfd names exactly that process)."""
+        the pidfd names exactly that process).
+        """
         if self._link is not None:
             self._link.worker(pidfd)
 
@@ -102,7 +107,8 @@ class Fencing:
 
     def stopped(self, sweep: bool = True, skip: set[int] = frozenset()) -> int:  # type: ignore[assignment]
         """The workers are gone: no deadline while none run; kill what they left behind (but
-        ``skip``: the waiting standbys, which carry the tag too)."""
+        ``skip``: the waiting standbys, which carry the tag too).
+        """
         self._running, self.paused_at = False, None
         if self._link is not None:
             self._link.deadline(math.inf)
@@ -111,7 +117,8 @@ class Fencing:
 
     def fenced(self) -> bool:
         """Whether the warden killed the workers because this agent fell silent (sticky for
-        the attempt: it is read before the workers' exits are taken for failures)."""
+        the attempt: it is read before the workers' exits are taken for failures).
+        """
         if not self._fenced and self._link is not None:
             self._fenced = self._link.fenced()
             if self._fenced:  # our place is gone with them, even if the lease lives
@@ -122,7 +129,8 @@ class Fencing:
         """The agent's own pause and resume (it is not frozen): pause the workers' trees while
         the lease is in doubt, resume them once etcd answered again (the caller has checked
         that the round did not change). True: in doubt where nothing can pause them (no
-        /proc to find the trees): fence now, as before the pause existed."""
+        /proc to find the trees): fence now, as before the pause existed.
+        """
         if not self._running:
             return False
         in_doubt = self._liveness.read().state is Liveness.IN_DOUBT
@@ -159,7 +167,8 @@ class Fencing:
         """A backend thread, after every keep-alive and when the lease falls in doubt: move
         the warden's deadlines (a keep-alive answered: only a live reading carries a newer
         pair, and the warden takes a newer pair for etcd's answer), then wake the agent (it
-        calls ``follow()``)."""
+        calls ``follow()``).
+        """
         if reading.state is Liveness.LIVE:
             self._deadline(reading)
         if self._wake is not None:

@@ -2,8 +2,9 @@
 
 Why outside the agent: an agent that is frozen (SIGSTOP, a VM hiccup that stops one process, a
 deadlock) cannot stop its own workers, while its lease runs out and the survivors start workers
-with the same ranks (measured: two live processes per RANK for 5.6 s). And an agent killed with
--9 cannot stop what its workers started: a grandchild, or a setsid'd one, survived with parent 1.
+with the same ranks: two live processes per RANK, each believing it is the one. And an agent
+killed with -9 cannot stop what its workers started: a grandchild, or a setsid'd one, survives
+it, adopted by init (bench/results.md, 'Figures cited by the code').
 
 What it does, and nothing more:
 - The agent hands it each worker's pidfd (over a Unix socket: no pid-reuse race) and, after every
@@ -21,7 +22,8 @@ What it does, and nothing more:
 
 It is its own session (the agent's signals to workers' groups never reach it), has no
 parent-death signal (it must outlive a SIGKILL of the agent), and uses only the standard library
-(``python -I -S warden.py``: ~10 ms to start, nothing of etcdrun imported). Linux only (pidfds).
+(``python -I -S warden.py``: quick to start, nothing of etcdrun imported). Linux only
+(pidfds).
 """
 
 from __future__ import annotations
@@ -107,8 +109,10 @@ class Warden:
     def _drain(self) -> bool:
         """Take every message already sent before acting on a deadline that passed: a warden
         frozen with its node, or descheduled, wakes after its deadlines while the agent (thawed
-        first, or never stopped) kept sending newer ones (soak seed 1591: a live lease fenced).
-        False when the agent is gone."""
+        first, or never stopped) kept sending newer ones. Acting on the stale ones fenced a
+        live lease (found by the chaos soak: bench/results.md, 'Chaos soak'). False when the
+        agent is gone.
+        """
         while True:
             ready, _, _ = select.select([self.sock, self.agent_fd], [], [], 0)
             if self.agent_fd in ready:
@@ -120,7 +124,8 @@ class Warden:
 
     def receive(self) -> bool:
         """One message: ``W`` + pidfds (a worker), ``T<pause> <kill>`` (the deadlines; ``Tinf
-        inf``: none), ``C`` (a new attempt: forget the old pidfds). False at EOF."""
+        inf``: none), ``C`` (a new attempt: forget the old pidfds). False at EOF.
+        """
         try:
             msg, fds, _flags, _addr = socket.recv_fds(self.sock, 64, 16)
         except OSError:
@@ -143,7 +148,8 @@ class Warden:
 
     def fence(self) -> None:
         """The agent fell silent past its deadline: tell it first (it reads this before the
-        workers' exits when it runs again), then kill the workers and their trees."""
+        workers' exits when it runs again), then kill the workers and their trees.
+        """
         try:
             self.sock.send(FENCED)
         except OSError:
@@ -227,7 +233,8 @@ class Link:
 
     def deadline(self, monotonic: float, kill_at: float | None = None) -> None:
         """Pause the workers at ``monotonic`` unless a newer pair comes; kill at ``kill_at``
-        (default: at once at ``monotonic``, no pause)."""
+        (default: at once at ``monotonic``, no pause).
+        """
         kill = monotonic if kill_at is None else kill_at
         self._send(b"T" + repr(float(monotonic)).encode() + b" " + repr(float(kill)).encode())
 
@@ -255,7 +262,8 @@ class Link:
     def _send(self, msg: bytes, fds: list[int] = ()) -> None:  # type: ignore[assignment]
         """A full socket (the warden busy, or descheduled under load) is waited on briefly: a
         worker's pidfd dropped here is a worker the warden could not fence. A warden gone or
-        stuck past that is said once; the agent goes on (and fences itself while it runs)."""
+        stuck past that is said once; the agent goes on (and fences itself while it runs).
+        """
         deadline = time.monotonic() + SEND_WAIT
         while True:
             try:

@@ -66,8 +66,9 @@ class HealthServer:
 
     def _serve(self) -> None:
         """Sleep in accept until a request comes. Why not ``serve_forever``: it wakes every
-        0.5 s to look for a shutdown, and its shutdown waits for that wake-up — half a second
-        added to every agent's exit (measured: a one-node job 0.10 s -> 0.65 s)."""
+        0.5 s to look for a shutdown, and its shutdown waits for that wake-up — up to half a
+        second added to every agent's exit (bench/results.md, 'Figures cited by the code').
+        """
         while not self._stopping:
             self._server.handle_request()
 

@@ -67,7 +67,9 @@ class MetricsConfig:
 
 
 class Histogram:
-    """Buckets, count and sum; thread-safe; ~1 µs an observation."""
+    """Buckets, count and sum; thread-safe; an observation is one bisect and three additions
+    (bench/results.md, 'Figures cited by the code').
+    """
 
     def __init__(self, buckets: tuple[float, ...]) -> None:
         self.buckets = buckets
@@ -140,7 +142,8 @@ class MetricStore:
     # ---- from the events ---------------------------------------------------------------------
     def on_event(self, e: dict[str, Any]) -> None:
         """A subscriber of the handler's and the agent's EventLogs (the rounds' own figures
-        come from agent/report/observer.py, which knows when this node asked for each)."""
+        come from agent/report/observer.py, which knows when this node asked for each).
+        """
         name = e.get("event")
         if name == "session_lost":
             self.count("lease_lost_total")

@@ -26,7 +26,8 @@ def who(p: Participant | None, node_id: str) -> str:
 
 def failure_text(f: FailureInfo) -> str:
     """``worker rank 3 (local 1) on host-b failed (exit code 1): ValueError: boom``: with the
-    error file's message, else the last line the worker wrote on stderr (carried through etcd)."""
+    error file's message, else the last line the worker wrote on stderr (carried through etcd).
+    """
     how = f"killed by {f.signal_name}" if f.signal_name else f"exit code {f.exit_code}"
     text = f"worker rank {f.global_rank} (local {f.local_rank}) on {f.host} failed ({how})"
     said = f.message if f.message and not f.message.startswith(_GENERIC) else ""
@@ -37,7 +38,8 @@ def failure_text(f: FailureInfo) -> str:
 
 def why_class(cause: RoundCause | None, lease_lost: bool) -> str:
     """A small set of reasons, for a metric label: first, node_lost, node_left, node_joined,
-    worker_failed, lease_lost, other."""
+    worker_failed, lease_lost, other.
+    """
     if lease_lost:
         return "lease_lost"
     if cause is None or cause.reason in ("", "first agent"):
@@ -60,7 +62,8 @@ def round_change(
     prev: RendezvousInfo | None, info: RendezvousInfo, lease_lost: bool = False
 ) -> str | None:
     """The line for a node starting workers in ``info``'s round after ``prev``'s (None: the
-    first round this agent runs in, which the round line says enough about)."""
+    first round this agent runs in, which the round line says enough about).
+    """
     if prev is None:
         return None
     nodes = "node" if info.node_count == 1 else "nodes"
@@ -90,7 +93,8 @@ def round_change(
 
 def logs_line(root: str, run_id: str, given: bool) -> str:
     """Where this agent's logs are, said once when its first workers start (a temporary folder
-    without --log-dir: the user must know it goes)."""
+    without --log-dir: the user must know it goes).
+    """
     files = f"events.jsonl; workers' files under {root}/{run_id}/attempt_<n>/"
     if given:
         return f"logs: {root} (agent.log, {files})"

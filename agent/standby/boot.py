@@ -1,12 +1,11 @@
 """The standby's own code: a worker interpreter started ahead of need, that becomes the worker.
 
-Why: a worker's start is mostly round-independent (the interpreter, ``sys.path``, ``import
-torch``: 1.4-5.9 s on this machine's 2 shared cores), while the round's facts (RANK,
-WORLD_SIZE, MASTER_*) arrive only at the freeze. A standby does the first part early and waits
-for the second on a socket; then it runs the command line a fresh worker would have run
-(``python -u script.py ...``, ``-m module``, or the ``-c`` of a spawned callable), in this
-process, as ``__main__``. Measured (bench/standby_bench.py, kill -9 of a node): the
-survivors' workers are ready 0.03 s after their first line, 2.2 s after it when spawned.
+Why: a worker's start is mostly round-independent (the interpreter, ``sys.path``, ``import torch``:
+seconds), while the round's facts (RANK, WORLD_SIZE, MASTER_*) arrive only at the freeze. A standby
+does the first part early and waits for the second on a socket; then it runs the command line a
+fresh worker would have run (``python -u script.py ...``, ``-m module``, or the ``-c`` of a spawned
+callable), in this process, as ``__main__``. So a survivor's worker is ready almost as soon as it
+runs, where a spawned one first imports torch (bench/results.md, 'Standby workers').
 
 Invisible to the script, by construction: ``os.environ`` is replaced wholesale by the round's
 (nothing of the standby's own start stays; the block ``/proc/<pid>/environ`` shows is rewritten
@@ -91,15 +90,16 @@ def _prewarm(names):
     """Import what the user named; ``auto``: torch when importable. A failure is left for the
     worker's own import to report (it fails there the same way).
 
-    The collector is off while they import, and what they built is then frozen (``gc.freeze``:
-    the permanent generation, which collections never walk), as pre-fork servers do. Why: the
-    import's own collections walk its ever-growing heap again and again, ~10 % of ``import
-    torch`` (0.13 of 1.26 CPU-s measured here, 380 collections), on the critical path of a
-    newcomer and of a first round's last node; turning the collector back on without a freeze
-    would only move that cost (one pass over its 165,000 objects: ~0.1 s) to the worker's
-    first allocations. Module-level objects live as long as the process anyway. The script
-    sees the collector as it left it (on, default thresholds); only ``gc.get_objects()``
-    omits the frozen ones and ``gc.get_freeze_count()`` counts them (README, "what differs")."""
+    The collector is off while they import, and what they built is then frozen (``gc.freeze``: the
+    permanent generation, which collections never walk), as pre-fork servers do. Why: the import's
+    own collections walk its ever-growing heap again and again, a share of ``import torch``'s CPU
+    worth saving, on the critical path of a newcomer and of a first round's last node; turning the
+    collector back on without a freeze would only move that cost (one pass over every object the
+    imports built) to the worker's first allocations (bench/results.md, 'Design notes' figures', §4,
+    and 'Figures cited by the code'). Module-level objects live as long as the process anyway. The
+    script sees the collector as it left it (on, default thresholds); only ``gc.get_objects()``
+    omits the frozen ones and ``gc.get_freeze_count()`` counts them (README, "what differs").
+    """
     import gc
 
     was_on = gc.isenabled()
@@ -124,10 +124,12 @@ def _take_turn(sock, turns):
     the held socket (close it to free the turn), or None: no turns asked, the hand-over came
     first (this standby is now on a round's critical path: it imports at once), or TURN_WAIT.
 
-    Why: refills are speculative. Started at a hand-over, several importing together share the
-    CPUs with the round that is starting; on 2 CPUs the 7 refills of a first round took the
-    last node's own import from 1.2 s to 4.9 s. A turn is a bound abstract socket name, so the
-    kernel frees it when its holder ends, however it ends (nothing to clean up, no file)."""
+    Why: refills are speculative. Started at a hand-over, several importing together share the CPUs
+    with the round that is starting; on a small machine the refills of a first round made the last
+    node's own import several times slower (bench/results.md, 'Design notes' figures', §4, refills
+    in turn). A turn is a bound abstract socket name, so the kernel frees it when its holder ends,
+    however it ends (nothing to clean up, no file).
+    """
     import select
     import socket
     import time
@@ -180,7 +182,8 @@ def _move_streams(fds):
 
 def _set_environ(env, exec_env):
     """``os.environ`` as the exit hook leaves a fresh worker's; /proc/<pid>/environ as its
-    exec left it (``exec_env``, what the agent would have passed to the exec)."""
+    exec left it (``exec_env``, what the agent would have passed to the exec).
+    """
     os.environ.clear()
     os.environ.update(env)
     env = exec_env
@@ -202,15 +205,17 @@ def _early_store(env):
     and held for the worker's life; other ranks: wait (at most STORE_WAIT) until it listens.
     None, or the held store.
 
-    Why: a round's workers start together, and a rank whose store client dials MASTER_PORT
-    before rank 0 listens is refused and tries again only ~0.5 s later (torch 2.13). Measured,
-    4 ranks, rank 0 50 ms late: ready at +0.57-0.68 s, +0.06 s with the store up first; in
-    scale-up trials, half the runs. torchrun's c10d has no such race: its agent serves
-    MASTER_PORT before any worker starts. Ours has no torch; rank 0's standby has. The script's
-    own store (env:// and tcp:// start rank 0's with ``multi_tenant=True``) shares this server:
-    same keys, same port, one more socket. Only when torch.distributed was prewarmed (nothing
-    is imported here), never under TORCHELASTIC_USE_AGENT_STORE, and any failure (port taken,
-    no gloo, rank 0 never listening) leaves the script to meet it itself, as a fresh worker."""
+    Why: a round's workers start together, and a rank whose store client dials MASTER_PORT before
+    rank 0 listens is refused and tries again only ~0.5 s later (torch 2.13): a rank 0 a few
+    milliseconds late cost the round that half second, in half the scale-up trials
+    (bench/results.md, 'Design notes' figures', §4, rank 0's early store, and 'Figures cited by the
+    code'). torchrun's c10d has no such race: its agent serves MASTER_PORT before any worker starts.
+    Ours has no torch; rank 0's standby has. The script's own store (env:// and tcp:// start rank
+    0's with ``multi_tenant=True``) shares this server: same keys, same port, one more socket. Only
+    when torch.distributed was prewarmed (nothing is imported here), never under
+    TORCHELASTIC_USE_AGENT_STORE, and any failure (port taken, no gloo, rank 0 never listening)
+    leaves the script to meet it itself, as a fresh worker.
+    """
     dist = sys.modules.get("torch.distributed")
     if dist is None or env.get(EARLY_STORE_VAR) == "0" or "MASTER_PORT" not in env:
         return None
@@ -238,7 +243,8 @@ def _early_store(env):
 
 def _await_listener(addr, port):
     """Until ``addr:port`` accepts a connection (closed at once: the server drops it without a
-    word), or STORE_WAIT: past that, torch's own retry is as quick."""
+    word), or STORE_WAIT: past that, torch's own retry is as quick.
+    """
     import socket
     import time
 

@@ -2,21 +2,18 @@
 
 Why: after a round freezes, what users wait for is *ready* (``init_process_group`` returned
 everywhere), and most of that was the workers' own start: Python, ``sys.path``, ``import torch``
-(1.4-5.9 s on this machine's 2 shared cores, the same under torchrun). That part does not
-depend on the round, so a standby does it ahead of need — at agent start, and again for a slot
-right after its standby became a worker — and at the freeze the agent sends the round's argv
-and environment (with the worker's stdout/stderr fds) over a socket instead of spawning
-(agent/standby/boot.py: how it stays invisible to the script). A node's first join into a
-running job waits until its standbys are warm (``wait_warm``; docs/design.md §4 says why: a
-newcomer that joins cold stalls the running job for its imports).
+(seconds, the same under torchrun). That part does not depend on the round, so a standby does it
+ahead of need — at agent start, and again for a slot right after its standby became a worker — and
+at the freeze the agent sends the round's argv and environment (with the worker's stdout/stderr fds)
+over a socket instead of spawning (agent/standby/boot.py: how it stays invisible to the script). A
+node's first join into a running job waits until its standbys are warm (``wait_warm``;
+docs/design.md §4 says why: a newcomer that joins cold stalls the running job for its imports).
 
-Measured (bench/standby_bench.py, 4 agents x 1 worker, lease_ttl 2, 2 CPUs, 3 trials, 2026-12-04):
-kill -9 of a node -> survivors ready in 1.82 s (1.54-2.39) with standbys, 4.27 s (4.15-4.36)
-spawned, 6.50 s with torchrun's best tuned c10d; scale-up 3 -> 4: 1.30 s, 3.62 s, 7.31 s (it
-gained nothing until a newcomer waited for its own standbys' imports before joining). A
-waiting standby with torch costs 218 MB RSS (179 MB PSS) and no CPU (it blocks reading its
-socket: 0 clock ticks in 10 s windows). Hence on by default (``auto``); ``--prewarm none``
-is the spawn path unchanged.
+With standbys, the survivors of a kill -9 and a scale-up's new world are ready a few times sooner
+than with spawned workers (a scale-up gained nothing until a newcomer waited for its own standbys'
+imports before joining), and a waiting standby costs the memory of its imports and no CPU: it blocks
+reading its socket (bench/results.md, 'Standby workers'). Hence on by default (``auto``);
+``--prewarm none`` is the spawn path unchanged.
 
 What keeps it as safe as a spawned worker:
 - The standbys are started by one thread of their own that lives until ``close()``: the
@@ -75,7 +72,7 @@ LOADER = (
 )
 ROOM = 32768  # bytes of environment block the hand-over may rewrite (/proc/<pid>/environ)
 NONE, AUTO = "none", "auto"
-START_WAIT = 5.0  # seconds a hand-over waits for its slot's standby to be forked (~10-50 ms)
+START_WAIT = 5.0  # seconds a hand-over waits for its slot's standby to be forked (usually far less)
 # Seconds the first join waits for the standbys' imports. Why wait at all: a node that joins
 # while its standbys still import makes the whole job wait for them, its peers' workers stopped
 # (scale-up: the running job stalls for the newcomer's ``import torch``) and their refills
@@ -87,13 +84,16 @@ WARM_WAIT = 60.0
 def warmup_turns() -> int:
     """How many refills of this user may import at once on this host (_standby_boot's
     ``_take_turn``): half its CPUs, at least one, so that speculative imports leave the other
-    half to the round that is starting (on 2 CPUs: the last node's own import, 1.2 s alone)."""
+    half to the round that is starting (the last node's own import, which refills importing
+    beside it slow several times over: bench/results.md, 'Design notes' figures', §4).
+    """
     return max(1, len(os.sched_getaffinity(0)) // 2)
 
 
 def python_command(spec: WorkerSpec, kind: EntrypointKind) -> list[str] | None:
     """The command a standby of this spec prepares for: ``[python, -u, -c|-m|script, ...]``,
-    or None when its workers cannot start from one (module docstring)."""
+    or None when its workers cannot start from one (module docstring).
+    """
     if kind in (EntrypointKind.CALLABLE, EntrypointKind.RUN_PATH):
         return (
             [sys.executable, "-u", "-c", "", "0", "", ""] if spec.start_method == "spawn" else None
@@ -147,7 +147,8 @@ class Standbys:
     def _start_env(self, extra_env: Mapping[str, str]) -> dict[str, str]:
         """The agent's environment with the node's tag (``extra_env``), the round-independent
         variables a worker gets that libraries read at load (OMP_NUM_THREADS: libgomp reads it
-        once), and the room for the rewrite."""
+        once), and the room for the rewrite.
+        """
         env = worker_secrets.scrubbed({**os.environ, **extra_env})  # no etcd credentials
         if "OMP_NUM_THREADS" not in os.environ and self._spec.local_world_size > 1:
             env["OMP_NUM_THREADS"] = "1"
@@ -212,15 +213,16 @@ class Standbys:
         self, slot: int, command: list[str], env: Mapping[str, str], stdout: int, stderr: int
     ) -> subprocess.Popen[bytes] | None:
         """Hand ``command`` (what a fresh worker would exec) to the slot's standby; its process,
-        now the worker; None when there is no live standby for it (then spawn)."""
+        now the worker; None when there is no live standby for it (then spawn).
+        """
         if command[:2] != [sys.executable, "-u"] or command[2:3] != self._command[2:3]:
             return None
         with self._lock:  # a start already queued costs less than a spawn: wait for it
             self._lock.wait_for(lambda: slot not in self._pending, START_WAIT)
             standby = self._slots.pop(slot, None)
         # The next round's, started right away, its imports in turn (warmup_turns()). A fixed
-        # 3 s wait first measured no better (scale-up 3->4 ready 4.92 s vs 5.13 s) and made a
-        # kill soon after a round slower (2.37 s vs 1.92 s): its standbys were still importing.
+        # delay first measured no better for a scale-up and made a kill soon after a round
+        # slower: its standbys were still importing (bench/results.md, 'Standby workers').
         self._queue(slot, warmup_turns())
         if standby is None:
             return None
@@ -244,7 +246,8 @@ class Standbys:
     def wait_warm(self, timeout: float) -> tuple[int, int]:
         """Until every slot's standby has done its imports (or ended, or ``timeout`` passed);
         (warm, slots). Only the agent's thread calls it, before its first round: no hand-over
-        reads or closes these sockets meanwhile."""
+        reads or closes these sockets meanwhile.
+        """
         deadline = time.monotonic() + timeout
         with self._lock:
             self._lock.wait_for(lambda: not self._pending, START_WAIT)
@@ -264,7 +267,8 @@ class Standbys:
     @contextlib.contextmanager
     def waiting(self) -> Iterator[set[int]]:
         """The pids of the waiting standbys, none started meanwhile (the agent's sweep skips
-        them)."""
+        them).
+        """
         with self._lock:
             yield {s.proc.pid for s in self._slots.values()}
 
@@ -310,7 +314,8 @@ def wait_warm(
     """Before the first join into a running job (``job_running()``, asked only with standbys):
     the standbys' imports done (``Standbys.wait_warm``), in one line. A job that is forming
     or re-forming does not wait: its round waits for the same imports after the freeze, and
-    the refills, started at that hand-over, are warm sooner for the change that may follow."""
+    the refills, started at that hand-over, are warm sooner for the change that may follow.
+    """
     if standbys is None or not job_running():
         return
     t0 = time.monotonic()
@@ -332,17 +337,19 @@ def close(standbys: Standbys | None) -> None:
 
 class Early(NamedTuple):
     """A node's standbys started before its rendezvous handler (``early``), and the tag they
-    carry, for the agent that takes them over."""
+    carry, for the agent that takes them over.
+    """
 
     tag: str
     pool: Standbys | None
 
 
 def early(spec: WorkerSpec) -> Early:
-    """Start the standbys first thing: what the agent does before its first join (gRPC and
-    protobuf imports, the handler, the warden) then runs beside their ``import torch``, not
-    before it, on the critical path of a node's first round (the fork 60-70 ms after the
-    agent's exec, was 120-130 ms, quiet). The CLI calls it before it imports the launcher."""
+    """Start the standbys first thing: what the agent does before its first join (gRPC and protobuf
+    imports, the handler, the warden) then runs beside their ``import torch``, not before it, on the
+    critical path of a node's first round (bench/results.md, 'Design notes' figures', §4, the early
+    fork). The CLI calls it before it imports the launcher.
+    """
     tag = fencing.new_tag()
     pool = for_agent(spec, fencing.node_env(tag))
     start(pool)

@@ -3,7 +3,7 @@
 Why this exists: a worker must die with its agent, even when the agent dies by SIGKILL (torchrun
 leaves them running). Linux's PR_SET_PDEATHSIG does that, but it must be set in the child, and
 ``preexec_fn`` is unsafe in a parent with threads (gRPC has some). So a command entrypoint goes
-through ``SHIM``: a ``python -I -S -c`` one-liner (~8 ms, no site import) that sets the death
+through ``SHIM``: a ``python -I -S -c`` one-liner (quick: no site import) that sets the death
 signal, checks that the agent still is its parent (closing the fork→prctl race), then execs the
 real command with the same pid. A callable entrypoint does the same first thing in Python.
 

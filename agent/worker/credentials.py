@@ -3,7 +3,7 @@
 Why: the agent reads its etcd login from etcdctl's variables (rendezvous/etcd/config.py), and a
 worker inherited the agent's environment whole — ``ETCDCTL_PASSWORD``, or ``ETCDCTL_USER`` in
 its ``user:password`` form, was readable by user code (``os.environ``), which could then rewrite
-the rendezvous of every node. Measured before: a worker's ``os.environ`` held both.
+the rendezvous of every node.
 
 What is removed, for every worker (scripts, modules, executables, callables of any start
 method):

@@ -130,7 +130,8 @@ class WorkerGroup:
 
     def settle_logs(self, succeeded: bool) -> str | None:
         """After the last attempt: remove a log folder the group made itself when nothing in it
-        is worth keeping; else return its path (see logdir.py)."""
+        is worth keeping; else return its path (see logdir.py).
+        """
         to_files = any(mode != "console" for p in self._procs for mode in p.modes)
         return self._logs.settle(succeeded, to_files)
 
@@ -353,7 +354,8 @@ class WorkerGroup:
         """End the attempt: ``sig`` (SIGTERM; the agent passes on a signal it got) to each
         worker's group, wait up to ``grace`` (default ``spec.stop_grace``) returning as soon as
         all are gone, then SIGKILL; relay the last output; join the relay thread. Returns the
-        final result; calling it again returns the same."""
+        final result; calling it again returns the same.
+        """
         if self._stopped:
             return self._result or RunResult(WorkerState.INIT)
         assert self._spec is not None and self._reactor is not None

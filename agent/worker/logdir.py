@@ -1,16 +1,16 @@
 """Where one agent's worker logs go: the log dir it was given, or a folder it makes itself.
 
 Why an object: a folder the agent made (no ``--log-dir``) is the agent's to remove once nothing
-in it is worth keeping — every run used to leave a ``/tmp/etcdrun_logs_*`` behind (about 1,200
-on one machine) — and the agent must say where the logs are when it keeps them.
+in it is worth keeping — else every run leaves a ``/tmp/etcdrun_logs_*`` behind, and they pile
+up — and the agent must say where the logs are when it keeps them.
 
-A log dir that cannot be written, or that fills up, is bad input like any other (issue 11):
-one line each, and nothing else lost. Measured before: a read-only ``--log-dir`` was an
-OSError traceback; a full one printed a ``--- Logging error ---`` traceback per agent line, a
-``--redirects`` worker that died of it was only ``exit code 1``, and ``--tee`` dropped its
-file copy silently. Now a read-only dir is refused before the rendezvous is joined; a full disk
-while running is said once per file kind (agent.log, events.jsonl, the teed copies), the
-console keeps everything, and a redirected worker's failure names the full disk.
+A log dir that cannot be written, or that fills up, is bad input like any other (issue 11): one line
+each, and nothing else lost. Left to Python, a read-only ``--log-dir`` is an OSError traceback; a
+full one prints a ``--- Logging error ---`` traceback per agent line, a ``--redirects`` worker that
+dies of it is only ``exit code 1``, and ``--tee`` drops its file copy silently. So a read-only dir
+is refused before the rendezvous is joined; a full disk while running is said once per file kind
+(agent.log, events.jsonl, the teed copies), the console keeps everything, and a redirected worker's
+failure names the full disk.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ FULL_BELOW = 64 * 1024  # bytes free under which a worker's failed write is put 
 
 class LogDirError(ValueError):
     """The log dir cannot be written: a mistake in the command line, said before anything
-    starts (a ValueError: ``etcdrun`` exits 2 with one line)."""
+    starts (a ValueError: ``etcdrun`` exits 2 with one line).
+    """
 
 
 def describe(path: str, exc: OSError) -> str:
@@ -63,7 +64,8 @@ def disk_full(path: str) -> bool:
 
 def full_disk_line(files_dir: str) -> str | None:
     """For a redirected worker that failed: a line saying its files' disk is full, else None
-    (its own traceback went to that full disk, so nothing else would say it)."""
+    (its own traceback went to that full disk, so nothing else would say it).
+    """
     if not disk_full(os.path.join(files_dir, "stdout.log")):
         return None
     full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -72,7 +74,8 @@ def full_disk_line(files_dir: str) -> str | None:
 
 class Once:
     """Says a write failure once per kind of file (the first path that hit it, and its
-    errno), then stays quiet: a full disk must not print a line per worker line."""
+    errno), then stays quiet: a full disk must not print a line per worker line.
+    """
 
     def __init__(self) -> None:
         self._said: set[str] = set()
@@ -96,7 +99,8 @@ NOTICES = Once()  # one per agent process: agent.log, events and the teed copies
 
 def copy_stopped(path: str, exc: OSError) -> None:
     """A teed stream's file copy (or its filtered log) could not be written: the relay drops
-    that copy and goes on with the console; said once."""
+    that copy and goes on with the console; said once.
+    """
     NOTICES("copies", path, exc, "the file copy of teed output stopped; the console still gets it")
 
 
@@ -144,7 +148,8 @@ class LogDir:
         """After the last attempt: a folder we made goes when the run succeeded and no worker
         output was asked to go to files, or when no worker ever started (it holds the events
         alone: the agent's error line says it all); otherwise it stays, and its path is
-        returned."""
+        returned.
+        """
         if not self._made or self._path is None:
             return None
         try:

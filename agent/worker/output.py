@@ -51,7 +51,8 @@ def line_prefix(spec: WorkerSpec, worker: Worker, mode: str) -> bytes:
 
 def filtered_file(files: WorkerFiles, std: str, filters: list[str] | None) -> Any:
     """``<attempt>/filtered_<std>.log`` (torch's name), shared by the attempt's workers, opened
-    for appending (every stream has its own descriptor); None without filters."""
+    for appending (every stream has its own descriptor); None without filters.
+    """
     if not filters:
         return None
     path = os.path.join(os.path.dirname(files.dir), f"filtered_{std}.log")

@@ -37,7 +37,8 @@ class WorkerProc:
 
     def failure_for(self, code: int, host: str) -> ProcessFailure:
         """Its failure record (built once): a worker the agent signalled while it ran is
-        *stopped by the agent*, unless its error file proves it had failed before."""
+        *stopped by the agent*, unless its error file proves it had failed before.
+        """
         if self.failure is None:
             assert self.handle is not None
             f = ProcessFailure(

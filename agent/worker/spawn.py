@@ -1,7 +1,8 @@
 """How one worker process is made: its environment, its files, its streams and its process.
 
 Why apart from ``workers.py``: the per-process mechanics (fds, exec shim, multiprocessing,
-imported lazily); group.py is the group's life cycle (state, stop, results)."""
+imported lazily); group.py is the group's life cycle (state, stop, results).
+"""
 
 from __future__ import annotations
 
@@ -211,7 +212,8 @@ def launch(
     takeover: Any = None,
 ) -> Handle:
     """Start one worker in its own session, with the parent-death signal armed; a Python
-    command goes to ``takeover(command, env, stdout, stderr)`` first (a standby: standby.py)."""
+    command goes to ``takeover(command, env, stdout, stderr)`` first (a standby: standby.py).
+    """
     agent_pid = os.getpid()
     full_env = scrubbed({**os.environ, **env})  # no etcd credentials for user code
     full_env.update(exit_hook_env(full_env))  # fork/forkserver children never finalize: not them
@@ -288,7 +290,8 @@ def start_worker(
     standbys: Any = None,
 ) -> tuple[Handle, list[int], collections.deque[str] | None]:
     """Open the worker's stdout/stderr (a log file, or a pipe to the relay), launch it, and hand
-    its pipes to the relay. Returns (handle, pipe fds, stderr tail). Call on the relay thread."""
+    its pipes to the relay. Returns (handle, pipe fds, stderr tail). Call on the relay thread.
+    """
     child_fds: list[int] = []
     pipes: list[tuple[int, str, int]] = []  # (read end, mode, STDOUT/STDERR)
     try:
@@ -332,7 +335,8 @@ def _relay(
     pipes: list[tuple[int, str, int]],
 ) -> collections.deque[str] | None:
     """Hand a worker's pipes to the relay: console prefix, tee file, duplicate filters; returns
-    the stderr tail (for the root-cause report)."""
+    the stderr tail (for the root-cause report).
+    """
     tail = None
     for r, mode, which in pipes:
         path = files.stdout if which == STDOUT else files.stderr

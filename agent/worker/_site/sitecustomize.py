@@ -6,30 +6,22 @@ collective's tensors *after* the collective returned to Python, and in torch 2.1
 reference to a tensor that has a Python object decrefs that object, under the GIL. When the main
 thread reaches ``Py_FinalizeEx`` first, CPython (< 3.14) answers that thread's GIL request with
 ``pthread_exit``; the forced unwind crosses a ``noexcept`` destructor (``~AsyncWork``), and
-libstdc++ calls ``std::terminate``: "terminate called without an active exception", SIGABRT
-(core dumps: the gloo thread in ``take_gil`` → ``PyThread_exit_thread``, the main thread in
-finalization's first ``gc.collect``). Nothing of the launcher is involved (4 workers started
-by hand, 30 launches each: 2 runs aborted; rank 0 or an outside process hosting the store, pipes
-or files, OMP_NUM_THREADS: the same; a 0.2 s sleep at the end: 0), except ``setsid``: alone in
-its session (its own scheduler autogroup) the gloo thread loses the race far more often, 14 of 30.
-torchrun's ``--run-path`` and callable workers escape by their exit path: they block, GIL
-released, until the agent has read every return value. Its script and ``-m`` workers (own
-sessions, like ours) do not. bench/clean_exit.py, 20 launches each, before this hook:
-
-    case (4 gloo workers, static; c: 3)    etcdrun  torchrun   (launches that aborted)
-    a --run-path, init env://                 7        0
-    b --run-path, init tcp://                 7        0
-    c elastic_launch, a callable             10        0
-    d tests/agent_scripts/ddp_train.py        6        3
-    e a script, init env://                   4        7
-    f the same as -m module                   8        6
-
-With it, 50 launches each: etcdrun 0 aborts in every case; torchrun 0, 0, 0, 9, 15, 14.
+libstdc++ calls ``std::terminate``: "terminate called without an active exception", SIGABRT (core
+dumps: the gloo thread in ``take_gil`` → ``PyThread_exit_thread``, the main thread in finalization's
+first ``gc.collect``). Nothing of the launcher is involved: workers started by hand abort the same
+way, whoever hosts the store and wherever their output goes, and not at all when they sleep a moment
+before exiting; only ``setsid`` matters: alone in its session (its own scheduler autogroup) the gloo
+thread loses the race far more often. torchrun's ``--run-path`` and callable workers escape by their
+exit path: they block, GIL released, until the agent has read every return value. Its script and
+``-m`` workers (own sessions, like ours) do not. bench/clean_exit.py counts the launches that abort,
+case by case, under both launchers: with this hook, etcdrun's never do (bench/results.md, 'Clean
+exit'; the counts before the hook and the runs by hand: 'Figures cited by the code').
 
 What it does: ``settle`` runs last at exit (registered here, before any user code, and atexit is
 last-in first-out): it sleeps, GIL released, until no other thread of the process is running or
 runnable (``/proc/self/task/*/stat``) twice in a row, at most ``CAP`` seconds. A process with no
-other thread returns at once; a torch worker spends ~20 ms.
+other thread returns at once; a torch worker waits briefly for gloo's threads (bench/results.md,
+'Clean exit').
 
 How it gets here: the agent puts this folder first on the worker's ``PYTHONPATH`` and the user's
 own in ``ETCDRUN_USER_PYTHONPATH``; ``site`` imports this module at start-up of every Python the
