@@ -16,7 +16,8 @@ the workers as torchrun does: that signal, then SIGKILL after the grace (``--shu
 the agent then leaves the rendezvous (its lease revoked, so peers start a new round at once) and
 raises SignalException, which the CLI turns into exit code 128 + signal (torchrun exits 1).
 Starting and stopping workers and the fenced restart request are critical sections: a signal
-there is held until they end."""
+there is held until they end.
+"""
 
 from __future__ import annotations
 
@@ -55,7 +56,8 @@ class SignalException(Exception):
 class ElasticAgent:
     """Runs one node's share of the job. ``run()`` returns the last attempt's RunResult (the
     launcher raises ChildFailedError for a failed one) or raises ChildFailedError itself when
-    another node closed the run as failed."""
+    another node closed the run as failed.
+    """
 
     def __init__(
         self,
@@ -172,7 +174,8 @@ class ElasticAgent:
 
     def _perform(self, step: loop.Step) -> loop.Event | None:
         """Do ``step.action``; the event it ended with (None: the last action, which raises
-        or ends the loop)."""
+        or ends the loop).
+        """
         self._note(step.action)
         return _PERFORM[type(step.action)](self, step.action)
 
@@ -188,7 +191,8 @@ class ElasticAgent:
 
     def _check_budget(self, info: RendezvousInfo) -> None:
         """WorkerSpec.max_restarts, when given, must be the rendezvous' own budget (the
-        rendezvous decides every restart; see WorkerSpec): refused with one line otherwise."""
+        rendezvous decides every restart; see WorkerSpec): refused with one line otherwise.
+        """
         wanted = self._spec.max_restarts
         if wanted is not None and wanted != info.max_restarts:
             raise ValueError(
@@ -393,7 +397,8 @@ _PERFORM: dict[type, Any] = {
 
 class _Deferring:
     """A critical section (starting/stopping workers, a fenced write) that a signal must not
-    cut in half: the signal is held and raised right after."""
+    cut in half: the signal is held and raised right after.
+    """
 
     def __init__(self, agent: ElasticAgent) -> None:
         self.agent = agent

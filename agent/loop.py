@@ -72,7 +72,8 @@ class Joined:
 @dataclass(frozen=True)
 class RunClosed:
     """next_rendezvous() raised RendezvousClosedError; ``failure`` is ``closed_failure()``;
-    ``succeeded``: the run this node was part of closed as SUCCEEDED (the error says so)."""
+    ``succeeded``: the run this node was part of closed as SUCCEEDED (the error says so).
+    """
 
     failure: FailureInfo | None
     succeeded: bool = False
@@ -318,7 +319,8 @@ def _restart(stopped: State, info: RendezvousInfo, result: RunResult) -> Step:
     """One path for every backend: the rendezvous owns the budget. It grants the restart or
     closes the run with this failure (the next join then reports it), and with etcd a failure
     caused by a peer's death costs nothing; a report earlier than the one the next round
-    already carries replaces it (the root cause is the first failure, not the first report)."""
+    already carries replaces it (the root cause is the first failure, not the first report).
+    """
     failure, what = failure_of(info, result)
     left, used = info.max_restarts - info.restart_count, info.restart_count
     note = f"round {info.round}: {what}; " + (
@@ -345,7 +347,7 @@ def _barrier(state: State, event: Event) -> Step | None:
     if event.all_finished:
         n = state.info.round if state.info is not None else "?"
         return Step(done, ReturnResult(state.result, note=f"round {n}: the job SUCCEEDED"))
-    if event.fenced:  # a success in a round the others left (soak seed 1579): not the job's end
+    if event.fenced:  # a success in a round the others left: not the job's end
         n = state.info.round if state.info is not None else "?"
         note = (
             f"round {n}: workers succeeded, but this node's lease was lost first and the others "
