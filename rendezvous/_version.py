@@ -1,7 +1,8 @@
 """The one place etcdrun's version is written (pyproject.toml reads it from here).
 
-Why a module and not ``importlib.metadata``: that import costs an agent ~17 ms of CPU at start-up,
-and N agents starting on one machine pay it N times before the first round.
+Why a module and not ``importlib.metadata``: that import costs an agent measurable CPU at start-up
+(bench/results.md, 'Figures cited by the code'), and N agents starting on one machine pay it N times
+before the first round.
 """
 
 __version__ = "0.1.0"

@@ -41,7 +41,8 @@ class RendezvousClosedError(RendezvousError):
 
     ``succeeded`` is True when the run this node was part of closed as SUCCEEDED: a node that
     had nothing (left) to do — a hot spare, a node rejoining while the others finished — exits
-    cleanly then, not as a failure."""
+    cleanly then, not as a failure.
+    """
 
     def __init__(self, message: str, *, succeeded: bool = False, **context) -> None:
         self.succeeded = succeeded

@@ -8,8 +8,8 @@ and handed to the log's subscribers (the agent's events.jsonl writer and metrics
 failing subscriber never disturbs the rendezvous. ``time`` (seconds, float) stays beside
 ``time_ms`` for the readers written before it.
 
-Cost: one dict and, when nobody listens at INFO, no JSON at all; the scale bench's N=1000 round
-emits ~3 events per node.
+Cost: one dict and, when nobody listens at INFO, no JSON at all; a round emits a few events per
+node (bench/results.md, 'Figures cited by the code').
 
 Why an object per handler and not a module-level list: several handlers can share a process (the
 scale bench runs hundreds; two jobs on two etcd clusters may share a run id), and a subscriber

@@ -6,10 +6,10 @@ can be checked (``known_backends``) without importing any backend.
 
 Why per-backend metadata (``Backend``): the command line and the launcher must treat a backend by
 what it takes — an endpoint that names the master node (static), a required server endpoint to
-normalise (etcd), a node rank — never by its name typed again in their code. The metadata is
-plain data plus lazy hooks, so reading it loads no backend (``etcdrun --help`` lists the backends
-from here: 33 ms instead of 23 ms, python -S, min of 30 runs; that is this package's interface
-and errors modules, no gRPC; a real run imported the registry anyway).
+normalise (etcd), a node rank — never by its name typed again in their code. The metadata is plain
+data plus lazy hooks, so reading it loads no backend (``etcdrun --help`` lists the backends from
+here: it costs this package's interface and errors modules, no gRPC, and a real run imports the
+registry anyway; bench/results.md, 'Figures cited by the code').
 
 A lazy entry names any callable that takes the RendezvousParameters and returns the handler: a
 function (``create_rdzv_handler``, torch's name for the hook) or the handler class itself.
@@ -160,7 +160,8 @@ def check_backend(name: str) -> None:
 
 def backend_groups() -> list[tuple[str, list[str], Backend]]:
     """(name, aliases, entry) once per backend, in registration order: names registered with
-    an equal entry are aliases of the first one."""
+    an equal entry are aliases of the first one.
+    """
     with _lock:
         items = list(_backends.items())
     groups: list[tuple[str, list[str], Backend]] = []
@@ -207,7 +208,8 @@ def _resolve(name: str, run_id: str) -> HandlerFactory:
 
 def read_endpoint(name: str, endpoint: str) -> EndpointInfo:
     """``endpoint`` as backend ``name`` reads it: normalised and, for a backend whose endpoint
-    is the master node, that node's host and port. A malformed endpoint is a ValueError."""
+    is the master node, that node's host and port. A malformed endpoint is a ValueError.
+    """
     entry = backend(name)
     if entry.normalize is not None:
         endpoint = _load(entry.normalize, name, None)(endpoint)
@@ -219,7 +221,8 @@ def read_endpoint(name: str, endpoint: str) -> EndpointInfo:
 
 def master_endpoint(name: str, host: str | None, port: int) -> str:
     """The endpoint of backend ``name`` (one that ``takes_master``) for the master node
-    ``host`` (None: ``DEFAULT_MASTER_ADDR``) and ``port``."""
+    ``host`` (None: ``DEFAULT_MASTER_ADDR``) and ``port``.
+    """
     entry = backend(name)
     if entry.format_master is None:
         raise ValueError(f"rendezvous backend {name!r} does not take a master address")

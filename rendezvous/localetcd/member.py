@@ -253,9 +253,10 @@ class EtcdMember:
     def wait_peer_serving(self, timeout: float = 10.0) -> None:
         """Wait until the peer port answers HTTP (or the process exits).
 
-        Why: a new member asks each peer whether it is already bootstrapped, with a 1 s timeout.
-        A peer that has bound its port but does not serve yet costs that full second (measured:
-        3-member starts took 1-2 s instead of 0.1 s); a peer not bound yet is refused at once.
+        Why: a new member asks each peer whether it is already bootstrapped, with a 1 s timeout. A
+        peer that has bound its port but does not serve yet costs that full second, so a 3-member
+        start took seconds instead of a fraction of one (bench/results.md, 'Figures cited by the
+        code'); a peer not bound yet is refused at once.
         Starting members one after the other, each serving before the next one asks, avoids it.
         """
         deadline = time.monotonic() + timeout

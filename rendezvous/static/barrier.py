@@ -4,8 +4,8 @@ any worker starts, and again when its workers are done.
 Why: torchrun's static rendezvous makes the nodes meet through a TCPStore on
 ``MASTER_ADDR:MASTER_PORT`` (node rank 0 hosts it) before any worker starts, and its agents
 wait for each other at the end (an exit barrier on the same store). A static backend that
-started each node's workers at once (0.21 s for ``--nnodes 2 --node-rank 1`` alone) left the
-workers to find out, and said "waiting for the other nodes" at the end without waiting.
+started each node's workers at once left the workers to find out, and said "waiting for the
+other nodes" at the end without waiting.
 
 Why our own few lines of text over TCP, not a TCPStore: the agent stays free of torch.
 Why on ``MASTER_PORT`` itself: it is the one port the user gave the job on the master (a
@@ -23,12 +23,9 @@ reached some other program on the port never sends it anything; the client says 
 (and the client stops with it) or, once every rank is there, ``GO`` to all. At the end each
 client sends ``DONE`` and waits for ``ALL``; node 0 sends ``ALL`` once every peer said ``DONE``.
 
-Measured (bench/static_meeting.py, 5 interleaved trials, 2 shared cores, 1-min load 2.8; node 1
-started 2 s before node 0): node 0's start -> both workers running 0.27 s median (0.20-0.40 s;
-torchrun's static 1.28 s, 0.80-1.82 s), the two workers starting within 1 ms of each other
-(before: node 1's worker ran alone, 2.0 s early); node 0's agent gone 0.07 s after node 1's
-worker's last line (torchrun 0.54 s). A waiting node retries a refused connect every 20 ms
-doubling to 200 ms, so it goes on at most ~0.2 s after node 0 listens.
+What it costs, against torchrun's static rendezvous: bench/static_meeting.py (bench/results.md,
+'Static backend', and 'Figures cited by the code'). A waiting node retries a refused connect
+every 20 ms doubling to 200 ms, so it goes on at most ~0.2 s after node 0 listens.
 """
 
 from __future__ import annotations
@@ -309,7 +306,8 @@ class StaticBarrier:
     # ---- the end ---------------------------------------------------------------------------
     def exit_barrier(self, timeout: float = EXIT_TIMEOUT) -> bool:
         """True once every node's workers are done; False when one left without (or time ran
-        out): a node that failed for good ends its connection, so nobody waits for it."""
+        out): a node that failed for good ends its connection, so nobody waits for it.
+        """
         if not self._met or self.me.node_count == 1:
             return True
         deadline = time.monotonic() + timeout
@@ -336,7 +334,8 @@ def _connect(
     host: str, port: int, deadline: float, status: Callable[[str], None]
 ) -> socket.socket | None:
     """Connect, retrying a refused or unreachable address until the deadline (node 0 may start
-    later); None when it never answered."""
+    later); None when it never answered.
+    """
     pause = _RETRY_MIN
     started = time.monotonic()
     while True:

@@ -248,7 +248,8 @@ class StaticRendezvousHandler(RendezvousHandler):
 
     def exit_barrier(self, timeout: float | None = None) -> bool:
         """Wait until every node's workers are done (torchrun's agents do, on their store); a
-        node that failed for good has left, so nobody waits for it."""
+        node that failed for good has left, so nobody waits for it.
+        """
         return self._barrier.exit_barrier(EXIT_TIMEOUT if timeout is None else timeout)
 
     def request_restart(self, reason: str, failure: FailureInfo | None = None) -> bool:

@@ -123,7 +123,8 @@ def _backwards(prev: st.RoundState, s: st.RoundState) -> bool:
     """S5: rounds move forward only; within a round JOINING → FROZEN → CLOSED. A JOINING round
     may be rewritten as JOINING only to annotate it: to carry an earlier failure with its reason
     line (the root cause is the first failure, not the first report), or to publish the first
-    round's last call. Nothing else of it may change."""
+    round's last call. Nothing else of it may change.
+    """
     if s.number != prev.number:
         return s.number < prev.number
     return s.phase <= prev.phase and s.phase != st.CLOSED and not _annotated(prev, s)
