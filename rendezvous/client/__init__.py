@@ -1,11 +1,10 @@
 """etcdrun's own etcd v3 client (see client.py for why).
 
 Why the names load on first use (PEP 562 ``__getattr__``): the command line normalises
-``--rdzv-endpoint`` with ``parse_endpoints`` (config.py, standard library only) while it parses,
-and importing gRPC and protobuf with it delayed everything after the parse, the standby
-workers' start among them (agent/launcher.py starts them before the rendezvous handler, so
-that their ``import torch`` runs beside it: the first standby now starts 60-70 ms after the
-agent's exec, 120-130 ms before; the last agent of a first round is ready 0.07 s sooner).
+``--rdzv-endpoint`` with ``parse_endpoints`` (config.py, standard library only) while it parses, and
+importing gRPC and protobuf with it delayed everything after the parse, the standby workers' start
+among them (agent/launcher.py starts them before the rendezvous handler, so that their ``import
+torch`` runs beside it: bench/results.md, 'Design notes' figures', §4, the early fork).
 gRPC's log level is still set before gRPC's import: every module here that imports grpc
 imports ``_grpc_quiet`` first.
 """

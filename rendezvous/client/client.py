@@ -57,7 +57,8 @@ class EtcdClient:
     def observe(self, observer: Callable[[str, float, str | None], None] | None) -> None:
         """Call ``observer(method, seconds, error)`` after every unary call (retries and
         failover included; ``error``: the EtcdError's class name, or None); None stops it. For
-        metrics (agent/report/metrics.py); unobserved, a call pays one attribute test."""
+        metrics (agent/report/metrics.py); unobserved, a call pays one attribute test.
+        """
         self._t.observer = observer
 
     # ---- KV ----------------------------------------------------------------------------------
@@ -146,7 +147,8 @@ class EtcdClient:
     def keep_alive(self, lease_id: int) -> Lease:
         """Keep alive a lease another client granted (until revoked, orphaned, lost, or this
         client closes — closing revokes what it keeps: ``orphan()`` a lease meant to outlive
-        this client)."""
+        this client).
+        """
         return self._leases.adopt(lease_id)
 
     def revoke(self, lease_id: int, timeout: float | None = None) -> bool:
@@ -172,7 +174,8 @@ class EtcdClient:
         callback: Callable[[WatchBatch], None] | None = None,
     ) -> Watch:
         """Watch a key or range from ``start_revision`` (inclusive; pass the revision you read
-        plus one, so nothing between your read and the watch is missed)."""
+        plus one, so nothing between your read and the watch is missed).
+        """
         end = t.range_end(key, prefix, range_end)
         return self._watches.watch(t.to_bytes(key), end, start_revision, prev_kv, callback)
 
@@ -228,7 +231,8 @@ class EtcdClient:
 
     def close(self, revoke_leases: bool = True) -> None:
         """End watches, revoke kept-alive leases (bounded), stop threads, close channels.
-        Idempotent. In a forked child, only forgets the parent's state."""
+        Idempotent. In a forked child, only forgets the parent's state.
+        """
         if os.getpid() != self._pid:
             self._t.close()
             return

@@ -26,7 +26,8 @@ class EtcdConnectionError(EtcdError):
 
 class EtcdEndpointError(EtcdConnectionError):
     """The endpoint answers, but not as configured: a TLS handshake that fails (wrong CA,
-    https:// to a plain etcd) or a server that is no etcd. Retrying cannot fix it."""
+    https:// to a plain etcd) or a server that is no etcd. Retrying cannot fix it.
+    """
 
 
 class EtcdAuthError(EtcdError):

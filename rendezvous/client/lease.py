@@ -6,13 +6,14 @@ at least until ``sent + TTL``, where ``sent`` is when we sent the keep-alive etc
 ``TTL - margin``, we declare the lease lost *before* it can expire: the owner stops its workers
 while its keys still exist, and no two live agents ever hold the same place.
 
-Why a lease is first *in doubt*, and lost only later: an etcd leader election longer than the
-margin (measured: 2.1 s and 3.1 s at lease_ttl 2) used to fence every agent although etcd renews
-every lease when a new leader takes over. So at ``presumed_lost_at`` the lease is only in doubt
-(``in_doubt`` set, ``on_doubt`` callbacks: the agent pauses its workers, SIGSTOP — a stopped
-process does not talk), keep-alives go on, and an answer with TTL > 0 clears the doubt (the
-workers resume); it is *lost* once etcd could have expired it (``expires_no_earlier_than``,
-TTL after the last acknowledged keep-alive's send time) or answers TTL <= 0.
+Why a lease is first *in doubt*, and lost only later: an etcd leader election can outlast the
+margin (bench/results.md, 'Design notes' figures', S4), and declaring the lease lost then would
+fence every agent although etcd renews every lease when a new leader takes over. So at
+``presumed_lost_at`` the lease is only in doubt (``in_doubt`` set, ``on_doubt`` callbacks: the
+agent pauses its workers, SIGSTOP — a stopped process does not talk), keep-alives go on, and an
+answer with TTL > 0 clears the doubt (the workers resume); it is *lost* once etcd could have
+expired it (``expires_no_earlier_than``, TTL after the last acknowledged keep-alive's send time)
+or answers TTL <= 0.
 
 Why one short stream per keep-alive tick rather than one long-lived stream: a tick is a complete
 request/answer with its own deadline and endpoint, so failover, deadlines and re-login work
@@ -38,7 +39,8 @@ log = logging.getLogger(__name__)
 
 def fence_margin(ttl: float) -> float:
     """How long before the earliest possible expiry we give up on a lease: enough to stop
-    workers, but small enough that a short etcd blip (leader change) is ridden out."""
+    workers, but small enough that a short etcd blip (leader change) is ridden out.
+    """
     return min(max(0.2 * ttl, 0.5), ttl / 2)
 
 
@@ -83,7 +85,8 @@ class Lease:
 
     def on_refreshed(self, callback: Callable[[Lease], None]) -> None:
         """Run ``callback(lease)`` after every acknowledged keep-alive (on the keeper thread;
-        keep it short): ``presumed_lost_at`` has moved."""
+        keep it short): ``presumed_lost_at`` has moved.
+        """
         self._refreshed.append(callback)
 
     def on_doubt(self, callback: Callable[[Lease], None]) -> None:
@@ -126,7 +129,8 @@ class Lease:
         False — and ``lost`` set — when it is gone (revoked by someone else, expired); None
         when etcd did not answer in time (the keep-alives go on deciding). Why: a round
         superseded because our own lease vanished must be fenced at once, not stopped with a
-        grace, and the next keep-alive could be TTL/3 away."""
+        grace, and the next keep-alive could be TTL/3 away.
+        """
         from etcdrun.rendezvous.client.errors import EtcdError, EtcdLeaseNotFoundError
 
         if self._keeper is None or self.lost.is_set():
@@ -147,7 +151,8 @@ class Lease:
         """Give the lease up now, though etcd still holds it (its owner learnt it has no place
         left: its agent key was removed): ``lost`` is set with ``reason`` and the callbacks run
         — the workers are fenced — and keep-alives stop; ``revoke()`` afterwards still revokes
-        it on the server, so its join records go at once. Safe on the watch thread: no call."""
+        it on the server, so its join records go at once. Safe on the watch thread: no call.
+        """
         self._abandoned = True
         if self._keeper is not None:
             self._keeper.forget(self)
@@ -157,7 +162,8 @@ class Lease:
         """Stop keeping it alive, and forget it, without revoking: on the server it expires
         after its TTL, exactly as if this process had died (etcd's Session.Orphan). Nothing is
         reported locally (``lost`` stays as it was), and ``revoke()`` afterwards does nothing.
-        For tests that play a crash, and for handing a lease over to another process."""
+        For tests that play a crash, and for handing a lease over to another process.
+        """
         self._orphaned = True
         if self._keeper is not None:
             self._keeper.forget(self)
@@ -165,7 +171,8 @@ class Lease:
     def revoke(self, timeout: float | None = None) -> bool:
         """Revoke on the server (its keys vanish at once) and stop keeping it alive. Idempotent;
         True when etcd confirmed (or the lease was already gone). ``timeout`` defaults to the
-        policy's parting timeout: a leave must not hang on a dead etcd."""
+        policy's parting timeout: a leave must not hang on a dead etcd.
+        """
         if self._keeper is None or self._orphaned:
             return True
         self._keeper.forget(self)
@@ -202,7 +209,8 @@ class LeaseKeeper:
     def adopt(self, lease_id: int) -> Lease:
         """Keep alive a lease granted elsewhere (by an earlier holder): etcd lets any client
         refresh any lease. Its expiry is taken from the server, conservatively (the remaining
-        TTL counted from before we asked); raises EtcdLeaseNotFoundError when it is gone."""
+        TTL counted from before we asked); raises EtcdLeaseNotFoundError when it is gone.
+        """
         from etcdrun.rendezvous.client.errors import EtcdLeaseNotFoundError
 
         sent = time.monotonic()

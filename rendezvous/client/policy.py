@@ -1,11 +1,11 @@
 """RetryPolicy: the one answer to "how long does X wait, retry, and how fast?".
 
-Why one object: the answer used to live in nine places (the transport's first try and its tenacity
-loop, the keep-alive tick, the watch's reconnect backoff, the leader's and the driver's retry
-delays, the handler's waits, the clean-up's deadline), so changing ``request_timeout`` or
-``retry_timeout`` changed some loops and not others. Every loop now asks this object, built once
-from the configuration (``ClientConfig.policy``); tests/client/test_policy.py changes the two
-settings and checks that every loop follows.
+Why one object: many loops need the answer (the transport's first try and its tenacity loop, the
+keep-alive tick, the watch's reconnect backoff, the leader's and the driver's retry delays, the
+handler's waits, the clean-up's deadline), and where each keeps its own, changing
+``request_timeout`` or ``retry_timeout`` changes some loops and not others. Every loop asks this
+object, built once from the configuration (``ClientConfig.policy``); tests/client/test_policy.py
+changes the two settings and checks that every loop follows.
 
 The rules it encodes:
 - one request on one endpoint gets ``request_timeout`` (a request in flight to a follower when the
@@ -19,8 +19,8 @@ The rules it encodes:
   backoff, indexed by how many times in a row they failed.
 
 Both backoff bounds follow ``request_timeout`` (base 1/40 of it, cap 1/2: 0.05 s and 1 s by
-default, the figures the loops used before): backing off longer than half a request deadline
-only delays recovery, and a cluster tuned for short deadlines gets short backoffs too.
+default): backing off longer than half a request deadline only delays recovery, and a cluster tuned
+for short deadlines gets short backoffs too.
 """
 
 from __future__ import annotations
@@ -73,9 +73,11 @@ class RetryPolicy:
         timeout: float | None,
         retryable: Callable[[BaseException], bool] | None = None,
     ) -> Any:
-        """A tenacity loop for one call; built only after the bare first try failed (tenacity
-        costs ~15 ms of CPU to import, and almost every call succeeds the first time).
-        ``retryable`` decides which errors are worth another attempt (default: transient)."""
+        """A tenacity loop for one call; built only after the bare first try failed (importing
+        tenacity costs an agent CPU it need not spend, bench/results.md, 'Figures cited by the
+        code', and almost every call succeeds the first time). ``retryable`` decides which errors
+        are worth another attempt (default: transient).
+        """
         import tenacity
 
         from etcdrun.rendezvous.client.errors import is_transient
@@ -105,7 +107,8 @@ class RetryPolicy:
 
     def keepalive_timeout(self, ttl: float, until_presumed_lost: float) -> float:
         """One keep-alive tick never outlasts the moment its lease must be presumed lost: the
-        check after it has to happen on time, or fencing eats into the margin it exists for."""
+        check after it has to happen on time, or fencing eats into the margin it exists for.
+        """
         return min(
             self.request_timeout,
             max(0.1, self.keepalive_interval(ttl)),
@@ -120,7 +123,8 @@ class RetryPolicy:
     @property
     def parting_timeout(self) -> float:
         """A last request on the way out (revoke, clean-up): one attempt's worth, not a retry
-        budget — leaving must not hang on a dead etcd."""
+        budget — leaving must not hang on a dead etcd.
+        """
         return self.request_timeout
 
     @property

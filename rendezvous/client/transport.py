@@ -144,7 +144,8 @@ class Transport:
 
     def login(self, stale: str | None = None) -> str:
         """Authenticate and return the token (a no-op when another thread already refreshed
-        ``stale``)."""
+        ``stale``).
+        """
         with self._lock:
             if self._token is not None and self._token != stale:
                 return self._token
@@ -163,8 +164,10 @@ class Transport:
     def _retrying(self, attempt, timeout: float | None = None) -> Any:
         """Run ``attempt(endpoint_index)`` with failover and backoff; raise typed errors.
 
-        The first try runs bare: building a tenacity loop costs ~30 µs, more than 10% of a
-        local Range, and almost every call succeeds the first time."""
+        The first try runs bare: building a tenacity loop costs a good share of a local Range
+        (bench/results.md, 'Figures cited by the code'), and almost every call succeeds the first
+        time.
+        """
         idx = self._preferred
         try:
             return self._answer(attempt(idx))
@@ -213,7 +216,8 @@ class Transport:
 
     def _retryable(self, e: grpc.RpcError) -> bool:
         """Transient, unless the far end answered as something we are not configured to talk
-        to before any call ever succeeded (TLS refused, not an etcd): that does not heal."""
+        to before any call ever succeeded (TLS refused, not an etcd): that does not heal.
+        """
         return is_transient(e) and (self._answered or not is_not_as_configured(e))
 
     def _final(self, e: grpc.RpcError, idx: int) -> EtcdError:
@@ -259,7 +263,8 @@ class Transport:
 
     def call(self, name: str, request: Any, *, timeout: float | None = None) -> Any:
         """One unary RPC by name, with failover, retry and re-login. ``timeout`` bounds the
-        whole call (default: the policy's retry_timeout); each attempt gets request_timeout."""
+        whole call (default: the policy's retry_timeout); each attempt gets request_timeout.
+        """
         observer = self.observer
         if observer is None:  # the hot path: metrics off
             return self._call(name, request, timeout)

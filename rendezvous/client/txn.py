@@ -36,7 +36,8 @@ def prefix_end(prefix: Key) -> bytes:
 
 def range_end(key: Key, prefix: bool = False, end: Key | None = None) -> bytes:
     """The one rule for a request's range_end: every key under ``key`` with ``prefix``, up to
-    ``end`` (exclusive) when given, else the single key (empty)."""
+    ``end`` (exclusive) when given, else the single key (empty).
+    """
     if prefix:
         return prefix_end(key)
     return to_bytes(end) if end else b""
@@ -62,7 +63,8 @@ def mod_revision(key: Key, op: str, rev: int, prefix: bool = False) -> pb.Compar
 def create_revision(key: Key, op: str, rev: int, prefix: bool = False) -> pb.Compare:
     """``create_revision(k, "==", 0)`` means: k does not exist. With ``prefix``, every key under
     ``k`` must match: ``create_revision(agents/, "==", mine, prefix=True)`` means "I am the only
-    agent left"."""
+    agent left".
+    """
     return _compare(key, op, pb.Compare.CREATE, prefix, create_revision=rev)
 
 
@@ -93,6 +95,7 @@ def nested(
     failure: Sequence[pb.RequestOp] = (),
 ) -> pb.RequestOp:
     """A Txn inside a Txn (etcd >= 3.3): its own if/then/else, applied in the outer one's
-    revision — one raft proposal for two decisions (register, and join if the round held)."""
+    revision — one raft proposal for two decisions (register, and join if the round held).
+    """
     req = pb.TxnRequest(compare=list(compare), success=list(success), failure=list(failure))
     return pb.RequestOp(request_txn=req)

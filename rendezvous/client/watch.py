@@ -231,7 +231,8 @@ class WatchManager:
 
     def _recoverable(self, err: BaseException, idx: int) -> bool:
         """Book-keeping after a broken stream; False when every watch was ended for good (a
-        wrong password or a missing permission does not heal by reconnecting)."""
+        wrong password or a missing permission does not heal by reconnecting).
+        """
         if isinstance(err, grpc.RpcError):
             typed = self._t.on_stream_error(err, idx)
         else:
