@@ -79,7 +79,8 @@ class FailureInfo:
 @dataclass(frozen=True)
 class Departure:
     """A node of the previous round that is not in this one, and why (``cause``: "lease
-    expired" — lost —, "left" — its agent revoked its lease —, or "gone" when unknown)."""
+    expired" — lost —, "left" — its agent revoked its lease —, or "gone" when unknown).
+    """
 
     node_id: str
     cause: str = "gone"
@@ -107,9 +108,9 @@ _RUN_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 def check_run_id(run_id: str) -> None:
     """A run id is a name: 1-128 letters, digits, '.', '_' or '-', and not '.' or '..'.
 
-    Why: it is a key segment in etcd and a folder under log_dir. Measured before: ``..`` wrote
-    attempt folders outside log_dir, ``"a b"`` and ``" "`` were accepted, and a 300-character id
-    ended in an OSError traceback.
+    Why: it is a key segment in etcd and a folder under log_dir. Unchecked, ``..`` writes
+    attempt folders outside log_dir, ``"a b"`` and ``" "`` are accepted, and a very long id ends
+    in an OSError traceback.
     """
     if not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id) or run_id in (".", ".."):
         raise ValueError(
@@ -207,13 +208,15 @@ class LivenessPort:
     def confirm(self) -> Liveness:
         """Ask the backend now (etcd: one LeaseTimeToLive). Why: a round superseded because
         this node's own lease vanished reaches the agent through the round watch first; telling
-        the two apart decides between a stop with grace and fencing."""
+        the two apart decides between a stop with grace and fencing.
+        """
         return self.read().state
 
     def give_up(self, why: str) -> None:
         """The workers were fenced behind the agent's back (its warden killed them while the
         agent was silent): give the place up even if the lease lives, so that the others hear
-        of it at once and the next join registers a new node."""
+        of it at once and the next join registers a new node.
+        """
         return None
 
     def subscribe(self, callback: Callable[[LeaseReading], None]) -> Callable[[], None]:
@@ -252,7 +255,8 @@ class ReportPort:
 
     def events(self) -> EventLog | None:
         """The backend's event log (docs/events.md): the agent writes it to events.jsonl and
-        counts it in its metrics beside its own."""
+        counts it in its metrics beside its own.
+        """
         return None
 
     def status(self) -> str:
@@ -268,7 +272,8 @@ class ReportPort:
 
     def observe(self, hook: Callable[[str, float, str | None], None] | None) -> None:
         """Call ``hook(method, seconds, error)`` after every request to the backend's store
-        (None stops it): the agent's request metrics. Default: no store, nothing to observe."""
+        (None stops it): the agent's request metrics. Default: no store, nothing to observe.
+        """
         return None
 
 
@@ -335,7 +340,8 @@ class RendezvousHandler(abc.ABC):
         """True when the run has a frozen round whose workers run: a node that joins now stops
         them all for a new round, so the agent first lets its standbys finish their imports
         (agent/standby/pool.py ``wait_warm``). Default False: nothing runs that a join would
-        stop."""
+        stop.
+        """
         return False
 
     # ---- the restart contract: one path for every backend (design.md §3, L3b) --------------

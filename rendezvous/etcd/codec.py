@@ -29,7 +29,8 @@ M = TypeVar("M", bound=Message)
 
 def decode(cls: type[M], key: bytes | str, value: bytes, run_id: str | None = None) -> M:
     """Parse ``value`` as ``cls``; a RoundState comes back with its participants inflated, so
-    every reader (agents, status, the checker) sees one shape whatever size the round is."""
+    every reader (agents, status, the checker) sees one shape whatever size the round is.
+    """
     k = key.decode(errors="replace") if isinstance(key, bytes) else key
     try:
         msg = cls.FromString(value)
@@ -50,7 +51,8 @@ def decode(cls: type[M], key: bytes | str, value: bytes, run_id: str | None = No
 def _inflate(msg: st.RoundState, packed: bool, key: str, run_id: str | None) -> None:
     """Move a packed round's participants back into ``participants``. A value that says one
     thing and holds the other (a schema-1 value with a deflated list, a schema-2 value with
-    plain participants or none) was not written by etcdrun and must not be read as a round."""
+    plain participants or none) was not written by etcdrun and must not be read as a round.
+    """
     data = msg.participants_zlib
     if packed != bool(data) or (packed and len(msg.participants)):
         raise RendezvousStateError(
@@ -80,15 +82,17 @@ def encode(msg: Message) -> bytes:
 
 def encode_round(msg: st.RoundState) -> bytes:
     """A round value as etcd stores it: from PACK_AT participants on, deflated. Every watcher
-    receives the frozen round, so its size times N is what etcd sends per round: at N=4096,
-    565 MB plain. Below PACK_AT the value stays schema 1, readable by any agent version."""
+    receives the frozen round, so its size times N is what etcd sends per round: O(N^2) bytes,
+    hundreds of megabytes at thousands of nodes (bench/results.md, 'Rendezvous at scale'). Below
+    PACK_AT the value stays schema 1, readable by any agent version.
+    """
     if len(msg.participants) < PACK_AT:
         return encode(msg)
     out = st.RoundState()
     out.CopyFrom(msg)
     out.ClearField("participants")
     plain = st.ParticipantList(participants=msg.participants).SerializeToString()
-    out.participants_zlib = zlib.compress(plain, 1)  # level 6 packs ~7% smaller, 3x slower
+    out.participants_zlib = zlib.compress(plain, 1)  # level 6: a little smaller, much slower
     out.schema_version = PACKED_SCHEMA_VERSION
     return out.SerializeToString()
 
@@ -109,7 +113,8 @@ def round_and_message(
     not by (key, mod_revision) alone: two etcd clusters in one process, or an etcd rebuilt with
     the same prefix and run id, reuse revisions, and must never get each other's rounds. Equal
     bytes decode to equal rounds whatever cluster they came from; the lookup costs one hash of
-    bytes etcd just sent (hashed once per bytes object) and one comparison."""
+    bytes etcd just sent (hashed once per bytes object) and one comparison.
+    """
     k = key.decode(errors="replace") if isinstance(key, bytes) else key
     cache_key = (k, mod_revision, bytes(value))
     with _round_cache_lock:
@@ -149,7 +154,8 @@ TAIL_LINES, TAIL_LINE_CHARS, TAIL_CHARS = 20, 300, 4000  # what of a stderr tail
 
 def _tail_to(lines: tuple[str, ...]) -> list[str]:
     """The last lines of a stderr tail that fit the budget: the round key every agent watches
-    must stay small (a frozen round carries its failure)."""
+    must stay small (a frozen round carries its failure).
+    """
     out: list[str] = []
     total = 0
     for line in reversed(lines[-TAIL_LINES:]):
@@ -227,7 +233,8 @@ def hint_from(key: bytes | str, value: bytes, run_id: str | None) -> tuple[Membe
 class Why:
     """Why a round opened, as its round key carries it and its frozen round keeps (design.md
     §2): the reason line, the nodes that went (with how: "lease expired", "left", "gone") and
-    the nodes that came. A worker failure that opened it travels in the Round itself."""
+    the nodes that came. A worker failure that opened it travels in the Round itself.
+    """
 
     reason: str = ""
     departed: tuple[str, ...] = ()
@@ -290,7 +297,8 @@ def agent_info(key: bytes | str, value: bytes, run_id: str | None, lease: int) -
     """An agent's published record, from its key under agents/ — only when the key's ``lease``
     is the one its value names (an agent of an older version, which names none, must at least
     hold a lease). Anything else was not written by its agent (an ``etcdctl put`` strips the
-    lease) and must not count: such a key would outlive every agent and hold the run forever."""
+    lease) and must not count: such a key would outlive every agent and hold the run forever.
+    """
     msg = decode(st.AgentInfo, key, value, run_id)
     if lease == 0 or (msg.lease_id and msg.lease_id != lease):
         k = key.decode(errors="replace") if isinstance(key, bytes) else key
@@ -311,7 +319,8 @@ def agent_from(
 
 def join_from(key: bytes | str, value: bytes, run_id: str | None, create_revision: int = 0) -> Join:
     """A join record; one written with its agent key (agent_create_revision 0, see
-    joining.FoldedJoin) shares the agent key's create revision: the record's own."""
+    joining.FoldedJoin) shares the agent key's create revision: the record's own.
+    """
     msg = decode(st.JoinRecord, key, value, run_id)
     return Join(
         msg.node_id,

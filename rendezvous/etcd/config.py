@@ -106,7 +106,8 @@ class EtcdRendezvousConfig:
     it bounds. Why ``closed_ttl`` apart from ``join_timeout``: the CLOSED marker keeps a run id
     refused until it expires, and a job that waits an hour for its nodes need not lock its id
     for an hour. Why ``run_lease_ttl`` is derived by default: it must outlast a leader failover
-    (about one lease_ttl), so it follows lease_ttl unless set."""
+    (about one lease_ttl), so it follows lease_ttl unless set.
+    """
 
     join_timeout: float = 600.0  # a round must complete within this
     last_call_timeout: float = 30.0  # first round only, while fewer than max agents registered
@@ -156,7 +157,8 @@ class EtcdRendezvousConfig:
     ) -> EtcdRendezvousConfig:
         """Validate our keys (``values``: others are left to their readers) and take the
         credentials etcdctl's environment gives; ``origin`` names the torchrun key a value was
-        read from, for the message when it is bad."""
+        read from, for the message when it is bad.
+        """
         env = os.environ if environ is None else environ
         vals: dict[str, Any] = {"https": https}
         for k, v in values.items():
@@ -198,7 +200,8 @@ class EtcdRendezvousConfig:
 
 def with_scheme(endpoints: str, https: bool) -> str:
     """The endpoints as etcdrun's client reads them: ``https://`` on those without a scheme
-    when torchrun's ``protocol=https`` asked for it; unchanged otherwise."""
+    when torchrun's ``protocol=https`` asked for it; unchanged otherwise.
+    """
     if not https:
         return endpoints
     parts = [p.strip() for p in endpoints.split(",") if p.strip()]

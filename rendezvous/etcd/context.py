@@ -23,7 +23,8 @@ from etcdrun.rendezvous.events import EventLog
 @dataclass(frozen=True)
 class RunContext:
     """One node's view of one run: ``settings`` are the protocol's (what ``decide`` reads),
-    ``config`` the backend's timeouts and TTLs (design.md §7)."""
+    ``config`` the backend's timeouts and TTLs (design.md §7).
+    """
 
     client: EtcdClient
     keys: RunKeys

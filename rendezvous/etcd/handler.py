@@ -174,7 +174,8 @@ class EtcdRendezvousHandler(RendezvousHandler):
 
     def shutdown(self) -> bool:
         """Leave now: revoke the lease so peers start a new round at once. Idempotent.
-        After ``session.orphan()`` (a test playing kill -9) nothing is revoked or reported."""
+        After ``session.orphan()`` (a test playing kill -9) nothing is revoked or reported.
+        """
         if self._shutdown:
             return True
         self._shutdown = True

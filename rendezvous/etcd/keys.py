@@ -62,7 +62,8 @@ class RunKeys:
 
     def hint(self, n: int) -> str:
         """The previous round's participants, for ordering round n (read by the leader only,
-        so that the round key every agent watches stays small)."""
+        so that the round key every agent watches stays small).
+        """
         return self.round_dir(n) + "hint"
 
     def barrier(self, n: int, name: str) -> str:
@@ -70,7 +71,8 @@ class RunKeys:
 
     def parse(self, key: bytes | str) -> tuple[str, int | None, str | None]:
         """Classify a key of this run: ("agent", None, node) | ("round", None, None) |
-        ("join", n, node) | ("hint", n, None) | ("barrier", n, node) | ("other", None, None)."""
+        ("join", n, node) | ("hint", n, None) | ("barrier", n, node) | ("other", None, None).
+        """
         k = key.decode() if isinstance(key, bytes) else key
         if k == self.round:
             return "round", None, None

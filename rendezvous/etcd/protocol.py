@@ -75,7 +75,8 @@ class Round:
     def _by_node(self) -> dict[str, Member]:
         """Why an index: a process of the scale bench holds 250 handlers that each look
         themselves up in one shared round of 1,000 members, and the leader's decide() looks up
-        every agent: a scan made each of those O(N^2) per process and round."""
+        every agent: a scan made each of those O(N^2) per process and round.
+        """
         by: dict[str, Member] = {}
         for m in self.members:
             by.setdefault(m.node_id, m)  # the first, as a scan would find
@@ -239,7 +240,8 @@ def charge(r: Round, agents: Mapping[str, Agent]) -> int:
     """The restart count of a round about to freeze. A worker failure costs one restart —
     unless a member of the previous round is gone: then its death made the collectives fail,
     and membership changes are free (the failure report races the lease expiry; the freeze
-    waits for survivors, so by now the dead are known)."""
+    waits for survivors, so by now the dead are known).
+    """
     if r.failure is None or any(m.node_id not in agents for m in r.members):
         return r.restart_count
     return r.restart_count + 1

@@ -1,9 +1,9 @@
 """RoundView: the one owner of what this node knows of the round key, and of its place in it.
 
 Why an object of its own: the cached round, its raw message, the condition variable that wakes
-waiters and ``membership_changed`` used to be loose attributes of the handler, written by the
-watch thread, the driver thread and the agent's thread alike. Here they change together, under
-one lock, and every read is thread-safe.
+waiters and ``membership_changed`` are written by the watch thread, the driver thread and the
+agent's thread alike. Held as loose attributes of the handler they could change apart; here
+they change together, under one lock, and every read is thread-safe.
 
 Writers: the round watch (every committed version, in commit order) and this node's own
 successful writes (applied before their watch event arrives). A version older than the one held
@@ -77,7 +77,8 @@ class RoundView:
     # ---- writes --------------------------------------------------------------------------------
     def apply(self, r: Round, msg: st.RoundState | None = None) -> None:
         """A version of the round key: from the watch (with its message) or from our own write
-        (without: its watch event brings the message a moment later)."""
+        (without: its watch event brings the message a moment later).
+        """
         with self._cond:
             cur = self._round
             if cur is not None and r.mod_revision < cur.mod_revision:
@@ -93,7 +94,8 @@ class RoundView:
 
     def corrupt(self, mod_revision: int, problem: str) -> None:
         """The round key now holds a value that does not decode: keep the last good copy (the
-        leader restores it) and remember the bad revision (the fence of that repair)."""
+        leader restores it) and remember the bad revision (the fence of that repair).
+        """
         with self._cond:
             if self._round is not None and mod_revision <= self._round.mod_revision:
                 return
@@ -146,7 +148,8 @@ class RoundView:
 
     def wait(self, seen: Round | None, deadline: float, stop: Callable[[], bool]) -> bool:
         """Block until the round is no longer ``seen``, ``stop()`` holds (checked at every
-        wake-up: ``interrupt`` wakes us) or the monotonic ``deadline`` passes (then False)."""
+        wake-up: ``interrupt`` wakes us) or the monotonic ``deadline`` passes (then False).
+        """
         with self._cond:
             while self._round is seen and not stop():
                 left = deadline - time.monotonic()

@@ -69,7 +69,8 @@ class RoundWatch:
 
     def _take(self, kv: pb.KeyValue) -> None:
         """One version of the key into the view; an unreadable one is said once, loudly, and
-        marked (the leader repairs it) — never a silent stop."""
+        marked (the leader repairs it) — never a silent stop.
+        """
         try:
             decoded = codec.round_and_message(kv.key, kv.value, kv.mod_revision, self._keys.run_id)
         except RendezvousError as e:

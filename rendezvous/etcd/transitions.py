@@ -30,7 +30,8 @@ def opening(
     number: int, restart_count: int, failure: FailureInfo | None = None, run_lease: int = 0
 ) -> Round:
     """Round ``number`` as it opens for joining: no members yet (the hint holds the previous
-    ones); ``failure``: the worker failure that opened it, charged at the freeze."""
+    ones); ``failure``: the worker failure that opened it, charged at the freeze.
+    """
     return Round(number, Phase.JOINING, (), restart_count, failure=failure, run_lease=run_lease)
 
 
@@ -46,7 +47,8 @@ def start_round(
     Txn. The hint (the previous participants, for rank stability) goes to its own key, read by
     the leader alone: the round key every agent watches stays a few bytes until the freeze.
     Both live under the new round's run lease (0: none), so that they cannot outlive every
-    agent forever."""
+    agent forever.
+    """
     ops = [
         t.put(keys.round, codec.round_to(new, why=why, decided_by=by), new.run_lease),
         t.delete(keys.rounds, end=keys.round_dir(new.number)),
@@ -57,7 +59,8 @@ def start_round(
 
 def freeze(keys: RunKeys, current: Round, new: Round, why: st.RoundState | None, by: str) -> Txn:
     """Freeze ``current`` as ``new`` (FROZEN, its members and master); ``why``
-    (departures.py) says why it opened, and the failure it carries, if any."""
+    (departures.py) says why it opened, and the failure it carries, if any.
+    """
     w = why or st.RoundState()
     failure = w.failure if w.HasField("failure") else None
     value = codec.round_to(new, why=codec.Why.of(w), decided_by=by, failure=failure)
@@ -73,7 +76,8 @@ def close(
     by: str,
 ) -> tuple[Round, Txn]:
     """CLOSED under a lease: the marker outlives the agents, then expires by itself. It keeps
-    naming the run lease (the hints still live under it), for the last agent out to revoke."""
+    naming the run lease (the hints still live under it), for the last agent out to revoke.
+    """
     new = Round(
         current.number if current else 1,
         Phase.CLOSED,
@@ -89,7 +93,8 @@ def clean_up_if_none_left(keys: RunKeys, current: Round | None) -> Txn:
     """Remove the run's keys when no agent key is left. Run by every agent right after it
     revoked its own lease, so that of agents leaving together, whichever goes last succeeds
     (a compare over an empty range matches a zero create revision). A CLOSED marker stays: it
-    expires with its lease. After it succeeds, the caller revokes the run lease."""
+    expires with its lease. After it succeeds, the caller revokes the run lease.
+    """
     guard = [t.create_revision(keys.agents, "==", 0, prefix=True)]
     ops = [t.delete(keys.rounds, prefix=True)]
     if current is None or current.phase is not Phase.CLOSED:

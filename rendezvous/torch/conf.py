@@ -182,7 +182,8 @@ def etcd_config(
     conf: Mapping[str, Any], environ: Mapping[str, str] | None = None
 ) -> EtcdRendezvousConfig:
     """etcdrun's own agent's reading of ``--rdzv-conf``: torchrun's keys mapped (one notice line
-    for each that means nothing here), then every value validated; an unknown key is an error."""
+    for each that means nothing here), then every value validated; an unknown key is an error.
+    """
     read = read_torch_conf(conf, strict=True)
     for line in read.notices:
         log.warning("%s", line)

@@ -26,12 +26,10 @@ torch's calls, mapped:
 - ``is_closed``, ``set_closed``, ``get_run_id``: ours. ``use_agent_store``: False (no TCPStore
   hosted by the agent). Our errors become torch's of the same name.
 
-torchrun's ``--rdzv-conf`` keys: torch/conf.py. Measured here (torch 2.13, 2 shared cores):
-torchrun's agent asks the store, per node and round, one set and one get (rank 0 also one
-multi_get and one multi_set), then at its exit barrier one add, one wait and, last node, one set.
-kill -9 of one of 4 nodes → survivors' workers running (bench/compare.py, tuned torchrun flags,
-read as lease_ttl=3): 2.82 s, c10d 4.82 s, etcd-v2 5.03 s; of the rank-0 node: 2.95 s, c10d's
-job dies, etcd-v2 5.24 s; workers that never talk: 2.89 s, c10d never (README has the table).
+torchrun's ``--rdzv-conf`` keys: torch/conf.py. What torchrun's agent asks of the store per node
+and round, and how soon the plugin recovers from a kill -9 beside torchrun's own backends:
+bench/results.md, 'Figures cited by the code', and the ``torchrun + etcd-v3`` column of its
+tables.
 """
 
 from __future__ import annotations
@@ -120,7 +118,8 @@ class EtcdV3RendezvousHandler(tapi.RendezvousHandler):
         """Close the run (torch's backends do), then leave; True when both went cleanly.
 
         A node that never ran in a round only leaves: a hot spare whose wait timed out, or a
-        node that failed before its first round, must not end the job the others run."""
+        node that failed before its first round, must not end the job the others run.
+        """
         closed = True
         try:
             if self._took_part:
@@ -147,7 +146,8 @@ class EtcdV3RendezvousHandler(tapi.RendezvousHandler):
 
     def _drop_older_stores(self, prefix: str) -> None:
         """Rank 0 removes the store keys of earlier rounds (every key is leased as well, so this
-        only frees etcd sooner than the last node's exit would)."""
+        only frees etcd sooner than the last node's exit would).
+        """
         try:
             self.inner.client.delete(self.store_prefix(0), range_end=prefix)
         except EtcdError as e:
@@ -173,7 +173,8 @@ def create_handler(params: tapi.RendezvousParameters) -> EtcdV3RendezvousHandler
 
 def register() -> None:
     """Register ``etcd-v3`` in torch's registry by hand, where the entry point is not installed
-    (a source checkout on ``sys.path``). The same creator as the entry point's: no conflict."""
+    (a source checkout on ``sys.path``). The same creator as the entry point's: no conflict.
+    """
     from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
 
     from etcdrun.rendezvous.torch import entry as torch_entry

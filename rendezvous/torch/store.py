@@ -124,7 +124,8 @@ class EtcdStore(dist.Store):
     def compare_set(self, key: str, expected: str | bytes, desired: str | bytes) -> bytes:
         """Set ``desired`` if the value is ``expected`` (or the key is missing and ``expected``
         is empty); return the value now held — for a missing key with another ``expected``,
-        ``expected`` itself, as TCPStore and HashStore answer."""
+        ``expected`` itself, as TCPStore and HashStore answer.
+        """
         k, exp, des = self._key(key), _bytes(expected), _bytes(desired)
         while True:
             if not exp:

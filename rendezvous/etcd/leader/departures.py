@@ -18,7 +18,8 @@ LIMIT = 4096  # departures remembered: only the last rounds' matter
 
 class Departures:
     """One leader's record of how agents went: ``cause(node)`` is "left", "lease expired" or
-    "gone" (not seen: it went before this leader's term)."""
+    "gone" (not seen: it went before this leader's term).
+    """
 
     def __init__(self, seed: Mapping[str, str] | None = None) -> None:
         self._causes: dict[str, str] = dict(seed or {})
@@ -51,7 +52,8 @@ class Departures:
         arrivals and failure (``joining``, when it is round ``number``), with the previous
         members (``hint``) found gone at the freeze (not in ``agents``) added with their
         causes: a worker failure reported before a dead node's lease expired is that death's
-        consequence, and the round must say so."""
+        consequence, and the round must say so.
+        """
         why = st.RoundState()
         if joining is not None and joining.number == number and joining.phase == st.JOINING:
             why.CopyFrom(joining)
@@ -67,7 +69,8 @@ class Departures:
 def reason(departed: tuple[str, ...], causes: tuple[str, ...]) -> str:
     """The reason line of a round opened by departures, with each one's cause when known:
     ``node(s) lost: a (lease expired)``; ``node(s) left: b`` when every one left on purpose.
-    Empty when nothing is known beyond the decision's own line."""
+    Empty when nothing is known beyond the decision's own line.
+    """
     if not departed or all(c == "gone" for c in causes):
         return ""
     if all(c == "left" for c in causes):

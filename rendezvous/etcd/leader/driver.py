@@ -100,7 +100,8 @@ class Driver:
 
     def start(self) -> None:
         """Read the round key (on the caller's thread: the caller decides from it next), then
-        run the election and the leader on the driver's thread."""
+        run the election and the leader on the driver's thread.
+        """
         self._round_watch.start()
         self.post(Elect())
         self._thread.start()

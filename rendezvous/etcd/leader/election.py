@@ -29,7 +29,8 @@ PAGE = 8  # predecessors read at a time (values included, to check each one is a
 class Election:
     """Call ``check()`` at start and whenever ``on_change`` fires; ``is_leader`` tells the rest.
 
-    ``on_change`` runs on the client's watch thread: it must only post work elsewhere."""
+    ``on_change`` runs on the client's watch thread: it must only post work elsewhere.
+    """
 
     def __init__(self, session: Session, prefix: str, on_change: Callable[[], None]) -> None:
         self._session = session
@@ -46,7 +47,8 @@ class Election:
         """Find the predecessor; watch it, or become leader. Returns ``is_leader``.
 
         A key under agents/ that is no agent (not held by the lease its value names) is passed
-        over: an agent waiting on it would wait forever, since such a key never expires."""
+        over: an agent waiting on it would wait forever, since such a key never expires.
+        """
         if self.is_leader:
             return True
         self._cancel()

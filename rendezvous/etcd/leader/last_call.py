@@ -1,10 +1,10 @@
 """The first round's last call, published in the round key so that every node can say it.
 
-Why: only the leader knows that the first round waits for more nodes, and until when; the other
-agents printed ``waiting for a round (5 s): round 1 joining`` every 5 s, with no reason and no
-time left. Once a last call has lasted ``ANNOUNCE_AFTER`` the leader writes its deadline (wall
-clock, informational only: nothing decides from it, S5) and the count joined into the JOINING
-round (one fenced write), and every node prints ``first round: 2 of max 3 joined (min 2);
+Why: only the leader knows that the first round waits for more nodes, and until when; without this
+the other agents can only print ``waiting for a round (5 s): round 1 joining`` every 5 s, with no
+reason and no time left. Once a last call has lasted ``ANNOUNCE_AFTER`` the leader writes its
+deadline (wall clock, informational only: nothing decides from it, S5) and the count joined into the
+JOINING round (one fenced write), and every node prints ``first round: 2 of max 3 joined (min 2);
 starting in 25 s unless more join``.
 
 Why wait before writing: a last call that ends at once (the max-th agent registering a moment
@@ -90,7 +90,8 @@ def announce(
     ctx: RunContext, session: Session, call: LastCall, r: Round, joined: int, now: float
 ) -> float:
     """The leader waits in a last call: publish it once it has lasted ``ANNOUNCE_AFTER`` (and
-    again when the count joined changes); return when to decide again."""
+    again when the count joined changes); return when to decide again.
+    """
     due = call.due(r, joined, now)
     if due is None:
         return call.until
@@ -105,7 +106,8 @@ def announce(
 
 def notice(msg: st.RoundState | None, min_nodes: int, max_nodes: int) -> api.LastCall | None:
     """The last call the round key carries, for every node to say it (``first round: 2 of max
-    3 joined (min 2); starting in 25 s unless more join``); None when it carries none."""
+    3 joined (min 2); starting in 25 s unless more join``); None when it carries none.
+    """
     if msg is None or msg.phase != st.JOINING or not msg.last_call_deadline_unix_ms:
         return None
     deadline = msg.last_call_deadline_unix_ms / 1000

@@ -1,9 +1,9 @@
 """Repairing a round key that holds a value nobody can read.
 
 Why: the round key is what every agent waits on. A value that does not decode (an ``etcdctl
-put`` of garbage, a foreign program under our prefix) used to leave every agent on its last good
-copy, and the leader fencing its next write on a revision that no longer existed: the next node
-death then produced no new round and no output. Now every agent reports the bad value once
+put`` of garbage, a foreign program under our prefix) would leave every agent on its last good
+copy, and the leader fencing its next write on a revision that no longer exists: the next node
+death would then produce no new round and no output. So every agent reports the bad value once
 (round_watch.py), and the leader restores the last good state — fenced on the bad
 value's revision, so it overwrites exactly that value and nothing newer. When no agent knows the
 run's last state (every agent started after the value went bad), nothing is overwritten: each
@@ -27,7 +27,8 @@ log = logging.getLogger(__name__)
 
 def repair_round(ctx: RunContext, session: Session, bad: tuple[int, str], run_lease: int) -> bool:
     """Overwrite the unreadable round key (at revision ``bad[0]``) with the last good state;
-    True when this call did. False when no good state is known or the fence failed."""
+    True when this call did. False when no good state is known or the fence failed.
+    """
     keys, view = ctx.keys, ctx.view
     revision, problem = bad
     good, msg = view.current(), view.message()

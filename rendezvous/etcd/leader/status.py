@@ -35,7 +35,8 @@ def status_line(
     r: Round | None, leader: LeaderStatus | None, settings: Settings, now: float
 ) -> str:
     """Where the rendezvous stands, in one line: the round, and while it gathers nodes, what the
-    leader counts (only the leader knows; the others say the round and its phase)."""
+    leader counts (only the leader knows; the others say the round and its phase).
+    """
     if r is None:
         return "waiting for the first round"
     s = f"round {r.number} {r.phase.name.lower()}"

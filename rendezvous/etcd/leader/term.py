@@ -4,8 +4,8 @@ Why separate from the handler: only one agent at a time does this, and it is whe
 lives (N join events per round reach this one watcher). Every write is guarded twice: on the round
 key's mod_revision (S1: at most one outcome per round) and on the session's ``is_owner()`` (a
 leader whose lease was lost cannot write, S4). A failed guard is not an error: the watch brings
-the newer state, and the next decision starts from it. Measured (bench/rendezvous_scale.py, one
-etcd member, 4 processes): N=1000 agents join a round in ~0.4 s with 3 writes per agent.
+the newer state, and the next decision starts from it. What a round costs at N agents (time,
+writes per agent): bench/rendezvous_scale.py, and bench/results.md, 'Rendezvous at scale'.
 
 The leader borrows the session and the round view; it publishes what it knows as an immutable
 ``LeaderStatus`` after every decision, so the status line (another thread) reads a consistent
@@ -57,7 +57,8 @@ MAX_STEPS = 4  # decisions in a row without a new event: each write changes the 
 
 class Leader:
     """One leader term. ``deliver`` gets the leader's watch batches (on the watch thread: it
-    must only queue them); the owner passes them back through ``on_batch``, then ``act``."""
+    must only queue them); the owner passes them back through ``on_batch``, then ``act``.
+    """
 
     def __init__(
         self,
@@ -107,7 +108,8 @@ class Leader:
 
     def on_batch(self, batch: WatchBatch) -> None:
         """Apply one batch of the leader's watches; a watch that ended raises its error (the
-        owner starts a new term, which re-reads a consistent snapshot)."""
+        owner starts a new term, which re-reads a consistent snapshot).
+        """
         if batch.error is not None:
             raise batch.error
         for ev in batch.events:
@@ -154,7 +156,8 @@ class Leader:
     # ---- decisions --------------------------------------------------------------------------
     def act(self, now: float) -> float | None:
         """Decide and apply until the decision is to wait; return when to decide again (a
-        leader-local monotonic time) or None (at the next event)."""
+        leader-local monotonic time) or None (at the next event).
+        """
         try:
             self._sweep()
         except EtcdError as e:
@@ -194,7 +197,8 @@ class Leader:
     def _sweep(self) -> None:
         """Remove what must not block a round: keys under agents/ that are no agent (each
         delete fenced on the revision seen, so a key rewritten since is judged again), and a
-        round key holding a value nobody can read (repair.py)."""
+        round key holding a value nobody can read (repair.py).
+        """
         for key, rev in list(self._invalid.items()):
             res = self._client.txn(
                 [t.mod_revision(key, "==", rev), self._session.is_owner()], [t.delete(key)]
@@ -213,7 +217,8 @@ class Leader:
         """etcd takes no more writes (its space quota is exhausted), so no round can open and
         the run cannot even be closed. Deletes still work: remove the round key — every agent
         watches it — fenced as usual; an agent that saw the run live and then sees it gone
-        stops with the reason (etcd/handler.py) instead of waiting for a round forever."""
+        stops with the reason (etcd/handler.py) instead of waiting for a round forever.
+        """
         log.error("leader %s: %s; the run is aborted", self._session.node_id, e)
         if r is None:
             return
@@ -227,7 +232,8 @@ class Leader:
     def _run_lease_for(self, r: Round | None) -> int:
         """The run lease the next write goes under: the one this term keeps alive; else the
         round's, adopted (an earlier leader granted it); else, for the first round, or when the
-        round's is gone or was never set (an older etcdrun), a new one."""
+        round's is gone or was never set (an older etcdrun), a new one.
+        """
         held = self._run_lease
         if held is not None and not held.lost.is_set():
             if r is None or r.run_lease in (0, held.id):
@@ -360,7 +366,8 @@ class Leader:
 
     def stop(self) -> None:
         """End the term: the watches go; the run lease is let go, not revoked — the next leader
-        adopts it (or it expires after run_ttl when no agent is left to lead)."""
+        adopts it (or it expires after run_ttl when no agent is left to lead).
+        """
         for w in self._watches:
             w.cancel()
         self._watches.clear()

@@ -1,20 +1,20 @@
 """Every node of a job agrees on the job's settings: a newcomer that differs is refused.
 
-Why: a newcomer started with ``--nnodes 3`` (or another ``--max-restarts``) used to join a
-running ``--nnodes 2`` job silently, and the oldest agent's settings won — a job that behaves
-differently from what its owner typed, found out much later. Each agent publishes the settings
-it was started with in its agent key (AgentInfo: min_nodes, max_nodes, max_restarts); a newcomer
-compares its own with the oldest agent's *before* registering, so a running job is never
-disturbed, and once more right after (two first agents that start together). Settings a node may
-choose for itself (``--nproc-per-node``, lease_ttl, timeouts) are not compared.
+Why: a newcomer started with ``--nnodes 3`` (or another ``--max-restarts``) would join a running
+``--nnodes 2`` job silently, and the oldest agent's settings would win — a job that behaves
+differently from what its owner typed, found out much later. Each agent publishes the settings it
+was started with in its agent key (AgentInfo: min_nodes, max_nodes, max_restarts); a newcomer
+compares its own with the oldest agent's *before* registering, so a running job is never disturbed,
+and once more right after (two first agents that start together). Settings a node may choose for
+itself (``--nproc-per-node``, lease_ttl, timeouts) are not compared.
 
-Who speaks for the job: the oldest agent (the leader's rule). Found as "the oldest", that is a
-range sorted by create revision, which etcd 3.4 answers by reading the whole agents/ prefix: two
-per registration, beside the election's one, made N registrations O(N^2) in etcd (3.5 ms of etcd
-CPU each at 4,096 agents; the round never formed, bench/rendezvous_scale.py 2026-12-01). So the
-first look is at the round key's writer, two O(1) gets: once a job runs that is its leader (the
-oldest) or one of its members, and each of them passed this very check. The sorted range is left
-for when there is no round yet (the first agents, a small prefix) or its writer is gone.
+Who speaks for the job: the oldest agent (the leader's rule). Found as "the oldest", that is a range
+sorted by create revision, which etcd 3.4 answers by reading the whole agents/ prefix: two per
+registration, beside the election's one, made N registrations O(N^2) in etcd, and at 4,096 agents
+the round never formed (bench/results.md, 'Rendezvous at scale'). So the first look is at the round
+key's writer, two O(1) gets: once a job runs that is its leader (the oldest) or one of its members,
+and each of them passed this very check. The sorted range is left for when there is no round yet
+(the first agents, a small prefix) or its writer is gone.
 """
 
 from __future__ import annotations
@@ -80,7 +80,8 @@ def job_agent(client: EtcdClient, keys: RunKeys) -> st.AgentInfo | None:
 
 def differences(mine: st.AgentInfo, theirs: st.AgentInfo) -> list[str]:
     """What differs, in the flags' words; empty when they agree (or ``theirs`` published no
-    settings: an older etcdrun)."""
+    settings: an older etcdrun).
+    """
     if theirs.max_nodes == 0:
         return []
     out = []
@@ -128,7 +129,8 @@ def open_session(
     guards against two *first* agents, and this node compared itself with a live agent that
     had passed the same check against the job (the leader, or a member) — every registered
     agent agrees with the job by induction. No join is folded while a second look is still
-    due: the leader would count a node that this look may send away."""
+    due: the leader would count a node that this look may send away.
+    """
     kv = client.get(keys.round)
     writer = _writer(client, keys, kv)
     _compare(keys, info, writer or oldest_agent(client, keys))

@@ -52,7 +52,8 @@ def record(
     node_id: str, addr: str, local_world_size: int, host: str, pid: int, created: int
 ) -> st.JoinRecord:
     """A join record; ``created`` 0 means "written with the agent key": the leader reads the
-    agent's create revision from the record's own (JoinRecord.agent_create_revision)."""
+    agent's create revision from the record's own (JoinRecord.agent_create_revision).
+    """
     return st.JoinRecord(
         node_id=node_id,
         addr=addr,
@@ -69,7 +70,8 @@ def join(
 ) -> Joined:
     """Write this node's join record for ``r``, fenced on the round key as read and on our own
     agent key (a node whose key is not its own any more is not counted by the leader: its
-    session is of no use and must be replaced)."""
+    session is of no use and must be replaced).
+    """
     info = sess.info
     rec = record(sess.node_id, addr, local_world_size, info.host, info.pid, sess.create_revision)
     res = client.txn(
@@ -89,7 +91,8 @@ class FoldedJoin:
     writes/N). Fenced like ``join``: only while the round key is still the JOINING round read
     just before (the job-settings check reads it); the agent key is created in the same Txn,
     so the ownership fence holds by construction. When the round moved, the registration still
-    happens and the node joins the newer round the usual way."""
+    happens and the node joins the newer round the usual way.
+    """
 
     def __init__(self, keys: RunKeys, addr: str, local_world_size: int) -> None:
         self._keys = keys
@@ -105,7 +108,8 @@ class FoldedJoin:
 
     def joined(self, sess: Session) -> int | None:
         """The round ``sess`` joined as it registered, or None (the round had moved on, or
-        the registration's answer was lost: then it joins as usual)."""
+        the registration's answer was lost: then it joins as usual).
+        """
         done = bool(sess.opened_with) and sess.opened_with[0].response_txn.succeeded
         return self.round if done else None
 

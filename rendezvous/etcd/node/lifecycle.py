@@ -50,7 +50,8 @@ def close_run(
     meanwhile, then it expires by itself). When the compare fails, that lease is revoked at once
     — it would otherwise live ``closed_ttl`` for nothing. Returns the closed round and the
     message written (for the writer's own view: see ``written``), or None when the round key
-    had moved (re-read and decide again)."""
+    had moved (re-read and decide again).
+    """
     client = ctx.client
     marker = client.lease(ctx.config.closed_ttl, keepalive=False)
     closed, (guard, ops) = transitions.close(ctx.keys, current, outcome, failure, marker.id, by)
@@ -66,7 +67,8 @@ def close_run(
 def written(ops: Sequence[pb.RequestOp]) -> st.RoundState:
     """The round state a transaction's first op writes (the round key), decoded: a writer
     applies its own write to its view with the message, so that it knows its outcome and root
-    cause at once, not only when its watch brings them."""
+    cause at once, not only when its watch brings them.
+    """
     put = ops[0].request_put
     return codec.round_message(put.value, put.key.decode(errors="replace"))
 
@@ -75,7 +77,8 @@ def set_closed(
     ctx: RunContext, outcome: int, failure: st.Failure | None = None, *, by: str
 ) -> tuple[Round, st.RoundState] | None:
     """Close the run, whatever round it is in; a run already closed stays as it is. Returns
-    what this call wrote (for the writer's own view), or None when it was closed already."""
+    what this call wrote (for the writer's own view), or None when it was closed already.
+    """
     while True:
         cur = read_round(ctx.client, ctx.keys)
         if cur is not None and cur.phase is Phase.CLOSED:
@@ -94,7 +97,8 @@ def request_restart(
     spent — unless a member turns out to be gone (its death made the workers fail: free). False
     when the round had already moved on (someone else opened it): then an earlier failure than
     the one it carries replaces it, since the root cause is the first failure, not the first
-    report (two nodes failing in one round used to name whichever reported first)."""
+    report (else two nodes failing in one round name whichever reported first).
+    """
     client, keys = ctx.client, ctx.keys
     new = transitions.opening(running.number + 1, running.restart_count, failure, running.run_lease)
     fenced_on: Round | None = running
@@ -116,8 +120,9 @@ def _rewritten(client: EtcdClient, keys: RunKeys, running: Round, tried: Round) 
     """The round key as it is now when it still holds ``running`` itself, rewritten at a newer
     revision than ``tried`` (the leader's repair of a corrupt value, repair.py): the round has
     not moved on, so the restart is fenced on the rewrite. Else None. Found by the chaos soak
-    (seed 37): the restart, fenced on the revision accepted before the repair, failed on every
-    node as if the round had moved on, and the failure was lost."""
+    (bench/results.md, 'Chaos soak'): the restart, fenced on the revision accepted before the
+    repair, failed on every node as if the round had moved on, and the failure was lost.
+    """
     kv = client.get(keys.round)
     if kv is None or kv.mod_revision <= tried.mod_revision:
         return None
@@ -134,7 +139,8 @@ def _attach_if_earlier(ctx: RunContext, number: int, failure: FailureInfo, reaso
     of an older failure it carries: fenced on the value read, so a round that moved on is left
     alone. The reason goes with it: every node prints the earliest failure as the restart's
     cause, never the first report (a worker its own agent stopped, or a consequence of the real
-    failure)."""
+    failure).
+    """
     client, keys = ctx.client, ctx.keys
     kv = client.get(keys.round)
     if kv is None:
@@ -163,11 +169,12 @@ def exit_barrier(ctx: RunContext, session: Session, running: Round, *, timeout: 
     """Wait until every node of ``running`` finished (or the run closed); the last one to
     arrive closes the run as SUCCEEDED. True when everyone made it in time.
 
-    A member whose lease lapsed before it arrived (frozen past its TTL near the end: the soak's
-    seeds 1259, 1376, 1403) can never arrive as itself. When the round moves on without it, or
-    time is up, and every member still registered has arrived, the run is closed SUCCEEDED all
-    the same — else the fenced node, back, joined a run nobody else would join and waited out
-    join_timeout before failing. It finds the run closed and leaves at once."""
+    A member whose lease lapsed before it arrived (frozen past its TTL near the end: found by the
+    chaos soak, bench/results.md, 'Chaos soak') can never arrive as itself. When the round moves on
+    without it, or time is up, and every member still registered has arrived, the run is closed
+    SUCCEEDED all the same — else the fenced node, back, joined a run nobody else would join and
+    waited out join_timeout before failing. It finds the run closed and leaves at once.
+    """
     client, view = ctx.client, ctx.view
     prefix = ctx.keys.barrier(running.number, "exit")
     try:
@@ -200,7 +207,8 @@ def _close_if_the_rest_are_gone(
     """Close the run SUCCEEDED when each member of ``running`` is at the barrier or gone (its
     agent key lapsed: it cannot come back as itself); True then. A member still registered may
     still be working, and keeps the run open. Newcomers and spares do not count: the work is
-    done."""
+    done.
+    """
     client, keys = ctx.client, ctx.keys
     try:
         arrived = _names(client, keys.barrier(running.number, "exit"), at_revision)
@@ -255,7 +263,8 @@ def describe_closed(client: EtcdClient, keys: RunKeys, msg: st.RoundState | None
 
 def describe_vanished(client: EtcdClient, keys: RunKeys) -> str:
     """The round key is gone while this node is in the run: only an abort (or a hand) removes
-    it then — the last agent out removes it only when no agent is left."""
+    it then — the last agent out removes it only when no agent is left.
+    """
     try:
         errors = list(client.status().errors)
     except EtcdError:
@@ -268,7 +277,8 @@ def describe_vanished(client: EtcdClient, keys: RunKeys) -> str:
 def clean_up_if_none_left(ctx: RunContext) -> None:
     """The last agent out removes the run's keys (a closed run keeps its marker, which
     expires by itself), so nothing of a finished job stays in etcd. Best effort, bounded by the
-    policy's parting timeout: leaving must not hang on a dead etcd."""
+    policy's parting timeout: leaving must not hang on a dead etcd.
+    """
     client, keys, policy = ctx.client, ctx.keys, ctx.policy
     try:
         cur = read_round(client, keys, timeout=policy.parting_timeout)

@@ -34,7 +34,8 @@ def reading(sess: Session | None) -> LeaseReading:
 
 class SessionLiveness(LivenessPort):
     """Reads the handler's current session (``incarnation``); each new session is ``attach``ed
-    so that its keep-alives and its doubt reach the subscribers. Holds nothing of the handler."""
+    so that its keep-alives and its doubt reach the subscribers. Holds nothing of the handler.
+    """
 
     def __init__(self, incarnation: Incarnation) -> None:
         self._now = incarnation
@@ -45,7 +46,8 @@ class SessionLiveness(LivenessPort):
 
     def confirm(self) -> Liveness:
         """LOST when etcd says our lease is gone (``read()`` then says so too); LIVE when it
-        lives or etcd did not answer within the fence margin (the keep-alives decide)."""
+        lives or etcd did not answer within the fence margin (the keep-alives decide).
+        """
         sess = self._now.session
         if sess is None:
             return Liveness.LIVE

@@ -1,6 +1,6 @@
 """Node ids people can read: the host plus a short suffix, ``host-b-3f2a9.1``.
 
-Why not ``<host>-<pid>-<6 hex>.<n>`` as before: ``vm-7144-de6ec5.1`` meant nothing to a new user
+Why not ``<host>-<pid>-<6 hex>.<n>``: ``vm-7144-de6ec5.1`` means nothing to a new user
 (issue 13); the pid is in the agent's record (``etcdrun status``, and the log lines say "node 2
 (host-b, pid 4711)"). What a node id must be, and how this one is:
 
@@ -28,9 +28,9 @@ from etcdrun.rendezvous.etcd.node import job_settings
 from etcdrun.rendezvous.etcd.node.joining import FoldedJoin
 from etcdrun.rendezvous.etcd.node.session import NodeIdTaken, Session
 
-# 5 hex digits: with 4, the scale bench's 1000 handlers in 4 processes on one host clashed ~6
-# times a run (3 writes each: 3018 writes for 1000 nodes, over its 3N + 10 bound); with 5,
-# ~0.4 times.
+# 5 hex digits: with 4, the scale bench's 1000 handlers on one host clashed often enough (each
+# clash costs writes) to push a round past its 3N + 10 writes bound; with 5, clashes are rare
+# (bench/results.md, 'Figures cited by the code').
 SUFFIX_HEX = 5
 CLASH_TRIES = 8
 _taken: set[str] = set()  # suffixes drawn by this process
@@ -72,7 +72,8 @@ def register(
 ) -> tuple[Session, str]:
     """Open a session under a readable node id (the job's settings checked around it:
     job_settings.py; ``fold``: its join record with it); on a clash draw another suffix.
-    Returns the session and the suffix."""
+    Returns the session and the suffix.
+    """
     for attempt in range(CLASH_TRIES):
         info = agent_info(node_id(host, suffix, incarnation))
         try:

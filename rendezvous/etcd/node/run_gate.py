@@ -30,7 +30,8 @@ class RunGate:
     def check(self, r: Round | None, node: str) -> None:
         """Raise when this node cannot take part: the run closed (or ran before, under another
         job), was removed while live (aborted), or is unreadable with no good state known. A
-        failed run's id waits: the leader starts it afresh (protocol.py)."""
+        failed run's id waits: the leader starts it afresh (protocol.py).
+        """
         ctx = dict(run_id=self._keys.run_id, node=node)
         if r is not None and r.phase is not Phase.CLOSED:
             self.saw_live = True

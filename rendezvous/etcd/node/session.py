@@ -42,7 +42,8 @@ log = logging.getLogger(__name__)
 
 class NodeIdTaken(RendezvousStateError):
     """Another live agent of the run registered this node id first (names are short: the
-    owner draws a new suffix and registers again)."""
+    owner draws a new suffix and registers again).
+    """
 
 
 class Session:
@@ -85,7 +86,8 @@ class Session:
         (the election's order). Raises when the key exists already (two agents, one node id).
 
         ``also(lease_id)`` gives ops applied in the same Txn when the key is registered (a
-        newcomer's join record: one write instead of two); their answers are ``opened_with``."""
+        newcomer's join record: one write instead of two); their answers are ``opened_with``.
+        """
         lease = client.lease(ttl)
         key = keys.agent(info.node_id)
         registered = st.AgentInfo()
@@ -169,22 +171,26 @@ class Session:
 
     def confirm(self) -> bool | None:
         """Whether etcd says our lease lives (False: gone, and ``lost`` is set; None: no
-        answer within the fence margin, so the keep-alives decide)."""
+        answer within the fence margin, so the keep-alives decide).
+        """
         return self._lease.confirm(fence_margin(self._lease.ttl))
 
     def lease_time_left(self) -> float:
         """Seconds before etcd could expire our lease, counted conservatively from the send time
-        of the last acknowledged keep-alive (negative: it may be gone)."""
+        of the last acknowledged keep-alive (negative: it may be gone).
+        """
         return self._lease.expires_no_earlier_than - time.monotonic()
 
     def keepalive_age(self) -> float:
         """Seconds since the last acknowledged keep-alive was sent: TTL/3 at most while all is
-        well, towards TTL - margin (fencing) when etcd does not answer."""
+        well, towards TTL - margin (fencing) when etcd does not answer.
+        """
         return time.monotonic() - (self._lease.expires_no_earlier_than - self._lease.ttl)
 
     def mark_leaving(self, why: str, timeout: float) -> None:
         """Say in our agent key that we leave on purpose, before revoking: the leader then says
-        the node *left* rather than that it was *lost*. Fenced on our lease; best effort."""
+        the node *left* rather than that it was *lost*. Fenced on our lease; best effort.
+        """
         info = st.AgentInfo()
         info.CopyFrom(self.info)
         info.leaving = why or "left"
@@ -196,7 +202,8 @@ class Session:
 
     def abandon(self, why: str) -> None:
         """Give our place up now, though the lease lives (our workers were fenced behind our
-        back): ``lost`` is set; the owner's next ``close()`` revokes the lease."""
+        back): ``lost`` is set; the owner's next ``close()`` revokes the lease.
+        """
         self._lease.abandon(why)
 
     def on_lost(self, callback: Callable[[Session], None]) -> None:
@@ -207,10 +214,11 @@ class Session:
     def _watch_own_key(self, start_revision: int) -> None:
         """Our key deleted or rewritten by anyone else (an ``etcdctl put`` of garbage strips its
         lease; the leader then removes it as no agent) ends our place in the run while the lease
-        still lives: the others count us gone and hand our ranks out. Found by the soak (seed
-        1434): a node already joined to a gathering round never noticed, led a round alone
-        beside the real leader, and the job was lost at join_timeout. Now the session is lost
-        at once — workers fenced, a new node id — as when the lease lapses."""
+        still lives: the others count us gone and hand our ranks out. Found by the chaos soak
+        (bench/results.md, 'Chaos soak'): a node already joined to a gathering round never noticed,
+        led a round alone beside the real leader, and the job was lost at join_timeout. Now the
+        session is lost at once — workers fenced, a new node id — as when the lease lapses.
+        """
         self._watch = self.client.watch(
             self.key, start_revision=start_revision, callback=self._on_own_key
         )
@@ -231,7 +239,8 @@ class Session:
 
     def _after_delete(self) -> None:
         """One LeaseTimeToLive (off the watch thread) says which: a lease gone on the server is
-        lost as such (``confirm`` sets it); a live one means someone removed the key."""
+        lost as such (``confirm`` sets it); a live one means someone removed the key.
+        """
         alive = self._lease.confirm(fence_margin(self._lease.ttl))
         if alive is not False:
             self._lease.abandon(f"agent key {self.key} was removed by someone else")
@@ -259,14 +268,16 @@ class Session:
 
     def orphan(self) -> None:
         """Stop keeping the lease alive, without revoking it: it expires after its TTL, as if
-        this process had died. ``close()`` afterwards revokes nothing."""
+        this process had died. ``close()`` afterwards revokes nothing.
+        """
         self._orphaned = True
         self._cancel_watch()
         self._lease.orphan()
 
     def close(self) -> bool:
         """Leave: revoke the lease, so that every key under it vanishes now. Idempotent; True
-        when etcd confirmed (or the lease was already gone, or the session was orphaned)."""
+        when etcd confirmed (or the lease was already gone, or the session was orphaned).
+        """
         if self._closed or self._orphaned:
             return True
         self._closed = True
