@@ -105,7 +105,8 @@ def bench_txn(client, channel, prefix: bytes, n: int, warmup: int, budget: float
 
 def bench_keepalive(client, channel, n: int, warmup: int, budget: float) -> dict:
     """The keeper's own tick on a lease it does not otherwise keep alive (no keeper thread
-    racing us); its counter proves every tick was acknowledged."""
+    racing us); its counter proves every tick was acknowledged.
+    """
     from etcdrun.proto import etcd_api_pb2 as pb
     from etcdrun.proto.etcd_stubs import bind
 

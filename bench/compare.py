@@ -45,13 +45,13 @@ def ensure_venv(module: str | None = None) -> None:
     (default: the module run with ``-m`` — bench.compare, or a bench borrowing this) under it
     with ``python -m`` (once).
 
-    Why a regular install of the working tree on every run, not an editable one: that is what a
-    user runs (byte-compiled modules, no import hook). An editable install adds an import hook
-    that every Python process in the venv pays at start-up (agents and workers of both
-    launchers, ~8 ms each), and where PYTHONDONTWRITEBYTECODE is set (it is on this machine) an
-    edited checkout is recompiled by every agent that starts (~36 ms each). bench/ itself is not
-    installed: the re-executed ``python -m`` finds it in the working directory, as the first
-    run did.
+    Why a regular install of the working tree on every run, not an editable one: that is what a user
+    runs (byte-compiled modules, no import hook). An editable install adds an import hook that every
+    Python process in the venv pays at start-up (agents and workers of both launchers), and where
+    PYTHONDONTWRITEBYTECODE is set (it is on this machine) an edited checkout is recompiled by every
+    agent that starts: both would show in the start-up times measured (bench/results.md, 'Figures
+    cited by the code'). bench/ itself is not installed: the re-executed ``python -m`` finds it in
+    the working directory, as the first run did.
     """
     if Path(sys.prefix).resolve() == VENV.resolve():
         return
@@ -186,7 +186,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def _interrupt(signum: int, _frame: object) -> None:
     """SIGTERM/SIGINT unwind the running trial, so its Job kills its agents and etcd.
 
-    Set explicitly: a shell starts background jobs with SIGINT ignored."""
+    Set explicitly: a shell starts background jobs with SIGINT ignored.
+    """
     raise KeyboardInterrupt(f"signal {signum}")
 
 

@@ -36,7 +36,8 @@ def interleave_samples(
 ) -> tuple[list[int], list[int]]:
     """Call ``ours`` and ``bare`` alternately (the order flips every round), each returning one
     sample in nanoseconds; stop early when ``budget`` seconds are spent, so one slow operation
-    cannot make the run unbounded."""
+    cannot make the run unbounded.
+    """
     t_ours: list[int] = []
     t_bare: list[int] = []
     deadline = time.monotonic() + budget

@@ -1,17 +1,17 @@
 """How many etcd leader kills restart the job: kill -9 the leader of a 3-member etcd N times
 under a running 3-agent job (lease_ttl 2) and count the kills after which a new round started.
 
-Why: an election longer than the client's fence margin used to fence every agent although etcd
-renews every lease when a new leader takes over (issue 11, item 5: 2 of 5 kills restarted the
-job). The agents now pause their workers while the lease is in doubt and resume them when etcd
-answers. etcd runs on its default raft timings here (heartbeat 100 ms, election 1 s), not the
-tests' fast ones, so elections take as long as they do in production.
+Why: an election longer than the client's fence margin fenced every agent although etcd renews every
+lease when a new leader takes over (issue 11, item 5). The agents now pause their workers while the
+lease is in doubt and resume them when etcd answers. etcd runs on its default raft timings here
+(heartbeat 100 ms, election 1 s), not the tests' fast ones, so elections take as long as they do in
+production.
 
-Measured (2 shared cores, N=12 each, the same script on the code before and after the pause):
-before, 4 of 12 kills restarted the job (elections 1.02-1.21 s; all 12: 0.90-2.60 s); after, 2
-of 12 (elections 1.60 and 1.78 s; all 12: 1.00-2.76 s) — 9 pauses, 5 resumed in the same round,
-4 fenced. What is left: an election that outlasts TTL after the last acknowledged keep-alive
-still fences, by design — etcd could have expired the lease by then, and S4 comes first.
+It prints how many kills restarted the job, every election's length (those of the restarting kills
+apart), and how often the agents paused, resumed and fenced their workers. Figures, before and after
+the pause: bench/results.md, 'etcd leader kills' and 'Figures cited by the code'. An election that
+outlasts TTL after the last acknowledged keep-alive still fences, by design — etcd could have
+expired the lease by then, and S4 comes first.
 
     python -m bench.leader_kills --kills 12
 """
@@ -90,7 +90,8 @@ def whole(out: Path, after: int) -> bool:
 
 def one_kill(etcd: LocalEtcd, root: Path, out: Path) -> tuple[float, bool]:
     """Kill the leader, time the election, bring the member back; whether the job restarted
-    (an agent fenced its workers, or a new round started)."""
+    (an agent fenced its workers, or a new round started).
+    """
     before, fenced = max(rounds(out)), fences(root)
     old = etcd.wait_leader()
     t0 = time.monotonic()

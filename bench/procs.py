@@ -151,7 +151,8 @@ def cpu_seconds(pid: int) -> float:
 
 def proc_kb(pid: int, key: str, name: str = "status") -> int | None:
     """One ``key: N kB`` line of ``/proc/<pid>/<name>`` (status, smaps_rollup); None if the
-    process is gone or the line is missing."""
+    process is gone or the line is missing.
+    """
     try:
         for line in Path(f"/proc/{pid}/{name}").read_text().splitlines():
             if line.startswith(key + ":"):

@@ -214,7 +214,8 @@ def kept_sections(text: str) -> list[str]:
 
 def publish(res: dict, md: Path, png: Path) -> None:
     """Write results.md and the plot. README does not repeat the tables: a figure lives once,
-    and the docs link to results.md."""
+    and the docs link to results.md.
+    """
     kept = kept_sections(md.read_text()) if md.exists() else []
     text = results_md(res)
     if kept:  # before "How it is measured", where they stood

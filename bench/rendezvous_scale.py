@@ -21,7 +21,7 @@ etcd's /metrics before and after the round (the most any member applied); watch 
 summed over members and shown per member. Writes of round 1 include registration (lease grant +
 agent key per participant). CPU: etcd's from /proc (utime+stime, summed over members); the
 leader's (the node that froze the round) as its driver thread's and its whole process's.
-Measured 2026-12-01 (bench/results.md): see README "Benchmarks".
+Figures and the commands that produced them: bench/results.md, 'Rendezvous at scale'.
 
 Usage: ``python -m bench.rendezvous_scale [--n 10,100,1000] [--members 1,3] [--procs 4]
 [--per-client K] [--leave member] [--lease-ttl 5] [--timeout 120] [--quiet-wait 120]
@@ -116,7 +116,8 @@ def run_one(n: int, members: int, procs: int, args: argparse.Namespace) -> dict:
 def pin(pids: list[int], cpus: list[int]) -> None:
     """Every thread of these processes onto ``cpus`` (threads started later inherit it): etcd
     on a core of its own, as it would have on its own machine, so that what fails is not etcd
-    losing the CPU to 4096 simulated agents."""
+    losing the CPU to 4096 simulated agents.
+    """
     for pid in pids:
         for tid in os.listdir(f"/proc/{pid}/task"):
             try:
@@ -129,7 +130,8 @@ def join_round(
     pool: Pool, res: dict, n: int, args: argparse.Namespace, snap: Callable[[], dict]
 ) -> tuple[dict[int, list], list[dict]]:
     """Round 1: everyone registers and joins at once. Fills ``res``; returns each process's
-    participants' infos and the events seen so far."""
+    participants' infos and the events seen so far.
+    """
     every = list(range(res["procs"]))
     m0 = snap()
     t_go = time.time()

@@ -87,7 +87,8 @@ def _series(
 def _scale(args: argparse.Namespace, out: Path, tag: str) -> dict:
     """Scenario 7: bench/rendezvous_scale.py, unchanged; its JSON is what we report.
 
-    Run as ``python -m bench.rendezvous_scale`` from the repository root, where ``bench`` is."""
+    Run as ``python -m bench.rendezvous_scale`` from the repository root, where ``bench`` is.
+    """
     root = Path(__file__).resolve().parent.parent
     if not (root / "bench" / "rendezvous_scale.py").exists():
         return {"error": "bench/rendezvous_scale.py is missing"}

@@ -1,6 +1,7 @@
 """rendezvous_scale.py's options, apart from the runner: they grew with each diagnosis (clients
 per stream, pinning, etcd's log and profiles), and one bad value must give one line, never a
-traceback halfway through a four-minute run."""
+traceback halfway through a four-minute run.
+"""
 
 from __future__ import annotations
 
@@ -86,7 +87,8 @@ def parse(
     argv: list[str] | None, description: str = ""
 ) -> tuple[argparse.Namespace, list[int], list[int]] | None:
     """The options, the N and the cluster sizes to run; None (after one line on stderr) when
-    they are bad."""
+    they are bad.
+    """
     ap = argparse.ArgumentParser(description=description)
     _round_options(ap)
     _machine_options(ap)

@@ -50,7 +50,8 @@ def thread_cpu() -> dict[str, float]:
     """CPU seconds so far of this process's rendezvous driver threads (``rdzv-<node id>``) and
     its client's threads (``etcd-*``), by thread name, from /proc/self/task/<tid>/stat: to tell
     the leader's own work apart from the other handlers sharing its process. Threads of the same
-    name (several clients' ``etcd-watch``, with ``--per-client``) are summed."""
+    name (several clients' ``etcd-watch``, with ``--per-client``) are summed.
+    """
     out: dict[str, float] = {}
     for th in threading.enumerate():
         if th.native_id is not None and th.name.startswith(("rdzv-", "etcd-")):
@@ -70,7 +71,8 @@ def leader_cpu(
 ) -> dict:
     """The CPU of the node that froze round ``rnd`` (the leader) during the round: its driver
     thread, its process's watch thread (which runs the leader's watch callbacks, and every other
-    handler's there) and its whole process, beside the other worker processes' mean."""
+    handler's there) and its whole process, beside the other worker processes' mean.
+    """
     node = next(
         (e["node"] for e in evs if e["event"] == "round_frozen" and e.get("round") == rnd), None
     )
@@ -110,10 +112,12 @@ QUIET_BUSY = 0.25  # CPUs: the machine counts as quiet below this (our idle pool
 
 def wait_quiet_machine(max_wait: float, window: float = 2.0) -> tuple[float, float]:
     """Wait (bounded) until the whole machine is under ``QUIET_BUSY`` CPUs busy over ``window``;
-    (seconds waited, CPUs busy in the last window). Why: with two CPUs taken by other programs
-    (two busy loops) N=1000 all at once never formed its round — 16-75 of 1000 sessions opened
-    in 40-120 s, the rest lost ("no keep-alive acknowledged"), etcd itself at 1.5-4.8 CPU-s:
-    the simulation's own processes starved, which a real job, one agent per machine, is not."""
+    (seconds waited, CPUs busy in the last window). Why: with two CPUs taken by other programs (two
+    busy loops) N=1000 all at once never formed its round — most sessions lost ("no keep-alive
+    acknowledged") while etcd itself was lightly loaded: the simulation's own processes starved,
+    which a real job, one agent per machine, is not (bench/results.md, 'Rendezvous at scale',
+    N=1000's MISS).
+    """
     t0 = time.monotonic()
     while True:
         a = machine_cpu()
@@ -129,7 +133,8 @@ SUMMED = ("ranges", "watch_events", "watch_msgs", "sent_bytes", "slow_applies")
 
 def snapshot(urls: list[str], etcd_pids: list[int], worker_pids: list[int]) -> dict:
     """Every figure a round's delta is taken of: etcd's metrics over its members, CPU of etcd
-    (summed and per member), of each worker process, of the whole machine."""
+    (summed and per member), of each worker process, of the whole machine.
+    """
     per = [scrape(u) for u in urls]
     return {
         **{k: (sum if k in SUMMED else max)(p[k] for p in per) for k in METRICS},
@@ -181,7 +186,8 @@ def gc_pauses(done: dict[int, tuple]) -> dict:
 def sessions(evs: list[dict], since_t: float) -> dict:
     """Sessions opened and lost since ``since_t``: more than N opened means re-registrations.
     ``lost_why``: the losses by reason, numbers blanked ("no keep-alive acknowledged for #s"),
-    so a spiral shows whether etcd stopped answering or the process stopped asking."""
+    so a spiral shows whether etcd stopped answering or the process stopped asking.
+    """
     lost = [
         e.get("reason", "")
         for e in evs
@@ -196,7 +202,8 @@ def sessions(evs: list[dict], since_t: float) -> dict:
 
 def fanout(evs: list[dict], rnd: int) -> list[float]:
     """Per worker process: frozen -> its last participant accepted. Equal values across
-    processes mean the cost is CPU shared by all, not one slow process."""
+    processes mean the cost is CPU shared by all, not one slow process.
+    """
     frozen = last(evs, "round_frozen", rnd)
     if frozen is None:
         return []

@@ -74,7 +74,8 @@ def _info_tuple(info) -> tuple:
 
 class _Host:
     """One worker process: ``count`` handlers sharing one client (or one per ``per_client``),
-    obeying commands."""
+    obeying commands.
+    """
 
     def __init__(self, conn: mpc.Connection, cfg: dict) -> None:
         from etcdrun.rendezvous.api import RendezvousParameters
@@ -154,7 +155,8 @@ class _Host:
 
     def arrival(self, i: int, count: int) -> float:
         """When handler ``i`` of ``count`` starts round 1 (seconds after the go): spread evenly
-        over ``arrive_over``, the processes interleaved by their phase; 0 when all at once."""
+        over ``arrive_over``, the processes interleaved by their phase; 0 when all at once.
+        """
         return self.cfg.get("arrive_over", 0.0) * (i + self.cfg.get("phase", 0.0)) / count
 
     def _round(self, tag: str, todo: list, wait_change: bool) -> None:
@@ -246,7 +248,8 @@ class Pool:
     ) -> dict[int, tuple]:
         """The next message of ``kind`` from each worker in ``which``. Other messages wait in
         the worker's inbox: a worker may finish one thing before it answers another. On a
-        timeout, raise — or with ``partial``, return what came."""
+        timeout, raise — or with ``partial``, return what came.
+        """
         got: dict[int, tuple] = {}
         for i in which:
             msg = next((m for m in self.inbox[i] if m[0] == kind), None)

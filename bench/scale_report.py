@@ -55,7 +55,8 @@ def verdicts(r: dict, n: int, members: int = 1, name: str = "round1") -> tuple[s
 
 def leader_cpu_text(r: dict) -> str:
     """ "thread / process": the leader's driver thread, and its whole process (which hosts
-    other handlers and the shared watch thread too)."""
+    other handlers and the shared watch thread too).
+    """
     ld = r.get("leader") or {}
     th, pr = ld.get("thread_cpu"), ld.get("process_cpu")
     if th is None and pr is None:

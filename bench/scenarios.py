@@ -108,7 +108,8 @@ def _victim(job: Job, which: str) -> tuple[Agent, str]:
 def steady(agents: list[Agent]) -> float | None:
     """``SETTLE`` s of collectives, then until the group is CPU-quiet (bounded: a launcher
     that never goes quiet is disturbed all the same); seconds waited after ``SETTLE``, None
-    when it never went quiet."""
+    when it never went quiet.
+    """
     time.sleep(SETTLE)
     try:
         return round(wait_quiet(agents, timeout=30.0), 2)

@@ -102,9 +102,10 @@ def _settled_standby(agent_pid: int, deadline: float) -> tuple[int, float] | Non
     """A standby still waiting once its imports are done, and how long they took to settle.
 
     Why re-check that it still waits: the node's first standby is handed the first round
-    while it imports, and then it is the worker (gloo's loop thread, the script's sleeps:
-    0.8-1.0 % of a CPU, measured here by mistake on 2026-12-04); the one to measure is the
-    refill started at that hand-over."""
+    while it imports, and then it is the worker (gloo's loop thread, the script's sleeps use a
+    little CPU: an earlier version measured that by mistake, bench/results.md, 'Standby
+    workers'); the one to measure is the refill started at that hand-over.
+    """
     t0 = time.monotonic()
     while time.monotonic() < deadline:
         pids = _waiting_standbys(agent_pid)

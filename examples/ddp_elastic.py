@@ -18,16 +18,16 @@ none here), so it runs unmodified under both.
   by (seed, s), and rank r takes the r-th slice of it. The loss is scaled so that DDP's average
   of the ranks' gradients is the full batch's gradient. So the run repeats no step beyond the
   last checkpoint, loses none, and follows the same loss curve whatever the world size (equal to
-  a one-process run's to float rounding: tests/pytorch/test_ddp_elastic.py checks it within 1e-4 and
-  sees at most 7.2e-7 at world sizes 2, 3 and 4).
+  a one-process run's to float rounding: tests/pytorch/test_ddp_elastic.py checks it within 1e-4
+  at world sizes 2, 3 and 4; what it sees: bench/results.md, 'Other measurements').
 
 Rank 0 prints one line per step, ``ddp_elastic step=<s> world=<W> loss=<mean over the batch>``,
 plus ``resume``, ``checkpoint`` and ``done`` lines in the same ``key=value`` form.
 ``--fail-rank/--fail-at-step`` make one rank raise, to exercise the launcher's restart budget;
 ``--fail-attempts`` limits it to the first N attempts (by TORCHELASTIC_RESTART_COUNT).
 
-Measured here (2 shared cores, load 4-6, defaults, OMP_NUM_THREADS=1): a step takes 11-20 ms at
-world size 3; a worker's start (Python, ``import torch``, the gloo init) takes 3-7 s.
+What a step and a worker's start (Python, ``import torch``, the gloo init) take on a small CPU
+machine: bench/results.md, 'Other measurements' and 'Figures cited by the code'.
 """
 
 from __future__ import annotations
@@ -90,7 +90,8 @@ def make_model(args: argparse.Namespace) -> torch.nn.Module:
 def batch_for(step: int, args: argparse.Namespace) -> tuple[torch.Tensor, torch.Tensor]:
     """The global batch of ``step``: a function of (seed, step) alone, never of the rank, the
     world size or how many steps this process has run, so a resumed run sees what it would have
-    seen."""
+    seen.
+    """
     teacher = torch.Generator().manual_seed(args.seed + 7)
     w = torch.randn(FEATURES, 1, generator=teacher) / FEATURES**0.5
     gen = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
