@@ -42,7 +42,7 @@ from chaos_trial import Result, Trial  # noqa: E402
 
 def run_one(seed: int, etcd_bin: str, keep: bool = False) -> Result:
     """One trial; its files (agents' logs, events, worker start files) are kept when it fails:
-    a timing-dependent failure may not come back on replay (seed 1160 did not).
+    a timing-dependent failure may not come back on replay (bench/results.md, 'Chaos soak').
     """
     root = Path(tempfile.mkdtemp(prefix=f"etcdrun-soak-{seed}-"))
     r = Result(generate(seed))
