@@ -229,6 +229,11 @@ class EtcdClient:
     def watch_reconnects(self) -> int:
         return self._watches.reconnects
 
+    @property
+    def closed(self) -> bool:
+        """Whether ``close()`` was called (what is built on the client may let go then)."""
+        return self._t.closed
+
     def close(self, revoke_leases: bool = True) -> None:
         """End watches, revoke kept-alive leases (bounded), stop threads, close channels.
         Idempotent. In a forked child, only forgets the parent's state.

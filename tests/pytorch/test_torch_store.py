@@ -8,13 +8,16 @@ must answer alike; gloo's ``init_process_group(store=...)`` and torch's elastic 
 from __future__ import annotations
 
 import datetime
+import gc
 import json
 import subprocess
 import sys
 import threading
 import urllib.request
 import uuid
+import weakref
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -65,6 +68,21 @@ def _script(s: Any) -> list[tuple[str, Any]]:
         ("wait timeout", lambda: s.wait(["nope"], 50 * MS)),
         ("get timeout", lambda: (s.set_timeout(100 * MS), s.get("nope"))),
         ("num_keys at the end", lambda: s.num_keys()),
+        ("list_keys", lambda: sorted(s.list_keys())),
+        ("has_extended_api", lambda: s.has_extended_api()),
+        ("queue_len empty", lambda: s.queue_len("q")),
+        ("queue_pop empty, not blocking", lambda: s.queue_pop("q", False)),
+        ("check an empty queue", lambda: s.check(["q"])),
+        ("queue_push", lambda: [s.queue_push("q", v) for v in ("1", b"2", "")]),
+        ("queue_len", lambda: s.queue_len("q")),
+        ("queues are not keys", lambda: (s.num_keys(), sorted(s.list_keys()))),
+        ("check a queue", lambda: s.check(["q"])),
+        ("wait on a queue", lambda: s.wait(["q"], 50 * MS)),
+        ("get of a queue", lambda: s.get("q")),
+        ("queue_pop, first in first out", lambda: [s.queue_pop("q") for _ in range(3)]),
+        ("queue_pop timeout", lambda: s.queue_pop("q")),
+        ("a key and a queue of one name", lambda: (s.queue_push("a", "x"), s.get("a"))),
+        ("delete_key leaves the queue", lambda: (s.delete_key("a"), s.queue_len("a"))),
     ]
     out = []
     for name, fn in steps:
@@ -81,6 +99,136 @@ def test_answers_like_torchs_hashstore(client):
     ours, torchs = _script(_store(client)), _script(dist.HashStore())
     assert ours == torchs
     assert dict(ours)["wait timeout"] == "DistStoreError"  # the reference did time out
+
+
+def test_torchs_own_python_store_test_through_the_trampoline(client):
+    """torch's C++ test of a Python store clones it and calls the clone from C++; torch wraps
+    every store in a PrefixStore, whose clone() clones the store under it."""
+    import torch.distributed as dist
+
+    s = _store(client)
+    dist._test_python_store(s)
+    dist._test_python_store(dist.PrefixStore("p", s))
+    assert dist.PrefixStore("p", s).has_extended_api()  # torch's extended-API tests run
+    twin = dist.PrefixStore("pg", s).clone()  # only C++ holds the EtcdStore under it
+    gc.collect()
+    twin.set("k", b"v")
+    assert (twin.get("k"), s.get("pg/k")) == (b"v", b"v")
+
+
+def test_a_store_only_cpp_holds_lives_until_its_client_closes(etcd, torch_available):
+    import torch.distributed as dist
+
+    from etcdrun.rendezvous.torch.store import EtcdStore
+
+    c = EtcdClient(etcd.endpoints)
+    inline = dist.PrefixStore("p", EtcdStore(c, f"/t/{uuid.uuid4().hex[:8]}/"))
+    gc.collect()
+    inline.set("k", b"v")  # the EtcdStore written inline is still there for C++
+    assert inline.get("k") == b"v"
+    kept = weakref.ref(inline.underlying_store)
+    c.close()
+    with EtcdClient(etcd.endpoints) as other:
+        EtcdStore(other, "/t/other/")  # a new store lets go of those of closed clients
+    del inline
+    gc.collect()
+    assert kept() is None
+
+
+def test_a_clone_has_its_own_timeout(client):
+    s = _store(client, timeout=datetime.timedelta(seconds=7))
+    twin = s.clone()
+    twin.set_timeout(datetime.timedelta(seconds=1))
+    assert (twin.timeout, s.timeout) == (
+        datetime.timedelta(seconds=1),
+        datetime.timedelta(seconds=7),
+    )
+    s.set("k", b"v")
+    assert twin.get("k") == b"v"
+
+
+def test_torchs_store_checks_of_the_extended_api_and_queues(client):
+    """The checks torch's StoreTestBase makes of append/multi_get/multi_set (which it skips
+    when has_extended_api() is False) and of the queues, on EtcdStore."""
+    import torch.distributed as dist
+
+    s = _store(client, timeout=datetime.timedelta(seconds=30))
+    assert s.has_extended_api()
+    s.set("foo", "po")
+    s.append("foo", "tato")
+    s.multi_set(["x", "y"], ["po", "tato"])
+    assert (s.get("foo"), s.multi_get(["x", "y"])) == (b"potato", [b"po", b"tato"])
+    assert not s.check(["q"]) and s.queue_len("q") == 0
+    s.queue_push("q", "1")
+    s.queue_push("q", "2")
+    assert s.check(["q"]) and s.queue_len("q") == 2
+    s.wait(["q"])
+    assert [s.queue_pop("q"), s.queue_pop("q", block=False)] == [b"1", b"2"]
+    with pytest.raises(dist.QueueEmptyError, match="empty"):
+        s.queue_pop("q", block=False)
+
+    def a() -> bytes:  # each thread on its own clone, as torch's test does
+        mine = s.clone()
+        mine.queue_push("a", "a1")
+        return mine.queue_pop("b")
+
+    def b() -> bytes:
+        mine = s.clone()
+        got = mine.queue_pop("a")
+        mine.queue_push("b", "b1")
+        return got
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        assert [f.result(60) for f in [pool.submit(a), pool.submit(b)]] == [b"b1", b"a1"]
+    s.set_timeout(datetime.timedelta(milliseconds=10))
+    with pytest.raises(dist.DistStoreError, match="timeout"):
+        s.queue_pop("never")
+
+
+def test_each_item_is_popped_once_by_concurrent_nodes(etcd, client):
+    """Two nodes pop one queue at once: every item comes out exactly once (the delete is
+    fenced on the item's create_revision)."""
+    import torch.distributed as dist
+
+    from etcdrun.rendezvous.torch.store import EtcdStore
+
+    s = _store(client, timeout=datetime.timedelta(seconds=30))
+    items = [str(i).encode() for i in range(40)]
+    for item in items:
+        s.queue_push("work", item)
+    clients = [EtcdClient(etcd.endpoints) for _ in range(2)]
+    try:
+
+        def drain(c: EtcdClient) -> list[bytes]:
+            mine = EtcdStore(c, s.prefix)
+            got = []
+            while mine.queue_len("work"):
+                try:
+                    got.append(mine.queue_pop("work", block=False))
+                except dist.QueueEmptyError:
+                    break  # the other node took the last one
+            return got
+
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            got = [f.result(60) for f in [pool.submit(drain, c) for c in clients]]
+    finally:
+        for c in clients:
+            c.close()
+    assert sorted(got[0] + got[1], key=int) == items
+    assert got[0] == sorted(got[0], key=int) and got[1] == sorted(got[1], key=int)
+
+
+def test_a_blocked_pop_and_a_wait_wake_on_another_nodes_push(etcd, client):
+    from etcdrun.rendezvous.torch.store import EtcdStore
+
+    s = _store(client, timeout=datetime.timedelta(seconds=30))
+    with EtcdClient(etcd.endpoints) as other, ThreadPoolExecutor(max_workers=2) as pool:
+        theirs = EtcdStore(other, s.prefix)
+        waited = pool.submit(s.wait, ["jobs"])
+        popped = pool.submit(s.clone().queue_pop, "jobs")
+        theirs.queue_push("jobs", b"one")
+        assert popped.result(30) == b"one"
+        assert waited.result(30) is None
 
 
 def test_cpp_callers_reach_it_through_a_prefix_store(client):
@@ -117,7 +265,8 @@ def _grpc_requests(metrics_url: str) -> dict[str, float]:
 
 
 def test_a_wait_reads_once_then_watches(etcd, client):
-    """A whole second of waiting costs one read: the rest is the watch (never a poll)."""
+    """A whole second of waiting costs one read (the key and its queue, one Txn): the rest is
+    the watch (never a poll)."""
     import torch.distributed as dist
 
     url = f"http://{etcd.endpoint_list[0]}/metrics"
@@ -128,7 +277,7 @@ def test_a_wait_reads_once_then_watches(etcd, client):
         s.wait(["missing"], 1000 * MS)
     after = _grpc_requests(url)
     spent = {m: after[m] - before.get(m, 0.0) for m in after if after[m] != before.get(m, 0.0)}
-    assert spent == {"Range": 1.0}
+    assert spent == {"Txn": 1.0}
 
 
 def test_a_waiter_wakes_when_another_node_sets_the_key(etcd, client):
