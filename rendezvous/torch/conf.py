@@ -158,8 +158,8 @@ def read_torch_conf(conf: Mapping[str, Any], *, strict: bool = False) -> TorchCo
             unknown.append(key)
         else:
             notices.append(_unknown_notice(key))
-    if unknown:
-        named = ", ".join(f"{k}{did_you_mean(k, strict)}" for k in sorted(unknown))
+    if unknown:  # each key as given, repr'd: a stray quote from a manifest must show
+        named = ", ".join(f"{k!r}{did_you_mean(k, strict)}" for k in sorted(unknown))
         raise ValueError(
             f"unknown rdzv_conf key(s) for the etcd backend: {named} "
             f"(etcdrun's: {', '.join(sorted(OURS))}; torchrun's are read too)"

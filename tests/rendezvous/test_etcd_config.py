@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from etcdrun.agent.flags import parse_rdzv_conf
 from etcdrun.rendezvous.torch.conf import etcd_config
 
 
@@ -42,11 +43,19 @@ def test_unknown_key_is_named_with_a_suggestion():
     with pytest.raises(ValueError, match="lease_tll") as err:
         etcd_config({"lease_tll": 2}, environ={})
     assert "(did you mean lease_ttl?)" in str(err.value)
-    with pytest.raises(ValueError, match=r"read_timeuot \(did you mean read_timeout\?\)"):
+    with pytest.raises(ValueError, match=r"'read_timeuot' \(did you mean read_timeout\?\)"):
         etcd_config({"read_timeuot": 2}, environ={})  # a typo of torchrun's key too
     with pytest.raises(ValueError) as err:
         etcd_config({"zzz": 1}, environ={})
     assert "zzz" in str(err.value) and "did you mean" not in str(err.value)
+
+
+def test_an_unknown_key_is_shown_as_given_stray_quotes_included():
+    """``--rdzv-conf "'join_timeout=5,lease_ttl=2'"`` (quotes kept by a manifest): the key is
+    ``'join_timeout``, and the message must show that quote, not hide it before the hint."""
+    with pytest.raises(ValueError) as err:
+        etcd_config(parse_rdzv_conf("'join_timeout=5,lease_ttl=2'"), environ={})
+    assert '"\'join_timeout" (did you mean join_timeout?)' in str(err.value)
 
 
 def test_torchruns_keys_are_read_as_ours(caplog):
