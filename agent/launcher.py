@@ -97,6 +97,10 @@ def _make_rdzv_handler(config: LaunchConfig) -> RendezvousHandler:
     if entry.takes_master and not endpoint:  # the Python API's way: a free port, not 29500
         port = config.master_port if config.master_port is not None else reserve_free_port()
         endpoint = registry.master_endpoint(config.rdzv_backend, config.master_addr, port)
+    run_id = registry.pick_run_id(config.rdzv_backend, config.run_id, config.max_nodes)
+    if run_id != config.run_id:  # torch's launcher too gives an id when none is given
+        logger.warning("no run id given (--rdzv-id): this one-node job runs as %s", run_id)
+        config.run_id = run_id
     rdzv_configs = dict(config.rdzv_configs)
     if config.rdzv_timeout > 0:
         rdzv_configs.setdefault("join_timeout", config.rdzv_timeout)

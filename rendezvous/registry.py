@@ -45,7 +45,9 @@ class Backend:
     ``parse_master`` (str → (host, port or None)) and ``format_master`` ((host, port) → str) mark
     a backend whose endpoint *is* the master node's address, so that it may be built from
     ``--master-addr``/``--master-port``. ``node_rank_key`` is the config key ``--node-rank`` goes
-    to (None: the backend assigns node ranks itself).
+    to (None: the backend assigns node ranks itself). ``pick_run_id`` ((run id, max nodes) →
+    run id) marks a backend that refuses the default id and picks the one it runs under
+    (None: the id as given).
     """
 
     factory: HandlerFactory | str
@@ -55,6 +57,7 @@ class Backend:
     parse_master: Callable[[str], tuple[str, int | None]] | str | None = None
     format_master: Callable[[str, int], str] | str | None = None
     node_rank_key: str | None = None
+    pick_run_id: Callable[[str, int], str] | str | None = None
 
     @property
     def takes_master(self) -> bool:
@@ -88,6 +91,7 @@ _ETCD = Backend(
     endpoint_help="comma list of [http[s]://]host[:port] (port 2379 when omitted)",
     endpoint_example="localhost:2379",
     normalize=_etcd_endpoints,
+    pick_run_id="etcdrun.rendezvous.etcd.keys:one_node_run_id",
 )
 
 _lock = threading.Lock()
@@ -127,6 +131,7 @@ def register_backend(name: str, factory: HandlerFactory | str | Backend) -> None
         ("normalize hook", entry.normalize),
         ("parse_master hook", entry.parse_master),
         ("format_master hook", entry.format_master),
+        ("pick_run_id hook", entry.pick_run_id),
     ):
         _check_hook(name, what, hook)
     with _lock:
@@ -229,6 +234,16 @@ def master_endpoint(name: str, host: str | None, port: int) -> str:
     return _load(entry.format_master, name, None)(host or DEFAULT_MASTER_ADDR, port)
 
 
+def pick_run_id(name: str, run_id: str, max_nodes: int) -> str:
+    """The run id backend ``name`` runs a job of at most ``max_nodes`` nodes under: ``run_id``,
+    unless the backend picks another (etcd: a unique one for a one-node job given none).
+    """
+    entry = backend(name)
+    if entry.pick_run_id is None:
+        return run_id
+    return _load(entry.pick_run_id, name, run_id)(run_id, max_nodes)
+
+
 def create_handler(params: RendezvousParameters) -> RendezvousHandler:
     """Build ``params.backend``'s handler; an unknown name is a ValueError listing the known."""
     handler = _resolve(params.backend, params.run_id)(params)
@@ -254,6 +269,7 @@ __all__ = [
     "describe_backends",
     "known_backends",
     "master_endpoint",
+    "pick_run_id",
     "read_endpoint",
     "register_backend",
 ]

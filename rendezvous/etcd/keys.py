@@ -7,6 +7,7 @@ round n, and nothing grows with the number of rounds.
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 
 from etcdrun.rendezvous.api import check_run_id
@@ -14,14 +15,27 @@ from etcdrun.rendezvous.api import check_run_id
 _ROUND_DIGITS = 10
 
 
+_DEFAULT_IDS = ("", "none")  # torchrun's and the reference's default id
+
+
 def require_run_id(run_id: str) -> None:
     """The etcd backend refuses torchrun's default id: with it, strangers' jobs would meet."""
-    if run_id in ("", "none"):  # torchrun's and the reference's default id
+    if run_id in _DEFAULT_IDS:
         raise ValueError(
             "the etcd backend needs a run id that every node of the job passes, and no "
             "other job uses (--rdzv-id job42): with the default 'none' strangers' jobs "
             "would meet in one run"
         )
+
+
+def one_node_run_id(run_id: str, max_nodes: int) -> str:
+    """``run_id``; for a job of one node given none (the default), a unique one instead.
+
+    Why: torch's launcher gives a random id when none is given, and one node has nobody to meet
+    on it, so nothing is lost. A job of more nodes keeps ``require_run_id``'s refusal: on random
+    ids its nodes would never meet.
+    """
+    return uuid.uuid4().hex if run_id in _DEFAULT_IDS and max_nodes == 1 else run_id
 
 
 @dataclass(frozen=True)

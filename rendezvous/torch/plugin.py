@@ -43,6 +43,7 @@ from etcdrun.rendezvous.api import RendezvousInfo as OurInfo
 from etcdrun.rendezvous.api import RendezvousParameters
 from etcdrun.rendezvous.client import EtcdError
 from etcdrun.rendezvous.etcd.handler import EtcdRendezvousHandler
+from etcdrun.rendezvous.etcd.keys import one_node_run_id
 from etcdrun.rendezvous.torch.conf import endpoints, read_torch_conf
 from etcdrun.rendezvous.torch.entry import BACKEND
 from etcdrun.rendezvous.torch.store import EtcdStore
@@ -159,10 +160,13 @@ def create_handler(params: tapi.RendezvousParameters) -> EtcdV3RendezvousHandler
     conf = read_torch_conf(params.config)
     for line in conf.notices:
         log.warning("%s", line)
+    run_id = one_node_run_id(params.run_id, params.max_nodes)
+    if run_id != params.run_id:  # torchrun's default id: a one-node job gets its own
+        log.warning("etcd-v3: no --rdzv-id given: this one-node job runs as %s", run_id)
     mine = RendezvousParameters(
         BACKEND,
         endpoints(params.endpoint, conf.https),
-        params.run_id,
+        run_id,
         params.min_nodes,
         params.max_nodes,
         local_addr=params.local_addr,

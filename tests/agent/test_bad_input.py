@@ -144,7 +144,9 @@ def test_a_run_id_that_is_not_a_name_is_one_line(bad, tmp_path):
 
 
 def test_the_etcd_backend_requires_a_run_id(etcd):
+    """Of a job of more than one node: a one-node job gets a unique id (test_launcher.py)."""
     argv = etcd_argv(etcd.endpoints, "lease_ttl=2")
+    argv[argv.index("--nnodes") + 1] = "1:2"
     i = argv.index("--rdzv-id")
     proc = run_cli(*argv[:i], *argv[i + 2 :])  # no --rdzv-id: torchrun's default 'none'
     assert proc.returncode == 2

@@ -14,10 +14,11 @@ import threading
 from typing import Any
 
 import pytest
+from agent_helpers import SCRIPTS
 
 from etcdrun.agent.api import WorkerSpec, entrypoint_name
 from etcdrun.agent.config import LaunchConfig
-from etcdrun.agent.launcher import _make_rdzv_handler, _setup_logs
+from etcdrun.agent.launcher import _make_rdzv_handler, _setup_logs, elastic_launch
 from etcdrun.rendezvous import registry
 from etcdrun.rendezvous.free_port import reserve_free_port
 from etcdrun.rendezvous.static.handler import StaticRendezvousHandler
@@ -114,6 +115,43 @@ def test_rdzv_timeout_does_not_override_join_timeout(captured):
 def test_no_rdzv_timeout_no_join_timeout(captured):
     _make_rdzv_handler(LaunchConfig(rdzv_backend="capture", rdzv_configs={"rank": 0}))
     assert "join_timeout" not in captured[0].config
+
+
+def test_a_one_node_etcd_job_without_a_run_id_runs_under_a_unique_one(etcd, tmp_path, caplog):
+    """torch's launcher tests call elastic_launch(rdzv_backend="etcd") with no run id, as torch
+    allows: one node meets nobody, so it runs under a unique id, said in the log."""
+    sys.path.insert(0, str(SCRIPTS))  # e2e_callables, here and in the spawned workers
+    import e2e_callables
+
+    config = LaunchConfig(
+        nproc_per_node=1,
+        rdzv_backend="etcd",
+        rdzv_endpoint=etcd.endpoints,
+        rdzv_configs={"lease_ttl": 2},
+        monitor_interval=0.05,
+        log_dir=str(tmp_path),
+    )
+    with caplog.at_level(logging.WARNING, logger="etcdrun"):
+        values = elastic_launch(config, e2e_callables.rank_times)(3)
+    run_id = values[0]["run_id"]  # the workers' TORCHELASTIC_RUN_ID
+    assert run_id not in ("", "none") and config.run_id == run_id
+    assert f"this one-node job runs as {run_id}" in caplog.text
+    again = LaunchConfig(rdzv_backend="etcd", rdzv_endpoint=etcd.endpoints)
+    handler = _make_rdzv_handler(again)
+    try:
+        assert handler.get_run_id() == again.run_id not in (run_id, "none")
+    finally:
+        handler.shutdown()
+
+
+def test_an_etcd_job_of_more_nodes_still_needs_a_run_id(etcd):
+    """On random ids its nodes would never meet: refused, as before."""
+    config = LaunchConfig(
+        min_nodes=1, max_nodes=2, rdzv_backend="etcd", rdzv_endpoint=etcd.endpoints
+    )
+    with pytest.raises(ValueError, match="strangers"):
+        _make_rdzv_handler(config)
+    assert config.run_id == "none"
 
 
 def test_unknown_backend():

@@ -76,6 +76,26 @@ def test_a_bad_value_of_our_keys_is_an_error(torch_available):
         create_handler(RendezvousParameters("etcd-v3", "localhost:2379", "r", 1, 1, lease_ttl="x"))
 
 
+def test_torchruns_default_run_id_is_unique_for_one_node_and_refused_for_more(
+    etcd, torch_available, caplog
+):
+    """torchrun's --rdzv-id defaults to 'none': harmless for one node (a unique id, said in the
+    log, as torch's launcher gives), refused for more (their nodes would never meet)."""
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+
+    from etcdrun.rendezvous.torch.plugin import create_handler
+
+    with caplog.at_level("WARNING", logger="etcdrun"):
+        one = create_handler(RendezvousParameters("etcd-v3", etcd.endpoints, "none", 1, 1))
+    try:
+        assert one.get_run_id() != "none"
+        assert f"runs as {one.get_run_id()}" in caplog.text
+    finally:
+        one.shutdown()
+    with pytest.raises(ValueError, match="strangers"):
+        create_handler(RendezvousParameters("etcd-v3", etcd.endpoints, "none", 1, 2))
+
+
 # ---- how torch finds it --------------------------------------------------------------------------
 def _run_py(code: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=120)
