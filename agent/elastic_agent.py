@@ -37,6 +37,8 @@ from etcdrun.agent.report import story
 from etcdrun.agent.report.metrics import MetricsConfig
 from etcdrun.agent.report.observer import AgentObserver
 from etcdrun.agent.standby import pool as standby
+from etcdrun.agent.worker import control
+from etcdrun.agent.worker.control import PEER_WAIT_VAR, ControlServer
 from etcdrun.agent.worker.group import WorkerGroup
 from etcdrun.rendezvous.api import FailureInfo, Liveness, RendezvousHandler, RendezvousInfo
 from etcdrun.rendezvous.errors import RendezvousClosedError
@@ -80,14 +82,16 @@ class ElasticAgent:
         self._wake = threading.Event()  # a worker exited or the membership changed
         self._fencing = Fencing(self._liveness, early and early.tag)  # the warden
         self.observer = AgentObserver(self._h, event_log_handler, metrics)
-        self._standbys = early.pool if early else standby.for_agent(spec, self._fencing.env)
+        self._control = ControlServer(self._fencing.tag, self._on_control)  # in place (§4a)
+        env = {**self._fencing.env, **self._control.env}
+        self._standbys = early.pool if early else standby.for_agent(spec, env)
         self._group = WorkerGroup(
             log_dir or spec.log_dir,
             console_out=console_out,
             console_err=console_err,
             on_exit=self._on_exit,
             on_spawn=self._fencing.spawned,
-            extra_env=self._fencing.env,
+            extra_env=env,
             standbys=self._standbys,
         )
         self._given_log_dir = log_dir or spec.log_dir
@@ -103,6 +107,7 @@ class ElasticAgent:
     def run(self) -> RunResult:
         unsubscribe = self._h.on_membership_change(self._wake.set)
         self._fencing.start(self._wake.set)
+        self._control.start()
         standby.start(self._standbys)  # ahead of the first round
         result: RunResult | None = None
         try:
@@ -114,6 +119,7 @@ class ElasticAgent:
             self._group.close()
             standby.close(self._standbys)
             self._fencing.close()
+            self._control.close()
             self._h.shutdown()  # leave before the event log closes: its node_left is kept
             self.observer.close()
             kept = self._group.settle_logs(result is not None and not result.is_failed())
@@ -204,6 +210,7 @@ class ElasticAgent:
 
     def _start(self, action: loop.StartWorkers) -> loop.Event:
         info = action.info
+        self._group.add_env(self._peer_wait())
         with self._deferring():
             workers = self._group.start(self._spec, info)
             self._fencing.started()
@@ -214,6 +221,56 @@ class ElasticAgent:
         self._lease_lost = False
         if line:
             log.warning("%s", line)
+        self._say_round(info)
+        if any(self._spec.redirect_map().values()) or any(self._spec.tee_map().values()):
+            log.info("round %d: worker output in %s/<rank>/", info.round, self._group.attempt_dir)
+        return self._wait()
+
+    def _regroup(self, action: loop.Regroup) -> loop.Event:
+        """The kept workers hear at once that their round is over (they release collectives
+        blocked on a lost peer and wait), then this node joins the next round."""
+        for local_rank in range(self._spec.local_world_size):
+            self._control.send(local_rank, control.ABORT, round=action.round)
+        return self._join(loop.Join())
+
+    def _hand_over(self, action: loop.HandOver) -> loop.Event:
+        """The kept workers get the new round's environment over the control channel."""
+        info = action.info
+        envs = self._group.regroup(info)
+        sent = [self._control.send(r, control.ROUND, round=info.round, env=envs[r]) for r in envs]
+        if not all(sent):
+            return loop.HandOverFailed()
+        self.rounds += 1
+        line = self.observer.regrouped(info, self._group.workers)
+        if line:
+            log.warning("%s", line)
+        self._say_round(info)
+        return self._wait()
+
+    def _on_control(self, local_rank: int, msg: dict[str, Any]) -> None:
+        """The control server's thread: a worker's word (its hello, its resumed figures)."""
+        if msg["op"] == control.RESUMED:
+            self.observer.resumed(local_rank, msg)
+
+    def _in_place(self) -> bool:
+        """Every local worker runs and opted in (``etcdrun.elastic``) in the current round."""
+        info, pids = self._group.info, self._group.pids()
+        lws = self._spec.local_world_size
+        if info is None or len(pids) != lws or self._group.poll() is not None:
+            return False
+        return self._control.opted_in(pids, info.round) == set(range(lws))
+
+    def _peer_wait(self) -> dict[str, str]:
+        """How long a kept worker whose collective failed waits for the round's end before it
+        takes the failure for its own (etcdrun.elastic): a lost peer is seen when its lease
+        expires, so one lease and a margin; 30 s without a lease."""
+        lease = self._liveness.read()
+        if lease.time_left is None or lease.keepalive_age is None:
+            return {PEER_WAIT_VAR: "30"}
+        ttl = lease.time_left + lease.keepalive_age
+        return {PEER_WAIT_VAR: f"{max(5.0, ttl + lease.margin + 2.0):.1f}"}
+
+    def _say_round(self, info: RendezvousInfo) -> None:
         log.info(
             "round %d: node rank %d of %d, ranks %d..%d of %d, restarts %d/%d",
             info.round,
@@ -225,9 +282,6 @@ class ElasticAgent:
             info.restart_count,
             info.max_restarts,
         )
-        if any(self._spec.redirect_map().values()) or any(self._spec.tee_map().values()):
-            log.info("round %d: worker output in %s/<rank>/", info.round, self._group.attempt_dir)
-        return self._wait()
 
     def _stop(self, action: loop.StopWorkers) -> loop.Event:
         spec = self._spec
@@ -316,7 +370,8 @@ class ElasticAgent:
                 if self._lost() or self._liveness.confirm() is Liveness.LOST:
                     return loop.LeaseLost()  # our own lease vanished: fencing, not a change
                 paused = self._fencing.paused_at is not None  # a broken world: no grace
-                return loop.RoundSuperseded(self._report.round_reason(), paused)
+                reason = self._report.round_reason()
+                return loop.RoundSuperseded(reason, paused, in_place=self._in_place())
             if self._fencing.follow():  # the lease in doubt: pause; etcd answered: resume
                 return loop.LeaseLost()
             result = self._group.poll()
@@ -386,6 +441,8 @@ class ElasticAgent:
 _PERFORM: dict[type, Any] = {
     loop.Join: ElasticAgent._join,
     loop.StartWorkers: ElasticAgent._start,
+    loop.Regroup: ElasticAgent._regroup,
+    loop.HandOver: ElasticAgent._hand_over,
     loop.StopWorkers: ElasticAgent._stop,
     loop.RequestRestart: ElasticAgent._restart,
     loop.ExitBarrier: ElasticAgent._barrier,

@@ -42,6 +42,8 @@ class Then(str, enum.Enum):
 
     REJOIN = "rejoin"  # the round was superseded: join the next one
     FENCED = "fenced"  # our place was lost (S4): the workers died at once; join as a new node
+    START = "start"  # kept workers were stopped after all: start ``next_info``'s workers
+    CLOSED = "closed"  # kept workers were stopped because the run closed: report ``closed``
     RESTART = "restart"  # our workers failed: ask the rendezvous for a restart
     FINISH = "finish"  # our workers succeeded: wait for the other nodes
 
@@ -61,6 +63,11 @@ class State:
     reason: str = ""  # why the round was superseded
     result: RunResult | None = None  # the last attempt's final result, once stopped
     our_failure: tuple[str, RunResult] | None = None
+    # In place (design.md §4a): the workers run on while the next round is joined, to be handed
+    # it; a round to start, or a closed run to report, once kept workers had to stop after all.
+    kept: bool = False
+    next_info: RendezvousInfo | None = None
+    closed: RunClosed | None = None
 
 
 # ---- events: what the driver saw ---------------------------------------------------------------
@@ -91,8 +98,14 @@ class WorkersFailed:
 
 @dataclass(frozen=True)
 class RoundSuperseded:
-    reason: str = ""  # the handler's round_reason(), when it has one
+    reason: str = ""  # the report port's round_reason(), when it has one
     paused: bool = False  # the workers were paused (lease in doubt): kill them, no grace
+    in_place: bool = False  # every worker opted in (etcdrun.elastic): keep them for the next
+
+
+@dataclass(frozen=True)
+class HandOverFailed:
+    """A kept worker could not be told the new round (its channel broke): start afresh in it."""
 
 
 @dataclass(frozen=True)
@@ -129,6 +142,7 @@ Event = (
     | WorkersSucceeded
     | WorkersFailed
     | RoundSuperseded
+    | HandOverFailed
     | LeaseLost
     | WorkersStopped
     | RestartRequested
@@ -152,7 +166,23 @@ class Join(Action):
 
 
 @dataclass(frozen=True)
+class Regroup(Action):
+    """Tell the kept workers their round is over (they release their collectives and wait),
+    then join the next round, as ``Join`` does."""
+
+    round: int
+
+
+@dataclass(frozen=True)
 class StartWorkers(Action):
+    info: RendezvousInfo
+
+
+@dataclass(frozen=True)
+class HandOver(Action):
+    """Give the kept workers ``info``'s round over the control channel, then wait for them as
+    after ``StartWorkers``."""
+
     info: RendezvousInfo
 
 
@@ -249,6 +279,8 @@ def next_step(state: State, event: Event) -> Step:
 
 
 def _joining(state: State, event: Event) -> Step | None:
+    if state.kept:
+        return _joining_kept(state, event)
     if isinstance(event, Joined):
         return Step(
             replace(state, phase=Phase.RUNNING, info=event.info, then=None, reason="", result=None),
@@ -273,6 +305,27 @@ def _joining(state: State, event: Event) -> Step | None:
     return Step(done, FailWithRemoteRootCause(event.failure))
 
 
+def _joining_kept(state: State, event: Event) -> Step | None:
+    """The workers ran on while this node joined the next round (in place, design.md §4a).
+    The same node in the new round: hand it over. A new node (our place was lost meanwhile:
+    the warden fenced the workers) or a closed run: the kept workers stop first."""
+    left = replace(state, kept=False)
+    if isinstance(event, Joined):
+        prev = state.info
+        if prev is not None and event.info.node_id == prev.node_id:
+            return Step(
+                replace(left, phase=Phase.RUNNING, info=event.info, then=None, reason=""),
+                HandOver(event.info, note=f"round {event.info.round}: workers kept in place"),
+            )
+        note = "this node's place was lost while it joined: the kept workers stop"
+        stopping = replace(left, phase=Phase.STOPPING, then=Then.START, next_info=event.info)
+        return Step(stopping, StopWorkers(grace=0.0, note=note, level=logging.WARNING))
+    if isinstance(event, RunClosed):
+        stopping = replace(left, phase=Phase.STOPPING, then=Then.CLOSED, closed=event)
+        return Step(stopping, StopWorkers(restart=True))
+    return None
+
+
 def _running(state: State, event: Event) -> Step | None:
     stopping = replace(state, phase=Phase.STOPPING)
     if isinstance(event, WorkersSucceeded):
@@ -281,12 +334,20 @@ def _running(state: State, event: Event) -> Step | None:
         return Step(replace(stopping, then=Then.RESTART), StopWorkers(restart=True))
     if isinstance(event, RoundSuperseded):
         reason = event.reason or "membership changed"
+        if event.in_place and not event.paused and state.info is not None:
+            note = f"round {state.info.round} superseded ({reason}): keeping the workers in place"
+            kept = replace(state, phase=Phase.JOINING, kept=True, reason=reason)
+            return Step(kept, Regroup(state.info.round, note=note))
         stop = StopWorkers(grace=0.0) if event.paused else StopWorkers(restart=True)
         return Step(replace(stopping, then=Then.REJOIN, reason=reason), stop)
     if isinstance(event, LeaseLost):
         return Step(
             replace(stopping, then=Then.FENCED, reason="lease lost"), StopWorkers(grace=0.0)
         )
+    if isinstance(event, HandOverFailed) and state.info is not None:
+        note = f"round {state.info.round}: a kept worker could not be handed it: starting afresh"
+        again = replace(stopping, then=Then.START, next_info=state.info)
+        return Step(again, StopWorkers(restart=True, note=note, level=logging.WARNING))
     return None
 
 
@@ -294,6 +355,12 @@ def _stopping(state: State, event: Event) -> Step | None:
     if not isinstance(event, WorkersStopped) or state.info is None:
         return None
     info, stopped = state.info, replace(state, result=event.result)
+    if state.then is Then.START and state.next_info is not None:  # a new node: fresh workers
+        new = state.next_info
+        running = replace(stopped, phase=Phase.RUNNING, info=new, next_info=None, then=None)
+        return Step(running, StartWorkers(new))
+    if state.then is Then.CLOSED and state.closed is not None:  # as a join that found it closed
+        return _joining(replace(stopped, phase=Phase.JOINING, closed=None), state.closed)
     if state.then in (Then.REJOIN, Then.FENCED):
         note = f"round {info.round} superseded ({state.reason}): restarting workers"
         if state.then is Then.FENCED:
@@ -377,11 +444,14 @@ __all__ = [
     "ExitBarrier",
     "FailWithRemoteRootCause",
     "ForwardSignal",
+    "HandOver",
+    "HandOverFailed",
     "Join",
     "Joined",
     "LeaseLost",
     "Phase",
     "RaiseClosed",
+    "Regroup",
     "RequestRestart",
     "RestartRequested",
     "ReturnResult",

@@ -149,6 +149,41 @@ class AgentObserver:
         self._round_metrics(info, why, waited)
         return story.round_change(prev, info, lease_lost)
 
+    def regrouped(self, info: RendezvousInfo, workers: list[Worker]) -> str | None:
+        """The kept workers were handed ``info``'s round (in place): one event, the story line
+        (the same as a restart's, said to be in place)."""
+        prev = self._info
+        waited = time.monotonic() - self._asked_at if self._asked_at is not None else None
+        self._asked_at = None
+        why = story.why_class(info.cause, False)
+        self.events.emit(
+            "workers_regrouped",
+            round=info.round,
+            previous_round=prev.round if prev is not None else None,
+            why=why,
+            reason=info.cause.reason if info.cause else "",
+            restart_count=info.restart_count,
+            ranks=[w.global_rank for w in workers],
+            world_size=info.world_size,
+        )
+        with self._lock:
+            self._info, self._phase = info, "running"
+        self._round_metrics(info, why, waited)
+        line = story.round_change(prev, info)
+        return line.replace("; new round", "; in place, round", 1) if line else None
+
+    def resumed(self, local_rank: int, msg: dict[str, Any]) -> None:
+        """A kept worker trains again in the new round (control channel thread): how long it
+        paused, how much state it received."""
+        self.events.emit(
+            "worker_resumed",
+            round=msg.get("round"),
+            local_rank=local_rank,
+            pause_s=msg.get("pause_s"),
+            form_s=msg.get("form_s"),
+            sync_bytes=msg.get("sync_bytes"),
+        )
+
     def _round_metrics(self, info: RendezvousInfo, why: str, waited: float | None) -> None:
         m = self.metrics
         if m.handler == "null":

@@ -197,6 +197,29 @@ class WorkerGroup:
             raise
         return self.workers
 
+    def add_env(self, env: dict[str, str]) -> None:
+        """More variables for every worker started from now on."""
+        self._extra_env.update(env)
+
+    def regroup(self, info: RendezvousInfo) -> dict[int, dict[str, str]]:
+        """The running workers go on in ``info``'s round (in place, design.md §4a): their global
+        ranks and world change, their processes, files and attempt folder do not. Returns the
+        environment each local rank gets for the new round, to hand over on the control
+        channel (the variables a worker started now would get, its error file unchanged)."""
+        spec = self._spec
+        if self._stopped or spec is None:
+            raise RuntimeError("no workers run: there is nothing to regroup")
+        envs = {}
+        with self._cond:
+            self._info = info
+            for proc in self._procs:
+                w = proc.worker
+                w.global_rank = w.role_rank = info.first_global_rank + w.local_rank
+                w.world_size = w.role_world_size = info.world_size
+                env = _spawn.worker_env(spec, info, w, proc.files.error_file)
+                envs[w.local_rank] = {**env, **self._extra_env}
+        return envs
+
     def _spawn_all(self, spec: WorkerSpec, info: RendezvousInfo, kind: EntrypointKind) -> None:
         # Runs on the relay thread: see the module docstring of reactor.py for why.
         for proc in self._procs:

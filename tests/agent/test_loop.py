@@ -273,6 +273,7 @@ EVENTS = {
     "WorkersFailed": loop.WorkersFailed(),
     "RoundSuperseded": loop.RoundSuperseded("r"),
     "LeaseLost": loop.LeaseLost(),
+    "HandOverFailed": loop.HandOverFailed(),
     "WorkersStopped": loop.WorkersStopped(failed_result()),
     "RestartRequested": loop.RestartRequested(),
     "BarrierDone": loop.BarrierDone(True),
@@ -280,7 +281,13 @@ EVENTS = {
 }
 DEFINED = {
     Phase.JOINING: {"Joined", "RunClosed"},
-    Phase.RUNNING: {"WorkersSucceeded", "WorkersFailed", "RoundSuperseded", "LeaseLost"},
+    Phase.RUNNING: {
+        "WorkersSucceeded",
+        "WorkersFailed",
+        "RoundSuperseded",
+        "LeaseLost",
+        "HandOverFailed",
+    },
     Phase.STOPPING: {"WorkersStopped"},
     Phase.RESTARTING: {"RestartRequested"},
     Phase.BARRIER: {"BarrierDone"},
@@ -288,8 +295,16 @@ DEFINED = {
 }
 
 
-def _state_for(phase: Phase, then: Then = Then.RESTART) -> State:
-    return State(phase=phase, info=info(), then=then, result=OK)
+def _state_for(phase: Phase, then: Then = Then.RESTART, kept: bool = False) -> State:
+    return State(
+        phase=phase,
+        info=info(),
+        then=then,
+        result=OK,
+        kept=kept,
+        next_info=info(round=4),
+        closed=loop.RunClosed(PEER),
+    )
 
 
 @pytest.mark.parametrize("phase", list(Phase))
@@ -309,14 +324,17 @@ def test_every_phase_event_pair(phase, name):
 def test_every_event_and_action_type_is_covered():
     assert set(EVENTS) == {t.__name__ for t in loop.Event.__args__}
     produced = set()
+    more = (loop.RunClosed(None), loop.BarrierDone(False), loop.RoundSuperseded(in_place=True))
     for phase, names in DEFINED.items():
         for then in Then:
             for name in [*names, "Signal"]:
-                for event in (EVENTS[name], loop.RunClosed(None), loop.BarrierDone(False)):
-                    try:
-                        produced.add(type(next_step(_state_for(phase, then), event).action))
-                    except loop.UnexpectedEvent:
-                        pass
+                for event in (EVENTS[name], *more):
+                    for kept in (False, True):
+                        state = _state_for(phase, then, kept)
+                        try:
+                            produced.add(type(next_step(state, event).action))
+                        except loop.UnexpectedEvent:
+                            pass
     assert produced == {
         cls for cls in vars(loop).values() if isinstance(cls, type) and issubclass(cls, loop.Action)
     } - {loop.Action}
@@ -348,3 +366,68 @@ def test_a_superseded_round_whose_workers_had_failed_still_reports_the_failure()
 def test_a_round_superseded_while_the_workers_are_paused_kills_them_at_once():
     steps = walk(State(), loop.Joined(info()), loop.RoundSuperseded("x", paused=True))
     assert steps[1].action == loop.StopWorkers(grace=0.0)  # stopped processes ignore SIGTERM
+
+
+# ---- in place (design.md §4a): workers that opted in are handed the next round -----------------
+def test_a_round_change_with_every_worker_opted_in_keeps_them_and_hands_the_next_over():
+    steps = walk(
+        State(),
+        loop.Joined(info()),
+        loop.RoundSuperseded("node(s) lost: n2 (lease expired)", in_place=True),
+        loop.Joined(info(round=4)),
+    )
+    assert steps[1].action == loop.Regroup(
+        3,
+        note="round 3 superseded (node(s) lost: n2 (lease expired)): keeping the workers in place",
+    )
+    assert steps[1].state.phase is Phase.JOINING and steps[1].state.kept
+    assert steps[2].action == loop.HandOver(info(round=4), note="round 4: workers kept in place")
+    assert steps[2].state.phase is Phase.RUNNING and not steps[2].state.kept
+    assert steps[2].state.info == info(round=4)
+
+
+def test_a_paused_world_is_never_taken_in_place():
+    """Paused workers mean our lease was in doubt: a broken world is stopped at once, kept or
+    not, so that no rank of the old round can run beside the new one (S4)."""
+    steps = walk(State(), loop.Joined(info()), loop.RoundSuperseded("x", True, in_place=True))
+    assert steps[1].action == loop.StopWorkers(grace=0.0) and not steps[1].state.kept
+
+
+def test_a_place_lost_while_joining_in_place_stops_the_kept_workers_then_starts_fresh():
+    new = info(round=4, node_id="n1.2")  # a new incarnation: the old place was fenced
+    steps = walk(
+        State(),
+        loop.Joined(info()),
+        loop.RoundSuperseded("x", in_place=True),
+        loop.Joined(new),
+        loop.WorkersStopped(OK),
+    )
+    assert steps[2].action.grace == 0.0 and steps[2].state.then is Then.START
+    assert steps[3].action == loop.StartWorkers(new)
+    assert steps[3].state.phase is Phase.RUNNING and steps[3].state.info == new
+
+
+def test_a_run_closed_while_joining_in_place_stops_the_kept_workers_then_reports_it():
+    steps = walk(
+        State(),
+        loop.Joined(info()),
+        loop.RoundSuperseded("x", in_place=True),
+        loop.RunClosed(PEER),
+        loop.WorkersStopped(OK),
+    )
+    assert steps[2].action == loop.StopWorkers(restart=True)
+    assert steps[3].action == loop.FailWithRemoteRootCause(PEER)
+    assert steps[3].state.phase is Phase.DONE
+
+
+def test_a_kept_worker_that_cannot_be_handed_the_round_is_started_afresh_in_it():
+    steps = walk(
+        State(),
+        loop.Joined(info()),
+        loop.RoundSuperseded("x", in_place=True),
+        loop.Joined(info(round=4)),
+        loop.HandOverFailed(),
+        loop.WorkersStopped(OK),
+    )
+    assert steps[3].action.restart and steps[3].state.then is Then.START
+    assert steps[4].action == loop.StartWorkers(info(round=4))

@@ -1,0 +1,184 @@
+"""The default process group across etcd rounds: adopted, released at once, formed again.
+
+Why shut the group's sockets to release it: a *synchronous* gloo collective blocked on a frozen
+peer is not released by ``ProcessGroupGloo.abort()`` called from another thread; it ends only
+when the peer's sockets close, gloo's 30 minutes later for a frozen peer (bench/results.md,
+"In-place recovery"). Shutting down this process's own ends of the group's TCP connections makes
+every blocked send and receive fail at once, with gloo's "Connection closed by peer", in the
+main thread that waits on it, DDP's waits included. NCCL has what gloo lacks: its communicator
+abort is made to be called from another thread, so an NCCL group is released with
+``abort()`` (design.md §4a). Listening sockets are never touched: gloo's accept thread dies on a
+shut listener and takes the process with it.
+
+Which sockets are the group's: those that appeared while it was formed (``form``). A group the
+script formed before ``elastic.run`` (its ``init_process_group``) is adopted by the same rule
+applied to the whole process: every connected TCP socket but the store's (``MASTER_PORT``) —
+a socket the script itself opened to a peer before ``elastic.run`` would be taken for the
+group's, which is the limit of adopting.
+
+The round is the group's fencing token: the group is formed on the round's own store (a port
+its rank 0 reserved for that round alone), and right after forming every rank checks that all
+ranks run the same round (one all_gather), so a worker that missed a round can never take part
+in a later round's collectives.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from datetime import timedelta
+from typing import Any
+
+FORM_TIMEOUT = timedelta(minutes=30)  # torch's default; an abort ends a wait sooner
+
+
+class RoundMismatch(RuntimeError):
+    """Ranks of different rounds met in one group: this one must not train."""
+
+
+def _sockets() -> set[int]:
+    fds = set()
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
+                fds.add(int(name))
+        except OSError:
+            continue
+    return fds
+
+
+def _connected_tcp(fds: set[int], skip_port: int | None) -> set[int]:
+    """The connected TCP sockets among ``fds`` (no listener), without the store's."""
+    found = set()
+    for fd in fds:
+        try:
+            s = socket.socket(fileno=fd)
+        except OSError:
+            continue
+        try:
+            if s.family not in (socket.AF_INET, socket.AF_INET6) or s.type != socket.SOCK_STREAM:
+                continue
+            if s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                continue
+            peer, local = s.getpeername(), s.getsockname()
+            if skip_port is not None and skip_port in (peer[1], local[1]):
+                continue
+            found.add(fd)
+        except OSError:
+            continue
+        finally:
+            s.detach()
+    return found
+
+
+class Group:
+    """One per worker, for its whole life. ``adopt()`` or ``form()``, then ``release()`` from
+    any thread, then ``form()`` again for the next round."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._fds: set[int] = set()
+        self._released = False
+
+    def adopt(self) -> None:
+        """Take the group the script formed (see the module docstring for which sockets)."""
+        port = int(os.environ.get("MASTER_PORT", "0")) or None
+        with self._lock:
+            self._fds, self._released = _connected_tcp(_sockets(), port), False
+
+    def form(self, backend: str) -> None:
+        """The default group of the round in ``os.environ``: the store as env:// makes it (so a
+        newcomer's own ``init_process_group`` meets the survivors there), then the group.
+        Raises when ``release()`` cut it short. The caller then re-wraps DDP and checks the
+        round, in the order a newcomer's script and ``elastic.run`` do."""
+        import torch.distributed as dist
+
+        before = _sockets()
+        with self._lock:
+            self._released = False
+        store, rank, world = next(dist.rendezvous("env://", timeout=FORM_TIMEOUT))
+        with self._lock:  # the store's own socket, so that a release ends a wait on it too
+            self._fds = _connected_tcp(_sockets() - before, None)
+        if self._released:
+            raise ConnectionAbortedError("the round ended while its group was formed")
+        dist.init_process_group(
+            backend,
+            store=dist.PrefixStore("default_pg", store),
+            rank=rank,
+            world_size=world,
+            timeout=FORM_TIMEOUT,
+        )
+        with self._lock:
+            self._fds = _connected_tcp(_sockets() - before, None)
+            if self._released:  # came while gloo connected: its new sockets are cut now
+                self._shut(self._fds)
+
+    def check_round(self) -> None:
+        """Every rank runs the round this worker runs in (the fencing token), or raise."""
+        import torch
+        import torch.distributed as dist
+
+        mine = torch.tensor([int(os.environ.get("ETCDRUN_ROUND", "0"))], dtype=torch.int64)
+        rounds = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+        dist.all_gather(rounds, mine)
+        seen = sorted({int(r.item()) for r in rounds})
+        if seen != [int(mine.item())]:
+            raise RoundMismatch(f"ranks of rounds {seen} met in one process group")
+
+    def release(self) -> None:
+        """Make every collective of this group fail now (any thread). gloo: its connections are
+        shut; NCCL: its communicators aborted."""
+        with self._lock:
+            self._released = True
+            fds = set(self._fds)
+        if _backend() == "nccl":
+            _abort_default_group()
+            return
+        self._shut(fds)
+
+    def drop(self) -> None:
+        """Forget the released group (the main thread, before forming the next)."""
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            _abort_default_group()
+        with self._lock:
+            self._fds = set()
+
+    @staticmethod
+    def _shut(fds: set[int]) -> None:
+        for fd in fds:
+            try:
+                s = socket.socket(fileno=fd)
+            except OSError:
+                continue
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            finally:
+                s.detach()
+
+
+def _backend() -> Any:
+    import torch.distributed as dist
+
+    return dist.get_backend() if dist.is_initialized() else None
+
+
+def _abort_default_group() -> None:
+    """Abort (NCCL: ncclCommAbort) and forget the default group; torch's own way to end a group
+    whose peers may never answer, where ``destroy_process_group`` would wait for them."""
+    from torch.distributed.distributed_c10d import _abort_process_group
+
+    try:
+        _abort_process_group()
+    except (RuntimeError, ValueError, AssertionError):
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+__all__ = ["FORM_TIMEOUT", "Group", "RoundMismatch"]

@@ -1,0 +1,162 @@
+"""State and TorchState: what a worker keeps through a membership change, and how it is shared.
+
+Why commit and restore: a round change interrupts a step at any point (inside a collective, in
+the optimizer's update), so the only state known to be the same on every rank is the one all of
+them committed last. ``restore()`` goes back to it; the step in flight is computed again, and
+no other.
+
+Why ``sync()`` picks the newest commit: a newcomer starts with nothing committed, a survivor
+with every commit so far; each rank counts its commits, and every rank takes the state of the
+rank with the highest count (the lowest rank among equals), broadcast over the new group. The
+newcomer thus starts from a survivor's memory, not from a checkpoint.
+
+Why ``commit()`` also checks the round: a rank that is computing, not communicating, learns that
+the round is over at its next safe point — ``commit()`` raises ``MembershipChanged`` there.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+from collections.abc import Callable
+from typing import Any
+
+from etcdrun.elastic import interrupt
+
+
+class State:
+    """Plain values as attributes (``State(step=0, epoch=0)``; any picklable values)."""
+
+    def __init__(self, **values: Any) -> None:
+        self._callbacks: list[Callable[[], None]] = []
+        self._serial = 0  # commits so far: sync() takes the state of the highest
+        for name, value in values.items():
+            setattr(self, name, value)
+        self._names = tuple(values)
+        self._saved = self.save()
+
+    # ---- what a subclass keeps ----------------------------------------------------------------
+    def save(self) -> Any:
+        """A copy of everything the state holds (a subclass adds its own)."""
+        return {n: copy.deepcopy(getattr(self, n)) for n in self._names}
+
+    def load(self, saved: Any) -> None:
+        for n, value in saved.items():
+            setattr(self, n, copy.deepcopy(value))
+
+    # ---- the contract -------------------------------------------------------------------------
+    def commit(self) -> None:
+        """A safe point: keep the state as it is now; raise ``MembershipChanged`` when the
+        round this worker runs in is over (``elastic.run`` then re-forms and calls again)."""
+        self._saved = self.save()
+        self._serial += 1
+        interrupt.check()
+
+    def restore(self) -> None:
+        """Back to the last commit."""
+        self.load(self._saved)
+
+    def sync(self) -> int:
+        """Every rank takes the committed state of the rank with the newest commit; returns the
+        bytes broadcast (0 in a world of one or outside a process group)."""
+        import torch
+        import torch.distributed as dist
+
+        if not dist.is_initialized() or dist.get_world_size() == 1:
+            return 0
+        me = torch.tensor([self._serial, -dist.get_rank()], dtype=torch.int64)
+        every = [torch.zeros_like(me) for _ in range(dist.get_world_size())]
+        dist.all_gather(every, me)
+        serial, neg_rank = max(tuple(int(x) for x in t.tolist()) for t in every)
+        src = -neg_rank
+        blob = [_dumps(self._saved) if dist.get_rank() == src else None]
+        dist.broadcast_object_list(blob, src=src)
+        self._saved, self._serial = _loads(blob[0]), serial
+        self.restore()
+        return len(blob[0])
+
+    def on_reset(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` after every re-form, once the state is synced (rebuild the data
+        loader for the new world, rescale the learning rate, ...)."""
+        self._callbacks.append(callback)
+
+    def reset(self) -> None:
+        """Run the reset callbacks (``elastic.run`` calls it after each re-form)."""
+        for callback in self._callbacks:
+            callback()
+
+    def rewrap(self) -> None:
+        """After a re-form: point what holds the old group at the new one (TorchState: DDP)."""
+
+
+class TorchState(State):
+    """``TorchState(model=, optimizer=, **values)``: modules and optimizers too, by their
+    ``state_dict``. A ``DistributedDataParallel`` model is moved onto each new group with
+    torch's ``_update_process_group`` (its reducer reset), so the script's own reference to
+    it stays valid."""
+
+    def __init__(self, model: Any = None, optimizer: Any = None, **values: Any) -> None:
+        self.model, self.optimizer = model, optimizer
+        super().__init__(**values)
+
+    def save(self) -> Any:
+        saved = {"values": super().save()}
+        if self.model is not None:
+            saved["model"] = copy.deepcopy(self.model.state_dict())
+        if self.optimizer is not None:
+            saved["optimizer"] = copy.deepcopy(self.optimizer.state_dict())
+        return saved
+
+    def load(self, saved: Any) -> None:
+        super().load(saved["values"])
+        if self.model is not None and "model" in saved:
+            self.model.load_state_dict(saved["model"])
+        if self.optimizer is not None and "optimizer" in saved:
+            self.optimizer.load_state_dict(saved["optimizer"])
+            self.optimizer.zero_grad(set_to_none=True)  # a step cut short left its gradients
+
+    def rewrap(self) -> None:
+        """Move a DDP model onto the new group, then run the collectives a newcomer's DDP
+        constructor runs (parameter shapes, then module states from rank 0), so that survivors
+        and newcomers meet in the same sequence of collectives. torch's own helpers, the ones
+        ``DistributedDataParallel.__init__`` calls; tests/pytorch/test_in_place.py checks that
+        a newcomer joins."""
+        import torch.distributed as dist
+        from torch.distributed.utils import (
+            _sync_module_states,
+            _verify_param_shape_across_processes,
+        )
+        from torch.nn.parallel import DistributedDataParallel
+
+        m = self.model
+        if not isinstance(m, DistributedDataParallel):
+            return
+        m._update_process_group(dist.group.WORLD)
+        parameters, _ = m._build_params_for_reducer()
+        _verify_param_shape_across_processes(m.process_group, parameters)
+        _sync_module_states(
+            module=m.module,
+            process_group=m.process_group,
+            broadcast_bucket_size=m.broadcast_bucket_size,
+            src=0,
+            params_and_buffers_to_ignore=m.parameters_to_ignore,
+            broadcast_buffers=m.forward_sync_buffers,
+        )
+
+
+def _dumps(saved: Any) -> bytes:
+    """Pickled with torch's tensor support (state dicts hold tensors)."""
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(saved, buf)
+    return buf.getvalue()
+
+
+def _loads(data: bytes) -> Any:
+    import torch
+
+    return torch.load(io.BytesIO(data), weights_only=False)
+
+
+__all__ = ["State", "TorchState"]

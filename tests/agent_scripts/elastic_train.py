@@ -1,0 +1,57 @@
+"""A toy DDP job on ``etcdrun.elastic``: every rank trains on the same batches, so the averaged
+gradient, and so the loss at every step, is that of one process (the tests compare them).
+
+argv: OUT_DIR STEPS [STEP_SECONDS]. Each completed step appends one JSON line to
+OUT_DIR/steps_<pid>.jsonl: step, rank, world, round, loss, time.
+"""
+
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from etcdrun import elastic
+
+out, steps = sys.argv[1], int(sys.argv[2])
+pause = float(sys.argv[3]) if len(sys.argv) > 3 else 0.05
+
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.002)
+state = elastic.TorchState(model=model, optimizer=opt, step=0)
+log = open(os.path.join(out, f"steps_{os.getpid()}.jsonl"), "a", buffering=1)
+
+
+def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    x = torch.arange(32, dtype=torch.float32).reshape(8, 4) / (step % 7 + 1)
+    return x, x.sum(1, keepdim=True) * 0.5
+
+
+@elastic.run
+def train(state: elastic.TorchState) -> None:
+    while state.step < steps:
+        x, y = batch(state.step)
+        loss = ((model(x) - y) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        state.step += 1
+        line = {
+            "step": state.step,
+            "rank": dist.get_rank(),
+            "world": dist.get_world_size(),
+            "round": int(os.environ["ETCDRUN_ROUND"]),
+            "loss": loss.item(),
+            "t": time.time(),
+        }
+        log.write(json.dumps(line) + "\n")
+        state.commit()
+        time.sleep(pause)
+
+
+train(state)
+log.close()
