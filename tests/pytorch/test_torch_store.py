@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import gc
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -22,6 +23,7 @@ from typing import Any
 
 import pytest
 from agent_helpers import SCRIPTS
+from layout import ROOT
 
 from etcdrun.rendezvous.client import EtcdClient
 
@@ -375,3 +377,56 @@ def test_gloo_and_torchs_elastic_store_patterns_on_three_processes(etcd, torch_a
         assert c.get_prefix(prefix, count_only=True).count == 0
     finally:
         c.close()
+
+
+# ---- docs/torch-store.md's table of torch's Store methods ---------------------------------------
+_TABLE_ROW = re.compile(r"^\| `(\w+)` \| (yes|no) \| (yes|no) \|", re.M)
+_S = datetime.timedelta(seconds=5)
+_PROBES: dict[str, Callable[[Any], Any]] = {
+    "set": lambda s: s.set("k", "v"),
+    "get": lambda s: s.get("k"),
+    "add": lambda s: s.add("n", 1),
+    "compare_set": lambda s: s.compare_set("k", "v", "w"),
+    "delete_key": lambda s: s.delete_key("n"),
+    "num_keys": lambda s: s.num_keys(),
+    "check": lambda s: s.check(["k"]),
+    "wait": lambda s: (s.wait(["k"]), s.wait(["k"], _S)),
+    "set_timeout": lambda s: s.set_timeout(_S),
+    "timeout": lambda s: s.timeout,
+    "multi_get": lambda s: s.multi_get(["k"]),
+    "multi_set": lambda s: s.multi_set(["a"], ["b"]),
+    "append": lambda s: s.append("a", "c"),
+    "has_extended_api": lambda s: s.has_extended_api() or "False",
+    "clone": lambda s: s.clone().get("k"),
+    "barrier": lambda s: s.barrier("b", 1),
+    "queue_push": lambda s: s.queue_push("q", "1"),
+    "queue_pop": lambda s: s.queue_pop("q", block=False),
+    "queue_len": lambda s: s.queue_len("q"),
+    "list_keys": lambda s: s.list_keys(),
+}
+
+
+def _supported(store: Any, method: str) -> str:
+    """ "yes" when the call works, "no" when torch says it is not implemented."""
+    try:
+        answer = _PROBES[method](store)
+    except NotImplementedError:
+        return "no"
+    return "no" if answer == "False" else "yes"
+
+
+def test_the_store_method_table_in_the_docs_is_true(client):
+    """Every method of torch's Store has a row, and each row says what the calls do."""
+    import torch.distributed as dist
+
+    rows = {
+        m: (ours, prefixed)
+        for m, ours, prefixed in _TABLE_ROW.findall((ROOT / "docs" / "torch-store.md").read_text())
+    }
+    public = {m for m in dir(dist.Store) if not m.startswith("_")}
+    assert set(rows) == public == set(_PROBES)
+    s = _store(client, timeout=_S)
+    p = dist.PrefixStore("p", _store(client, timeout=_S))
+    s.queue_push("q", "0")  # queue_pop without blocking has an item on the EtcdStore
+    seen = {m: (_supported(s, m), _supported(p, m)) for m in _PROBES}
+    assert seen == rows
