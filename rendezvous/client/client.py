@@ -5,8 +5,10 @@ failover, logs in again when the token expires, and imports cleanly on protobuf 
 foundation issue). This one is a thin layer over grpc with those four properties and typed errors.
 
 Lifecycle: create (no I/O yet: channels open lazily, so a client made before ``fork()`` works in
-the child too), use, ``close()`` — which revokes the leases it keeps alive, ends its watches and
-joins its two threads (keep-alive, watch), each started only when first needed.
+the child too, even while its keep-alive, watch or other threads are busy in the parent: forks.py
+holds them out of gRPC across the fork), use, ``close()`` — which revokes the leases it keeps
+alive, ends its watches and joins its two threads (keep-alive, watch), each started only when
+first needed.
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ from collections.abc import Callable
 import grpc
 
 from etcdrun.proto import etcd_api_pb2 as pb
+from etcdrun.rendezvous.client.forks import GATE
 from etcdrun.rendezvous.client.transport import Transport
 
 log = logging.getLogger(__name__)
@@ -281,17 +282,8 @@ class LeaseKeeper:
         timeout = self._t.policy.keepalive_timeout(min(ls.ttl for ls in due), until_lost)
         acked: dict[int, int] = {}
         try:
-            call = self._t.stream(
-                "LeaseKeepAlive",
-                iter([pb.LeaseKeepAliveRequest(ID=ls.id) for ls in due]),
-                idx,
-                timeout=timeout,
-            )
-            for resp in call:
-                acked[resp.ID] = resp.TTL
-                if len(acked) == len(due):
-                    call.cancel()
-                    break
+            with GATE.call():  # a fork waits for the tick (bounded by its timeout)
+                self._exchange(due, idx, timeout, acked)
         except grpc.RpcError as e:
             if e.code() != grpc.StatusCode.CANCELLED or len(acked) < len(due):
                 self._t.on_stream_error(e, idx)
@@ -299,6 +291,20 @@ class LeaseKeeper:
         except Exception as e:  # closed channel, fork, ...
             log.debug("lease keep-alive failed: %r", e)
         self._settle(due, acked, sent)
+
+    def _exchange(self, due: list[Lease], idx: int, timeout: float, acked: dict[int, int]) -> None:
+        """One keep-alive stream: a request per due lease, their answers into ``acked``."""
+        call = self._t.stream(
+            "LeaseKeepAlive",
+            iter([pb.LeaseKeepAliveRequest(ID=ls.id) for ls in due]),
+            idx,
+            timeout=timeout,
+        )
+        for resp in call:
+            acked[resp.ID] = resp.TTL
+            if len(acked) == len(due):
+                call.cancel()
+                break
 
     def _settle(self, due: list[Lease], acked: dict[int, int], sent: float) -> None:
         """Book one tick's answers: refreshed, expired on the server, presumed lost, or retry."""

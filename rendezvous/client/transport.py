@@ -8,7 +8,9 @@ a live channel to some endpoint, the current auth token, and a rule for what to 
   ``retry_timeout`` — all of it as the one RetryPolicy (policy.py) says.
 - Auth: when the token expires (``etcdserver: invalid auth token``), log in again once and retry.
 - Fork: a grpc channel created before ``fork()`` is broken in the child (measured). Channels are
-  created lazily and dropped — never reused — when the process id changes.
+  created lazily and dropped — never reused — when the process id changes; and every call passes
+  forks.GATE, so that none is inside gRPC when the process forks (a child inheriting one aborts
+  or hangs in its first request).
 - Idempotence: a Put or Txn whose answer was lost may have been applied; a retried Txn then fails
   its compare, and callers re-read (the rendezvous fences every write on mod_revision).
 """
@@ -29,6 +31,7 @@ import grpc
 from etcdrun.proto import etcd_api_pb2 as pb
 from etcdrun.proto.etcd_stubs import bind
 from etcdrun.rendezvous.client.config import ClientConfig, Endpoint
+from etcdrun.rendezvous.client.forks import GATE
 from etcdrun.rendezvous.client.errors import (
     EtcdClosedError,
     EtcdConnectionError,
@@ -150,11 +153,14 @@ class Transport:
             if self._token is not None and self._token != stale:
                 return self._token
         req = pb.AuthenticateRequest(name=self.config.user, password=self.config.password)
-        resp = self._retrying(
-            lambda idx: bind(self.channel(idx), "Authenticate")(
-                req, timeout=self.policy.request_timeout
-            )
-        )
+
+        def attempt(idx: int) -> Any:
+            with GATE.call():
+                return bind(self.channel(idx), "Authenticate")(
+                    req, timeout=self.policy.request_timeout
+                )
+
+        resp = self._retrying(attempt)
         with self._lock:
             self._token = resp.token
         log.debug("etcd: logged in as %s", self.config.user)
@@ -283,9 +289,9 @@ class Transport:
         per_request = min(self.policy.request_timeout, self.policy.call_timeout(timeout))
 
         def attempt(idx: int) -> Any:
-            return bind(self.channel(idx), name)(
-                request, timeout=per_request, metadata=self.metadata() or None
-            )
+            md = self.metadata() or None  # before the gate: a login is a call of its own
+            with GATE.call():
+                return bind(self.channel(idx), name)(request, timeout=per_request, metadata=md)
 
         try:
             return self._retrying(attempt, timeout)
@@ -297,17 +303,18 @@ class Transport:
 
     def call_on(self, index: int, name: str, request: Any, timeout: float | None = None) -> Any:
         """One unary RPC on one endpoint, no failover (Status of a given member)."""
+        md = self.metadata() or None
         try:
-            return bind(self.channel(index), name)(
-                request,
-                timeout=timeout or self.policy.request_timeout,
-                metadata=self.metadata() or None,
-            )
+            with GATE.call():
+                return bind(self.channel(index), name)(
+                    request, timeout=timeout or self.policy.request_timeout, metadata=md
+                )
         except grpc.RpcError as e:
             raise from_rpc_error(e, str(self.endpoint(index))) from None
 
     def stream(self, name: str, requests: Iterator, index: int, timeout: float | None = None):
-        """Open a bidirectional stream on endpoint ``index`` (the caller handles failover)."""
+        """Open a bidirectional stream on endpoint ``index`` (the caller handles failover, and
+        holds ``forks.GATE.call()`` from here until the stream has ended)."""
         return bind(self.channel(index), name)(
             requests, timeout=timeout, metadata=self.metadata(streaming=True)
         )

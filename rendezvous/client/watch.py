@@ -36,6 +36,7 @@ from etcdrun.rendezvous.client.errors import (
     EtcdTokenExpiredError,
     is_token_expired,
 )
+from etcdrun.rendezvous.client.forks import GATE
 from etcdrun.rendezvous.client.transport import Transport
 
 log = logging.getLogger(__name__)
@@ -198,36 +199,41 @@ class WatchManager:
                     self._pending.append(w.id)
                     q.put(w.create_request())
                 self._requests = q
-            err, delivered = self._stream(q, idx)
-            failures = 1 if delivered else failures + 1
+            err, delivered, forked = self._stream(q, idx)
             with self._lock:
-                if self._closing or not self._watches:
-                    continue
+                if self._closing or not self._watches or forked:
+                    continue  # forked: cancelled for a fork, reopened once it is done
+            failures = 1 if delivered else failures + 1
             if not self._recoverable(err, idx):
                 continue
             self.reconnects += 1
             self._closed_event.wait(self._t.policy.backoff(failures))
 
-    def _stream(self, q: queue.Queue, idx: int) -> tuple[BaseException, bool]:
-        """Run one stream until it breaks; (why it broke, whether it delivered anything)."""
+    def _stream(self, q: queue.Queue, idx: int) -> tuple[BaseException, bool, bool]:
+        """Run one stream until it breaks; (why it broke, whether it delivered anything,
+        whether a fork cancelled it)."""
         delivered = False
+        call = None
         try:
-            call = self._t.stream("Watch", self._requests_iter(q), idx)
-            with self._lock:
-                self._call = call
-                if not self._watches or self._closing:
-                    call.cancel()
-            for resp in call:
-                delivered = True
-                self._handle(resp)
-            return EtcdConnectionError("watch stream ended by the server"), delivered
+            with GATE.call():  # a fork cancels the stream, then waits for it to end
+                call = self._t.stream("Watch", self._requests_iter(q), idx)
+                with self._lock:
+                    self._call = call
+                    if not self._watches or self._closing:
+                        call.cancel()
+                with GATE.stream(call):
+                    for resp in call:
+                        delivered = True
+                        self._handle(resp)
+            err: BaseException = EtcdConnectionError("watch stream ended by the server")
         except Exception as e:  # grpc.RpcError; a closed channel (ValueError); a fork
-            return e, delivered
+            err = e
         finally:
             q.put(_STOP)  # ends grpc's request-consumer thread
             with self._lock:
                 self._requests = None
                 self._call = None
+        return err, delivered, call is not None and GATE.cancelled_for_fork(call)
 
     def _recoverable(self, err: BaseException, idx: int) -> bool:
         """Book-keeping after a broken stream; False when every watch was ended for good (a
