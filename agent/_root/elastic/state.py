@@ -91,9 +91,8 @@ class State:
 
 class TorchState(State):
     """``TorchState(model=, optimizer=, **values)``: modules and optimizers too, by their
-    ``state_dict``. A ``DistributedDataParallel`` model is moved onto each new group with
-    torch's ``_update_process_group`` (its reducer reset), so the script's own reference to
-    it stays valid."""
+    ``state_dict``. A ``DistributedDataParallel`` model is rebuilt on each new group in
+    place (``rewrap``), so the script's own reference to it stays valid."""
 
     def __init__(self, model: Any = None, optimizer: Any = None, **values: Any) -> None:
         self.model, self.optimizer = model, optimizer
@@ -116,32 +115,36 @@ class TorchState(State):
             self.optimizer.zero_grad(set_to_none=True)  # a step cut short left its gradients
 
     def rewrap(self) -> None:
-        """Move a DDP model onto the new group, then run the collectives a newcomer's DDP
-        constructor runs (parameter shapes, then module states from rank 0), so that survivors
-        and newcomers meet in the same sequence of collectives. torch's own helpers, the ones
-        ``DistributedDataParallel.__init__`` calls; tests/pytorch/test_in_place.py checks that
-        a newcomer joins."""
-        import torch.distributed as dist
-        from torch.distributed.utils import (
-            _sync_module_states,
-            _verify_param_shape_across_processes,
-        )
+        """A DDP model becomes, in place, the one a newcomer's script builds now: a fresh
+        ``DistributedDataParallel`` over the same module and the new default group, whose
+        attributes replace the old wrapper's (the script's reference to it stays valid).
+
+        Why fresh rather than ``_update_process_group``: survivors and newcomers must run the
+        same collectives in the same order. The constructor's (parameter shapes, module states
+        from rank 0) come with it, and so does the reducer's state: a reset reducer that
+        remembered its first iteration rebuilt its buckets one iteration before a newcomer's
+        did, a broadcast met an allreduce, and the gradients of that step were wrong
+        (tests/pytorch/test_in_place.py, "arrive"). The old reducer goes with the old
+        attributes, its autograd hooks with it."""
         from torch.nn.parallel import DistributedDataParallel
 
         m = self.model
         if not isinstance(m, DistributedDataParallel):
             return
-        m._update_process_group(dist.group.WORLD)
-        parameters, _ = m._build_params_for_reducer()
-        _verify_param_shape_across_processes(m.process_group, parameters)
-        _sync_module_states(
-            module=m.module,
-            process_group=m.process_group,
-            broadcast_bucket_size=m.broadcast_bucket_size,
-            src=0,
-            params_and_buffers_to_ignore=m.parameters_to_ignore,
-            broadcast_buffers=m.forward_sync_buffers,
+        fresh = DistributedDataParallel(
+            m.module,
+            device_ids=m.device_ids,
+            output_device=m.output_device,
+            dim=m.dim,
+            bucket_cap_mb=m.bucket_bytes_cap / (1024 * 1024),
+            find_unused_parameters=m.find_unused_parameters,
+            gradient_as_bucket_view=m.gradient_as_bucket_view,
+            static_graph=m.static_graph,
+            forward_sync_buffers=m.forward_sync_buffers,
+            skip_all_reduce_unused_params=m.skip_all_reduce_unused_params,
+            mixed_precision=m.mixed_precision,
         )
+        m.__dict__.update(fresh.__dict__)
 
 
 def _dumps(saved: Any) -> bytes:

@@ -1,0 +1,149 @@
+"""Survivors keep running (etcdrun.elastic, design.md §4a): real agents, a real etcd, real gloo.
+
+Three agents of one worker each train tests/agent_scripts/elastic_train.py, where every rank
+trains on the same batches: the loss at every step is then that of one process, whatever the
+world size, and the test computes it here. A node is killed (-9), the rank-0 node is killed,
+a node is frozen past its lease (SIGSTOP), or a fourth node arrives; in each case the
+survivors' worker processes must be the ones that started, no step may be done twice, every
+step's loss must be the one-process loss within 1e-4, and the agents must say the round was
+taken in place (events.jsonl).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+from agent_helpers import SCRIPTS, Job, clean_env, wait_for
+
+SCRIPT = str(SCRIPTS / "elastic_train.py")
+STEPS = 60
+EVENT_AT = 8  # steps every worker has done before the event
+
+
+def reference_losses(steps: int) -> list[float]:
+    """The same model, optimizer and batches in one process, no process group."""
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.002)
+    losses = []
+    for step in range(steps):
+        x = torch.arange(32, dtype=torch.float32).reshape(8, 4) / (step % 7 + 1)
+        y = x.sum(1, keepdim=True) * 0.5
+        loss = ((model(x) - y) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def rows_by_pid(out: Path) -> dict[int, list[dict]]:
+    found = {}
+    for path in out.glob("steps_*.jsonl"):
+        lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
+        found[int(path.stem.split("_")[1])] = [json.loads(ln) for ln in lines]
+    return found
+
+
+def parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def warden_of(agent_pid: int) -> int:
+    """The agent's warden (agent/fencing/warden.py, started with the agent's pid)."""
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                argv = (d / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if any(a.endswith(b"warden.py") for a in argv) and str(agent_pid).encode() in argv:
+                return int(d.name)
+    raise AssertionError(f"no warden for agent {agent_pid}")
+
+
+def events(log_dir: Path, name: str) -> list[dict]:
+    path = log_dir / "events.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [e for e in map(json.loads, lines) if e["event"] == name]
+
+
+@pytest.fixture
+def job(etcd, tmp_path, torch_available):
+    out, logs = tmp_path / "out", tmp_path / "logs"
+    out.mkdir()
+    j = Job(
+        etcd.endpoints,
+        tmp_path,
+        nnodes="2:4",
+        nproc=1,
+        conf="lease_ttl=2,last_call_timeout=1",
+        extra=("--prewarm", "none", "--log-dir", str(logs)),
+        script=(SCRIPT, str(out), str(STEPS), "0.05"),
+    )
+    j.steps_dir, j.logs = out, logs
+    yield j
+    j.close()
+
+
+@pytest.mark.parametrize("how", ["kill", "kill_rank0", "sigstop", "arrive"])
+def test_survivors_keep_their_processes_and_lose_no_step(job, how):
+    agents = [job.start(env=clean_env()) for _ in range(3)]
+    wait_for(
+        lambda: (
+            len(rows := rows_by_pid(job.steps_dir)) == 3
+            and all(len(r) >= EVENT_AT for r in rows.values())
+        ),
+        90,
+        "three workers past step 8",
+    )
+    before = rows_by_pid(job.steps_dir)
+    by_rank = {rows[-1]["rank"]: pid for pid, rows in before.items()}
+    victim_pid = by_rank[0 if how == "kill_rank0" else 2]
+    victim = next(a for a in agents if a.pid == parent(victim_pid))
+    if how in ("kill", "kill_rank0"):
+        os.kill(victim_pid, signal.SIGKILL)
+        victim.proc.kill()
+    elif how == "sigstop":  # the whole node frozen past its lease (warden too), then gone
+        frozen = (victim.pid, victim_pid, warden_of(victim.pid))
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        wait_for(lambda: len(events(job.logs, "workers_regrouped")) >= 2, 30, "the regroup")
+        victim.proc.kill()
+        os.kill(victim_pid, signal.SIGKILL)
+        os.kill(frozen[2], signal.SIGCONT)  # the warden sweeps what is left and leaves
+    else:
+        agents.append(job.start(env=clean_env()))
+    survivors = [a for a in agents if a is not victim or how == "arrive"]
+    for a in survivors:
+        assert a.wait(120) == 0, a.stderr[-3000:]
+
+    after = rows_by_pid(job.steps_dir)
+    kept = [pid for pid in before if pid != victim_pid or how == "arrive"]
+    reference = reference_losses(STEPS)
+    for pid in kept:
+        rows = after[pid]
+        steps = [r["step"] for r in rows]
+        assert steps == list(range(1, STEPS + 1)), f"pid {pid}: steps {steps}"
+        assert len({r["round"] for r in rows}) == 2, "the same process ran in both rounds"
+        for r in rows:
+            assert r["loss"] == pytest.approx(reference[r["step"] - 1], rel=1e-4), r
+    worlds = {after[pid][-1]["world"] for pid in kept}
+    assert worlds == ({4} if how == "arrive" else {2})
+    if how == "arrive":  # the newcomer took the survivors' state, not step 1's
+        (new,) = set(after) - set(before)
+        first = after[new][0]["step"]
+        assert first > EVENT_AT and [r["step"] for r in after[new]] == list(range(first, 61))
+        for r in after[new]:
+            assert r["loss"] == pytest.approx(reference[r["step"] - 1], rel=1e-4), r
+    regrouped = events(job.logs, "workers_regrouped")
+    resumed = events(job.logs, "worker_resumed")
+    assert len(regrouped) == len(kept) and len(resumed) == len(kept)
+    assert all(e["pause_s"] is not None and e["sync_bytes"] > 0 for e in resumed)
+    assert not events(job.logs, "workers_restarted"), "a survivor was restarted"
