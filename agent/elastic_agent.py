@@ -37,7 +37,7 @@ from etcdrun.agent.report import story
 from etcdrun.agent.report.metrics import MetricsConfig
 from etcdrun.agent.report.observer import AgentObserver
 from etcdrun.agent.standby import pool as standby
-from etcdrun.agent.worker import control
+from etcdrun.agent.worker import control, file_timer
 from etcdrun.agent.worker.control import PEER_WAIT_VAR, ControlServer
 from etcdrun.agent.worker.group import WorkerGroup
 from etcdrun.rendezvous.api import FailureInfo, Liveness, RendezvousHandler, RendezvousInfo
@@ -83,7 +83,12 @@ class ElasticAgent:
         self._fencing = Fencing(self._liveness, early and early.tag)  # the warden
         self.observer = AgentObserver(self._h, event_log_handler, metrics)
         self._control = ControlServer(self._fencing.tag, self._on_control)  # in place (§4a)
-        env = {**self._fencing.env, **self._control.env}
+        self._timer = None  # torch's FileTimer, when the agent's environment asks for it
+        if file_timer.enabled():
+            path = os.environ.get(file_timer.FILE_VAR)
+            self._timer = file_timer.FileTimerServer(path, self._is_worker, self._timer_expired)
+        timer_env = self._timer.env if self._timer is not None else {}
+        env = {**self._fencing.env, **self._control.env, **timer_env}
         self._standbys = early.pool if early else standby.for_agent(spec, env)
         self._group = WorkerGroup(
             log_dir or spec.log_dir,
@@ -108,6 +113,8 @@ class ElasticAgent:
         unsubscribe = self._h.on_membership_change(self._wake.set)
         self._fencing.start(self._wake.set)
         self._control.start()
+        if self._timer is not None:
+            self._timer.start()
         standby.start(self._standbys)  # ahead of the first round
         result: RunResult | None = None
         try:
@@ -120,6 +127,8 @@ class ElasticAgent:
             standby.close(self._standbys)
             self._fencing.close()
             self._control.close()
+            if self._timer is not None:
+                self._timer.close()
             self._h.shutdown()  # leave before the event log closes: its node_left is kept
             self.observer.close()
             kept = self._group.settle_logs(result is not None and not result.is_failed())
@@ -246,6 +255,34 @@ class ElasticAgent:
             log.warning("%s", line)
         self._say_round(info)
         return self._wait()
+
+    def _is_worker(self, pid: int) -> bool:
+        return pid in self._group.pids().values()
+
+    def _timer_expired(self, e: file_timer.Expired) -> None:
+        """The file timer's thread, before it kills the worker: its error file names the scope
+        (torch's format), so every node's report of the failure says which timer ran out."""
+        worker = next((w for w in self._group.workers if w.pid == e.pid), None)
+        files = self._group.log_paths.get(worker.global_rank) if worker is not None else None
+        how = file_timer.signal_name(e.signum)
+        message = f"FileTimer scope {e.scope!r} expired: the worker was killed with {how}"
+        log.warning(
+            "rank %s (pid %d): torch FileTimer scope %r expired; killing it with %s",
+            worker.global_rank if worker is not None else "?",
+            e.pid,
+            e.scope,
+            how,
+        )
+        if files is not None and not os.path.exists(files.error_file):
+            write_error_json(files.error_file, message, "", time.time())
+        self.observer.events.emit(
+            "worker_timer_expired",
+            round=self._group.info.round if self._group.info is not None else None,
+            pid=e.pid,
+            rank=worker.global_rank if worker is not None else None,
+            scope=e.scope,
+            signal=how,
+        )
 
     def _on_control(self, local_rank: int, msg: dict[str, Any]) -> None:
         """The control server's thread: a worker's word (its hello, its resumed figures)."""

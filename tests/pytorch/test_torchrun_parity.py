@@ -67,7 +67,8 @@ DIFFERENT = {  # set by both, other values (see the module docstring)
     "TORCHELASTIC_RUN_ID",
 }
 # the round; the warden's tag (agent/fencing/warden.py)
-OURS_ONLY = {"ETCDRUN_ROUND", "ETCDRUN_NODE_TAG"}
+# The in-place channel's name and how long a worker awaits its verdict (docs/in-place.md) too.
+OURS_ONLY = {"ETCDRUN_ROUND", "ETCDRUN_NODE_TAG", "ETCDRUN_CONTROL", "ETCDRUN_PEER_WAIT"}
 
 
 def base_env() -> dict[str, str]:
