@@ -31,6 +31,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from collections import Counter
 
 from etcdrun.rendezvous.client import EtcdClient
@@ -48,6 +49,8 @@ def _child(client: EtcdClient, quiet: bool) -> None:
     try:
         client.get(KEY)
         code = 0
+    except BaseException:
+        traceback.print_exc()  # to fd 2: shown with --stderr
     finally:
         os._exit(code)
 

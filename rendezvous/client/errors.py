@@ -87,6 +87,9 @@ _NOT_AS_CONFIGURED = (
     "failed parsing http/2",
     "http1.x server",
 )
+# gRPC's fork handlers close the connections a child inherits; a child's first call can still
+# meet one ("Stream removed (Closed on fork)"), and its next attempt opens a new one.
+_CLOSED_ON_FORK = "closed on fork"
 _TRANSIENT_CODES = {
     grpc.StatusCode.UNAVAILABLE,
     grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -105,6 +108,8 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, grpc.RpcError):
         if _NO_SPACE in _details(exc):
             return False
+        if _CLOSED_ON_FORK in _details(exc).lower():
+            return True
         return exc.code() in _TRANSIENT_CODES and not is_token_expired(exc)
     return isinstance(exc, EtcdConnectionError) and not isinstance(exc, EtcdEndpointError)
 
