@@ -7,7 +7,6 @@ on the next endpoint turns a dead leader into a ~deadline + election pause inste
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass, field
 
@@ -63,6 +62,28 @@ def parse_endpoints(spec: str | list[str] | tuple[str, ...]) -> tuple[Endpoint, 
     return eps
 
 
+# What each TLS file must hold: gRPC takes PEM only, and a file that is not one was read as an
+# unreachable etcd, retried for the whole retry_timeout, and ended as "Failed to create security
+# handshaker" without naming the file.
+_PEM = {"ca_cert": "CERTIFICATE-----", "cert": "CERTIFICATE-----", "key": "PRIVATE KEY-----"}
+
+
+def check_pem(name: str, path: str, marker: str) -> None:
+    """ValueError naming the file unless it exists and holds a PEM block of ``marker``'s kind."""
+    try:
+        with open(path, "rb") as f:
+            text = f.read(1 << 20).decode("ascii", errors="replace")
+    except FileNotFoundError:
+        raise ValueError(f"etcd TLS {name} file not found: {path}") from None
+    except OSError as e:
+        raise ValueError(f"etcd TLS {name} file {path}: {e.strerror}") from None
+    kind = marker.removesuffix("-----")
+    if "-----BEGIN " not in text or marker not in text:
+        raise ValueError(
+            f"etcd TLS {name} file {path} is not a PEM {kind.lower()} (no BEGIN {kind})"
+        )
+
+
 @dataclass(frozen=True)
 class ClientConfig:
     """Everything the client needs; ``password`` is never printed (repr hides it)."""
@@ -81,10 +102,10 @@ class ClientConfig:
             raise ValueError("a client certificate needs both cert and key")
         if (self.user is None) != (self.password is None):
             raise ValueError("etcd auth needs both user and password")
-        for name in ("ca_cert", "cert", "key"):
+        for name, marker in _PEM.items():
             path = getattr(self, name)
-            if path is not None and not os.path.isfile(path):
-                raise ValueError(f"etcd TLS {name} file not found: {path}")
+            if path is not None:
+                check_pem(name, path, marker)
         self.policy  # noqa: B018 - validates the timeouts
 
     @property

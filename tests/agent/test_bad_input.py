@@ -87,6 +87,21 @@ def test_a_wrong_ca_fails_at_once(etcd_tls, tmp_path):
     assert_one_clear_line(proc, "does not answer as configured", "CERTIFICATE_VERIFY_FAILED")
 
 
+@pytest.mark.parametrize("key", ["cacert", "cert", "key"])
+def test_a_tls_file_that_is_not_pem_is_one_line_naming_it_at_once(etcd_tls, tmp_path, key):
+    """It was retried as an outage for the whole retry_timeout and ended as "Failed to create
+    security handshaker", never naming the file."""
+    real = generate(tmp_path / "real")
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate, not a key\n")
+    files = {"cacert": real.ca_file, "cert": real.client_cert, "key": real.client_key, key: junk}
+    conf = ",".join(f"{k}={v}" for k, v in files.items())
+    t0 = time.monotonic()
+    proc = run_cli(*etcd_argv(etcd_tls.endpoints, f"{PATIENT},{conf}"))
+    assert time.monotonic() - t0 < 30
+    assert_one_clear_line(proc, str(junk), "is not a PEM")
+
+
 @pytest.fixture
 def small_etcd(etcd_bin) -> Iterator[LocalEtcd]:
     """An etcd with a 2 MB space quota, so that a test can fill it."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -105,3 +106,25 @@ def test_expired_token_logs_in_again(etcd_auth_ttl):
         assert not lease.lost.is_set()
     finally:
         c.close()
+
+
+def test_a_tls_file_that_is_not_pem_is_named_at_once(tmp_path, etcd_mtls):
+    """gRPC read a CA file that held no certificate as an unreachable etcd: retried for the
+    whole retry_timeout, then "Failed to create security handshaker", the file never named."""
+    tls = etcd_mtls.tls
+    junk = tmp_path / "ca.pem"
+    junk.write_text("this is not a certificate\n")
+    cases = [
+        ({"ca_cert": str(junk)}, f"etcd TLS ca_cert file {junk} is not a PEM certificate"),
+        (
+            {"ca_cert": tls.ca_file, "cert": tls.client_key_file, "key": tls.client_key_file},
+            "etcd TLS cert file",
+        ),
+        (
+            {"ca_cert": tls.ca_file, "cert": tls.client_cert_file, "key": tls.client_cert_file},
+            "etcd TLS key file",
+        ),
+    ]
+    for files, words in cases:  # refused when the client is made: no call, so no retrying
+        with pytest.raises(ValueError, match=re.escape(words)):
+            EtcdClient(etcd_mtls.endpoints, retry_timeout=30, **files)
