@@ -21,7 +21,7 @@ from torchrun_helpers import TorchrunJob
 from etcdrun.rendezvous.torch.conf import endpoints, read_torch_conf
 
 PY = sys.executable
-TORCH_MODULES = ("torch", "etcdrun.rendezvous.torch_")
+TORCH_MODULES = ("torch", "etcdrun.rendezvous.torch.")
 
 
 # ---- torchrun's rdzv-conf ------------------------------------------------------------------------
@@ -204,7 +204,7 @@ def _handlers(etcd, n: int, nodes: tuple[int, int] = (2, 2), **conf: str) -> lis
 def _leader_sees_waiting(*hs: Any) -> int | None:
     """Hot spares the leader counted at its last decision (its published status)."""
     for h in hs:
-        driver = h.inner._driver  # the leader's status is published by its driver
+        driver = h.inner._now.driver  # the leader's status is published by its driver
         if driver is not None and driver.status is not None:
             return driver.status.waiting
     return None
