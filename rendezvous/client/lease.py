@@ -73,6 +73,7 @@ class Lease:
         self._revoked = False
         self._orphaned = False
         self._abandoned = False
+        self._presumed = False  # lost for want of an answer, not known gone on the server
         self.keepalives = 0
 
     @property
@@ -180,8 +181,11 @@ class Lease:
         was_lost = self.lost.is_set()
         self._revoked = True
         self._mark_lost("revoked")
+        if was_lost and self._presumed:  # etcd did not answer: revoke when it next does
+            self._keeper.revoke_later(self.id)
+            return True  # nothing of this node's left to wait for here
         if was_lost and self.lost_reason != "revoked" and not self._abandoned:
-            return True
+            return True  # gone on the server already
         return self._keeper.revoke(self.id, timeout)
 
     def __repr__(self) -> str:
@@ -194,6 +198,7 @@ class LeaseKeeper:
     def __init__(self, transport: Transport) -> None:
         self._t = transport
         self._leases: dict[int, Lease] = {}
+        self._stale: set[int] = set()  # presumed lost, to revoke when etcd answers again
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -201,6 +206,7 @@ class LeaseKeeper:
     def grant(self, ttl: int, keepalive: bool = True) -> Lease:
         sent = time.monotonic()
         resp = self._t.call("LeaseGrant", pb.LeaseGrantRequest(TTL=int(ttl)))
+        self._revoke_stale()  # etcd answers again: the leases it could not be told of go now
         granted = int(resp.TTL)
         lease = Lease(self, resp.ID, granted, sent, self._t.policy.keepalive_interval(granted))
         if keepalive:
@@ -240,6 +246,22 @@ class LeaseKeeper:
         with self._cv:
             self._leases.pop(lease.id, None)
             self._cv.notify_all()
+
+    def revoke_later(self, lease_id: int) -> None:
+        """A lease presumed lost while etcd did not answer may still live on the server, and
+        with it its keys: an agent key that the others' next round waits for. Revoke it as
+        soon as etcd answers again (the next grant), instead of letting it expire a TTL later
+        (a restarted etcd renews every lease it restores)."""
+        with self._cv:
+            self._stale.add(lease_id)
+
+    def _revoke_stale(self) -> None:
+        with self._cv:
+            stale, self._stale = self._stale, set()
+        for lease_id in stale:
+            if not self.revoke(lease_id, self._t.policy.request_timeout):
+                with self._cv:
+                    self._stale.add(lease_id)
 
     def revoke(self, lease_id: int, timeout: float | None) -> bool:
         from etcdrun.rendezvous.client.errors import EtcdError, EtcdLeaseNotFoundError
@@ -325,6 +347,7 @@ class LeaseKeeper:
                 ls._run_callbacks(ls._refreshed)
             elif now >= ls.expires_no_earlier_than:
                 self.forget(ls)
+                ls._presumed = True  # etcd may still hold it: revoke() defers to revoke_later
                 ls._mark_lost(f"no keep-alive acknowledged for {now - (ls._acked_sent_at):.1f}s")
             else:
                 if now >= ls.presumed_lost_at and not ls.in_doubt.is_set():
@@ -349,5 +372,9 @@ class LeaseKeeper:
         if revoke:
             for ls in leases:
                 ls.revoke()
+            with self._cv:
+                stale, self._stale = self._stale, set()
+            for lease_id in stale:  # one attempt each: leaving must not hang on a dead etcd
+                self.revoke(lease_id, self._t.policy.parting_timeout)
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=self._t.policy.thread_stop_timeout)
