@@ -33,12 +33,12 @@ from etcdrun.agent.api import RunResult, WorkerSpec, WorkerState, handled_signal
 from etcdrun.agent.errors import ChildFailedError, ProcessFailure, write_error_json
 from etcdrun.agent.fencing.guard import Fencing
 from etcdrun.agent.grace import stop_grace
+from etcdrun.agent.in_place import InPlace
 from etcdrun.agent.report import story
 from etcdrun.agent.report.metrics import MetricsConfig
 from etcdrun.agent.report.observer import AgentObserver
 from etcdrun.agent.standby import pool as standby
-from etcdrun.agent.worker import control, file_timer
-from etcdrun.agent.worker.control import PEER_WAIT_VAR, ControlServer
+from etcdrun.agent.worker import file_timer
 from etcdrun.agent.worker.group import WorkerGroup
 from etcdrun.rendezvous.api import FailureInfo, Liveness, RendezvousHandler, RendezvousInfo
 from etcdrun.rendezvous.errors import RendezvousClosedError
@@ -82,13 +82,12 @@ class ElasticAgent:
         self._wake = threading.Event()  # a worker exited or the membership changed
         self._fencing = Fencing(self._liveness, early and early.tag)  # the warden
         self.observer = AgentObserver(self._h, event_log_handler, metrics)
-        self._control = ControlServer(self._fencing.tag, self._on_control)  # in place (§4a)
+        self._in_place = InPlace(self._fencing.tag, self.observer.resumed)  # design.md §4a
         self._timer = None  # torch's FileTimer, when the agent's environment asks for it
         if file_timer.enabled():
-            path = os.environ.get(file_timer.FILE_VAR)
-            self._timer = file_timer.FileTimerServer(path, self._is_worker, self._timer_expired)
+            self._timer = file_timer.FileTimerServer(os.environ.get(file_timer.FILE_VAR))
         timer_env = self._timer.env if self._timer is not None else {}
-        env = {**self._fencing.env, **self._control.env, **timer_env}
+        env = {**self._fencing.env, **self._in_place.env, **timer_env}
         self._standbys = early.pool if early else standby.for_agent(spec, env)
         self._group = WorkerGroup(
             log_dir or spec.log_dir,
@@ -112,9 +111,10 @@ class ElasticAgent:
     def run(self) -> RunResult:
         unsubscribe = self._h.on_membership_change(self._wake.set)
         self._fencing.start(self._wake.set)
-        self._control.start()
+        self._in_place.start()
         if self._timer is not None:
-            self._timer.start()
+            timers = file_timer.WorkerTimers(self._group, self.observer.events)
+            self._timer.start(timers.is_worker, timers.expired)
         standby.start(self._standbys)  # ahead of the first round
         result: RunResult | None = None
         try:
@@ -126,7 +126,7 @@ class ElasticAgent:
             self._group.close()
             standby.close(self._standbys)
             self._fencing.close()
-            self._control.close()
+            self._in_place.close()
             if self._timer is not None:
                 self._timer.close()
             self._h.shutdown()  # leave before the event log closes: its node_left is kept
@@ -219,7 +219,7 @@ class ElasticAgent:
 
     def _start(self, action: loop.StartWorkers) -> loop.Event:
         info = action.info
-        self._group.add_env(self._peer_wait())
+        self._group.add_env(self._in_place.peer_wait(self._liveness))
         with self._deferring():
             workers = self._group.start(self._spec, info)
             self._fencing.started()
@@ -238,16 +238,13 @@ class ElasticAgent:
     def _regroup(self, action: loop.Regroup) -> loop.Event:
         """The kept workers hear at once that their round is over (they release collectives
         blocked on a lost peer and wait), then this node joins the next round."""
-        for local_rank in range(self._spec.local_world_size):
-            self._control.send(local_rank, control.ABORT, round=action.round)
+        self._in_place.abort(action.round, self._spec.local_world_size)
         return self._join(loop.Join())
 
     def _hand_over(self, action: loop.HandOver) -> loop.Event:
         """The kept workers get the new round's environment over the control channel."""
         info = action.info
-        envs = self._group.regroup(info)
-        sent = [self._control.send(r, control.ROUND, round=info.round, env=envs[r]) for r in envs]
-        if not all(sent):
+        if not self._in_place.hand_over(self._group, info):
             return loop.HandOverFailed()
         self.rounds += 1
         line = self.observer.regrouped(info, self._group.workers)
@@ -255,57 +252,6 @@ class ElasticAgent:
             log.warning("%s", line)
         self._say_round(info)
         return self._wait()
-
-    def _is_worker(self, pid: int) -> bool:
-        return pid in self._group.pids().values()
-
-    def _timer_expired(self, e: file_timer.Expired) -> None:
-        """The file timer's thread, before it kills the worker: its error file names the scope
-        (torch's format), so every node's report of the failure says which timer ran out."""
-        worker = next((w for w in self._group.workers if w.pid == e.pid), None)
-        files = self._group.log_paths.get(worker.global_rank) if worker is not None else None
-        how = file_timer.signal_name(e.signum)
-        message = f"FileTimer scope {e.scope!r} expired: the worker was killed with {how}"
-        log.warning(
-            "rank %s (pid %d): torch FileTimer scope %r expired; killing it with %s",
-            worker.global_rank if worker is not None else "?",
-            e.pid,
-            e.scope,
-            how,
-        )
-        if files is not None and not os.path.exists(files.error_file):
-            write_error_json(files.error_file, message, "", time.time())
-        self.observer.events.emit(
-            "worker_timer_expired",
-            round=self._group.info.round if self._group.info is not None else None,
-            pid=e.pid,
-            rank=worker.global_rank if worker is not None else None,
-            scope=e.scope,
-            signal=how,
-        )
-
-    def _on_control(self, local_rank: int, msg: dict[str, Any]) -> None:
-        """The control server's thread: a worker's word (its hello, its resumed figures)."""
-        if msg["op"] == control.RESUMED:
-            self.observer.resumed(local_rank, msg)
-
-    def _in_place(self) -> bool:
-        """Every local worker runs and opted in (``etcdrun.elastic``) in the current round."""
-        info, pids = self._group.info, self._group.pids()
-        lws = self._spec.local_world_size
-        if info is None or len(pids) != lws or self._group.poll() is not None:
-            return False
-        return self._control.opted_in(pids, info.round) == set(range(lws))
-
-    def _peer_wait(self) -> dict[str, str]:
-        """How long a kept worker whose collective failed waits for the round's end before it
-        takes the failure for its own (etcdrun.elastic): a lost peer is seen when its lease
-        expires, so one lease and a margin; 30 s without a lease."""
-        lease = self._liveness.read()
-        if lease.time_left is None or lease.keepalive_age is None:
-            return {PEER_WAIT_VAR: "30"}
-        ttl = lease.time_left + lease.keepalive_age
-        return {PEER_WAIT_VAR: f"{max(5.0, ttl + lease.margin + 2.0):.1f}"}
 
     def _say_round(self, info: RendezvousInfo) -> None:
         log.info(
@@ -408,7 +354,8 @@ class ElasticAgent:
                     return loop.LeaseLost()  # our own lease vanished: fencing, not a change
                 paused = self._fencing.paused_at is not None  # a broken world: no grace
                 reason = self._report.round_reason()
-                return loop.RoundSuperseded(reason, paused, in_place=self._in_place())
+                kept = self._in_place.ready(self._group, self._spec.local_world_size)
+                return loop.RoundSuperseded(reason, paused, in_place=kept)
             if self._fencing.follow():  # the lease in doubt: pause; etcd answered: resume
                 return loop.LeaseLost()
             result = self._group.poll()

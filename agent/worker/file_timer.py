@@ -39,6 +39,10 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from etcdrun.agent.worker.error_file import write_error_json
+from etcdrun.agent.worker.group import WorkerGroup
+from etcdrun.rendezvous.events import EventLog
+
 log = logging.getLogger("etcdrun.agent")
 
 ENABLE_VAR = "TORCHELASTIC_ENABLE_FILE_TIMER"
@@ -60,20 +64,16 @@ def enabled(environ: dict[str, str] | None = None) -> bool:
 
 
 class FileTimerServer:
-    """``start()`` makes the FIFO and its thread; ``close()`` ends both and removes the FIFO.
-    ``is_ours(pid)`` (any thread) says whether a pid is one of the agent's workers;
-    ``on_expired(Expired)`` runs on the server's thread just *before* the kill, so that the
-    worker's failure already names the scope when its exit is seen."""
+    """``start(is_ours, on_expired)`` makes the FIFO and its thread; ``close()`` ends both and
+    removes the FIFO. ``is_ours(pid)`` (any thread) says whether a pid is one of the agent's
+    workers; ``on_expired(Expired)`` runs on the server's thread just *before* the kill, so that
+    the worker's failure already names the scope when its exit is seen. The path is known from
+    the start (``env``): the workers' environment is built before the server runs."""
 
-    def __init__(
-        self,
-        path: str | None,
-        is_ours: Callable[[int], bool],
-        on_expired: Callable[[Expired], None],
-    ) -> None:
+    def __init__(self, path: str | None = None) -> None:
         self.path = path or os.path.join(tempfile.gettempdir(), f"etcdrun_timer_{uuid.uuid4()}")
-        self._is_ours = is_ours
-        self._on_expired = on_expired
+        self._is_ours: Callable[[int], bool] = lambda pid: False
+        self._on_expired: Callable[[Expired], None] = lambda e: None
         self._timers: dict[tuple[int, str], tuple[float, int]] = {}
         self._fd: int | None = None
         self._stop_r, self._stop_w = os.pipe()
@@ -83,7 +83,8 @@ class FileTimerServer:
     def env(self) -> dict[str, str]:
         return {FILE_VAR: self.path}
 
-    def start(self) -> None:
+    def start(self, is_ours: Callable[[int], bool], on_expired: Callable[[Expired], None]) -> None:
+        self._is_ours, self._on_expired = is_ours, on_expired
         if os.path.exists(self.path):
             os.remove(self.path)
         os.mkfifo(self.path, 0o600)
@@ -165,6 +166,44 @@ class FileTimerServer:
             self._timers = {k: v for k, v in self._timers.items() if k[0] != pid}
 
 
+class WorkerTimers:
+    """What the agent does with its workers' timers: which pids are its workers, and, before a
+    kill, the worker's error file (torch's format) naming the scope, a log line and an event.
+    Borrows the agent's worker group and event log."""
+
+    def __init__(self, group: WorkerGroup, events: EventLog) -> None:
+        self._group = group
+        self._events = events
+
+    def is_worker(self, pid: int) -> bool:
+        return pid in self._group.pids().values()
+
+    def expired(self, e: Expired) -> None:
+        worker = next((w for w in self._group.workers if w.pid == e.pid), None)
+        rank = worker.global_rank if worker is not None else None
+        files = self._group.log_paths.get(rank) if rank is not None else None
+        how = signal_name(e.signum)
+        log.warning(
+            "rank %s (pid %d): torch FileTimer scope %r expired; killing it with %s",
+            "?" if rank is None else rank,
+            e.pid,
+            e.scope,
+            how,
+        )
+        if files is not None and not os.path.exists(files.error_file):
+            message = f"FileTimer scope {e.scope!r} expired: the worker was killed with {how}"
+            write_error_json(files.error_file, message, "", time.time())
+        info = self._group.info
+        self._events.emit(
+            "worker_timer_expired",
+            round=info.round if info is not None else None,
+            pid=e.pid,
+            rank=rank,
+            scope=e.scope,
+            signal=how,
+        )
+
+
 def signal_name(signum: int) -> str:
     try:
         return signal.Signals(signum).name
@@ -172,4 +211,12 @@ def signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
-__all__ = ["ENABLE_VAR", "FILE_VAR", "Expired", "FileTimerServer", "enabled", "signal_name"]
+__all__ = [
+    "ENABLE_VAR",
+    "FILE_VAR",
+    "Expired",
+    "FileTimerServer",
+    "WorkerTimers",
+    "enabled",
+    "signal_name",
+]

@@ -29,8 +29,8 @@ def server(tmp_path):
         got.append(e)
         seen.set()
 
-    s = FileTimerServer(str(tmp_path / "timer"), lambda pid: pid in ours["pids"], on_expired)
-    s.start()
+    s = FileTimerServer(str(tmp_path / "timer"))
+    s.start(lambda pid: pid in ours["pids"], on_expired)
     s.got, s.seen, s.ours = got, seen, ours
     yield s
     s.close()

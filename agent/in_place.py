@@ -1,0 +1,80 @@
+"""The agent's side of in-place rounds (design.md §4a): which workers opted in, and telling them.
+
+Why apart from elastic_agent.py: the driver performs the loop's actions; this object is what
+the ``Regroup`` and ``HandOver`` actions need of the control channel (agent/worker/control.py)
+and of the worker group, and what the agent tells a kept worker about its lease. It owns the
+control server; it borrows the group and the liveness port it is handed per call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from etcdrun.agent.worker import control
+from etcdrun.agent.worker.control import PEER_WAIT_VAR, ControlServer
+from etcdrun.agent.worker.group import WorkerGroup
+from etcdrun.rendezvous.api import LivenessPort, RendezvousInfo
+
+Resumed = Callable[[int, dict[str, Any]], None]
+
+
+class InPlace:
+    """One per agent: ``start()`` → (``ready``, ``abort``, ``hand_over``)* → ``close()``.
+    ``on_resumed(local_rank, msg)`` runs on the channel's thread when a kept worker trains
+    again (it must return at once)."""
+
+    def __init__(self, tag: str, on_resumed: Resumed) -> None:
+        self._on_resumed = on_resumed
+        self._server = ControlServer(tag, self._on_message)
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What every worker's environment carries to find the channel."""
+        return self._server.env
+
+    def start(self) -> None:
+        self._server.start()
+
+    def close(self) -> None:
+        self._server.close()
+
+    def ready(self, group: WorkerGroup, local_world_size: int) -> bool:
+        """Every local worker runs and opted in (``etcdrun.elastic``) in the current round."""
+        info, pids = group.info, group.pids()
+        if info is None or len(pids) != local_world_size or group.poll() is not None:
+            return False
+        return self._server.opted_in(pids, info.round) == set(range(local_world_size))
+
+    def abort(self, round_number: int, local_world_size: int) -> None:
+        """Tell every kept worker at once that its round is over: it releases its collectives
+        and waits for the next round."""
+        for local_rank in range(local_world_size):
+            self._server.send(local_rank, control.ABORT, round=round_number)
+
+    def hand_over(self, group: WorkerGroup, info: RendezvousInfo) -> bool:
+        """The kept workers go on in ``info``'s round; False when one could not be told."""
+        envs = group.regroup(info)
+        sent = [
+            self._server.send(r, control.ROUND, round=info.round, env=env)
+            for r, env in envs.items()
+        ]
+        return all(sent)
+
+    @staticmethod
+    def peer_wait(liveness: LivenessPort) -> dict[str, str]:
+        """How long a kept worker whose collective failed waits for the round's end before it
+        takes the failure for its own: a lost peer is seen when its lease expires, so one lease
+        and a margin; 30 s without a lease."""
+        lease = liveness.read()
+        if lease.time_left is None or lease.keepalive_age is None:
+            return {PEER_WAIT_VAR: "30"}
+        ttl = lease.time_left + lease.keepalive_age
+        return {PEER_WAIT_VAR: f"{max(5.0, ttl + lease.margin + 2.0):.1f}"}
+
+    def _on_message(self, local_rank: int, msg: dict[str, Any]) -> None:
+        if msg["op"] == control.RESUMED:
+            self._on_resumed(local_rank, msg)
+
+
+__all__ = ["InPlace"]
