@@ -227,6 +227,10 @@ class EtcdClient:
     def endpoints(self) -> str:
         return self._t.endpoints_text()
 
+    def outage(self) -> tuple[float, float] | None:
+        """(since, giving up at), wall clock, while etcd does not answer; None while it does."""
+        return self._t.outage()
+
     @property
     def watch_reconnects(self) -> int:
         return self._watches.reconnects

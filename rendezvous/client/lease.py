@@ -331,6 +331,8 @@ class LeaseKeeper:
     def _settle(self, due: list[Lease], acked: dict[int, int], sent: float) -> None:
         """Book one tick's answers: refreshed, expired on the server, presumed lost, or retry."""
         now = time.monotonic()
+        if acked:
+            self._t.answered_now()
         for ls in due:
             ttl = acked.get(ls.id)
             if ttl is not None and ttl <= 0:

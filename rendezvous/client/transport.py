@@ -188,9 +188,10 @@ class Transport:
     def _retry(self, attempt, timeout: float | None) -> Any:
         """The retries after a failed first try, as the policy says (failover, backoff)."""
         n = len(self.config.endpoints)
+        self._outage_begins()
+        timeout = self._within_outage(timeout)
         retryer = self.policy.retrying(n, lambda: self._closed, timeout, self._retryable)
         last_index = [self._preferred]
-        self._outage_begins(timeout)
 
         def one() -> Any:
             idx = self._preferred
@@ -242,6 +243,12 @@ class Transport:
         return self._answered
 
     def _answer(self, resp: Any) -> Any:
+        self.answered_now()
+        self._answered = True
+        return resp
+
+    def answered_now(self) -> None:
+        """etcd answered (a call, a keep-alive, a watch message): an outage, if any, is over."""
         if self._outage is not None:
             log.warning(
                 "etcd at %s reachable again after %.1f s",
@@ -249,18 +256,39 @@ class Transport:
                 time.monotonic() - self._outage,
             )
             self._outage = None
-        self._answered = True
-        return resp
 
-    def _outage_begins(self, timeout: float | None) -> None:
-        """Say once per outage what is happening and until when we retry."""
+    def _outage_begins(self) -> None:
+        """Say once per outage what is happening, since when, and when the client gives up."""
         if self._outage is not None:
             return
         self._outage = time.monotonic()
-        until = time.strftime(
-            "%H:%M:%S", time.localtime(time.time() + self.policy.call_timeout(timeout))
+        since, until = self.outage()  # type: ignore[misc]
+        log.warning(
+            "etcd at %s unreachable since %s, giving up at %s (retry_timeout %g s)",
+            self.endpoints_text(),
+            time.strftime("%H:%M:%S", time.localtime(since)),
+            time.strftime("%H:%M:%S", time.localtime(until)),
+            self.policy.retry_timeout,
         )
-        log.warning("etcd at %s unreachable; retrying until %s", self.endpoints_text(), until)
+
+    def outage(self) -> tuple[float, float] | None:
+        """(since, giving up at), wall-clock seconds, while etcd does not answer; else None.
+        Why one deadline per outage, not per call: calls that start late in an outage (the
+        next session's, after the lease was lost) would otherwise each retry a whole
+        retry_timeout, and "giving up at" would never be true."""
+        start = self._outage
+        if start is None:
+            return None
+        since = time.time() - (time.monotonic() - start)
+        return since, since + self.policy.retry_timeout
+
+    def _within_outage(self, timeout: float | None) -> float:
+        """This call's retry budget, cut to what is left of the outage's."""
+        budget = self.policy.call_timeout(timeout)
+        if self._outage is None:
+            return budget
+        left = self._outage + self.policy.retry_timeout - time.monotonic()
+        return max(0.0, min(budget, left))
 
     def _closed_or(self, e: ValueError) -> EtcdError:
         if self._closed:
@@ -329,6 +357,8 @@ class Transport:
                     return e
             elif is_transient(exc) or exc.code() == grpc.StatusCode.CANCELLED:
                 self.fail_over(index)
+                if is_transient(exc):  # a keep-alive or a watch met the outage first
+                    self._outage_begins()
             return from_rpc_error(exc, str(self.endpoint(index)))
         return exc if isinstance(exc, EtcdError) else EtcdError(str(exc))
 

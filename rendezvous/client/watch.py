@@ -223,6 +223,8 @@ class WatchManager:
                         call.cancel()
                 with GATE.stream(call):
                     for resp in call:
+                        if not delivered:  # the stream answers: an outage, if any, is over
+                            self._t.answered_now()
                         delivered = True
                         self._handle(resp)
             err: BaseException = EtcdConnectionError("watch stream ended by the server")

@@ -33,6 +33,10 @@ class EtcdReport(ReportPort):
 
     def status(self) -> str:
         ctx, driver = self._ctx, self._now.driver
+        outage = ctx.client.outage()
+        if outage is not None:  # say it first: the round below is only what was last seen
+            since, until = (time.strftime("%H:%M:%S", time.localtime(t)) for t in outage)
+            return f"etcd at {ctx.client.endpoints} unreachable since {since}, giving up at {until}"
         if driver is None and not ctx.client.reached:
             return f"connecting to etcd at {ctx.client.endpoints}"
         leader = driver.status if driver is not None else None

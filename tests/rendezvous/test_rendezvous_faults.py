@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 from agent_helpers import wait_for
 from etcd_helpers import require_local
 from rdzv_helpers import (
@@ -18,6 +19,7 @@ from rdzv_helpers import (
 
 from etcdrun.rendezvous.api import Liveness
 from etcdrun.rendezvous.client import EtcdClient
+from etcdrun.rendezvous.errors import RendezvousConnectionError
 from etcdrun.rendezvous.etcd.keys import RunKeys
 from etcdrun.rendezvous.tools import checker
 
@@ -135,3 +137,27 @@ def test_after_an_etcd_outage_the_round_forms_without_waiting_for_the_old_leases
         finally:
             shutdown_all(hs)
     assert violations(local.endpoints, run, 1, 2, acc) == []
+
+
+def test_an_outage_is_said_with_its_start_and_the_give_up_time_that_then_holds(etcd):
+    """The waiting line used to say "round 1 frozen with 3 nodes" for the whole outage, and the
+    one warning named one call's deadline: a 45 s outage printed "retrying until 00:20:37" and
+    waited on until 00:21:10, because the next session's calls each retried a whole
+    retry_timeout. One deadline per outage: its start plus retry_timeout."""
+    local = require_local(etcd)
+    run = new_run_id()
+    retry = 4
+    conf = dict(request_timeout=0.3, retry_timeout=retry, lease_ttl=2)
+    h = handler(local.endpoints, run, 1, 1, **conf)
+    try:
+        rendezvous([h])
+        local.members[0].kill()
+        assert h.membership_changed.wait(5)
+        line = wait_for(lambda: "unreachable since" in (s := h.report().status()) and s, 5, "it")
+        since, until = h.client.outage()
+        assert until - since == retry and time.strftime("%H:%M:%S", time.localtime(until)) in line
+        with pytest.raises(RendezvousConnectionError):
+            h.next_rendezvous()  # its session is gone: registering again meets the outage
+        assert time.time() - until < 1.5, "gave up later than it said"
+    finally:
+        h.shutdown()
