@@ -23,6 +23,13 @@ none here), so it runs unmodified under both.
 
 Rank 0 prints one line per step, ``ddp_elastic step=<s> world=<W> loss=<mean over the batch>``,
 plus ``resume``, ``checkpoint`` and ``done`` lines in the same ``key=value`` form.
+
+``--in-place`` (etcdrun only; docs/in-place.md): the loop runs in ``etcdrun.elastic.run`` with a
+``TorchState``, committed after every step. A membership change then keeps the survivors'
+processes: they go back to the last commit, re-form the group for the new world and train on,
+printing ``regroup step=<s> world=<W>``; a newcomer takes the survivors' state, and no
+checkpoint is read. The checkpoints are still written (a restart of every worker, after a
+failure of the script's own, resumes from them, as without ``--in-place``).
 ``--fail-rank/--fail-at-step`` make one rank raise, to exercise the launcher's restart budget;
 ``--fail-attempts`` limits it to the first N attempts (by TORCHELASTIC_RESTART_COUNT).
 
@@ -57,6 +64,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=512, help="hidden width (default 512)")
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--in-place", action="store_true", help="keep the processes through a membership change"
+    )
     p.add_argument("--fail-rank", type=int, default=None, help="this RANK raises ...")
     p.add_argument("--fail-at-step", type=int, default=None, help="... at this step ...")
     p.add_argument(
@@ -194,6 +204,48 @@ def say(text: str) -> None:
         print(f"ddp_elastic {text}", flush=True)
 
 
+def resume_line(start: int) -> str:
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    master = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+    world = dist.get_world_size()
+    return (
+        f"resume step={start} world={world} restart={restart} master={master} t={time.time():.3f}"
+    )
+
+
+def train_in_place(model, opt, args: argparse.Namespace) -> None:
+    """The same steps in ``etcdrun.elastic.run``: only a fresh start reads a checkpoint."""
+    from etcdrun import elastic
+
+    state = elastic.TorchState(model=model, optimizer=opt, step=0)
+    state.on_reset(
+        lambda: say(f"regroup step={state.step} world={dist.get_world_size()} t={time.time():.3f}")
+    )
+
+    @elastic.run
+    def train(state: elastic.TorchState) -> None:
+        if state.step == 0:  # every worker fresh (the job's start, a restart): the checkpoint
+            start = agreed_start(args.checkpoint_dir)
+            if start:
+                load(args.checkpoint_dir, start, model.module, opt, args)
+            state.step = start
+            say(resume_line(start))
+        while state.step < args.steps:
+            step, world = state.step + 1, dist.get_world_size()
+            maybe_fail(step, args)
+            loss = train_step(step, model, opt, args)
+            say(f"step={step} world={world} loss={loss:.9g}")
+            if step % args.checkpoint_every == 0 or step == args.steps:
+                if dist.get_rank() == 0:
+                    save(args.checkpoint_dir, step, model.module, opt, args, args.keep)
+                say(f"checkpoint step={step}")
+            state.step = step
+            state.commit()
+        say(f"done steps={args.steps} world={dist.get_world_size()} t={time.time():.3f}")
+
+    train(state)
+
+
 @record  # torchrun's error file: the launcher reports this rank's exception as the root cause
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
@@ -202,12 +254,14 @@ def main(argv: list[str] | None = None) -> None:
     world = dist.get_world_size()
     model = DistributedDataParallel(make_model(args))
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    if args.in_place:
+        train_in_place(model, opt, args)
+        dist.destroy_process_group()
+        return
     start = agreed_start(args.checkpoint_dir)
     if start:
         load(args.checkpoint_dir, start, model.module, opt, args)
-    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    master = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
-    say(f"resume step={start} world={world} restart={restart} master={master} t={time.time():.3f}")
+    say(resume_line(start))
     for step in range(start + 1, args.steps + 1):
         maybe_fail(step, args)
         loss = train_step(step, model, opt, args)

@@ -25,7 +25,9 @@ from agent_helpers import clean_env
 EXAMPLE = str(Path(__file__).resolve().parents[1] / "examples" / "ddp_elastic.py")
 # "ddp_elastic step=<s> world=<W> loss=<l>" or "ddp_elastic resume|checkpoint|done k=v ...",
 # after etcdrun's "[<rank>]:" prefix (torchrun prints none).
-LINE = re.compile(r"^(?:\[\d+\]:)?ddp_elastic (?:(resume|checkpoint|done) )?(.*)$", re.MULTILINE)
+LINE = re.compile(
+    r"^(?:\[\d+\]:)?ddp_elastic (?:(resume|regroup|checkpoint|done) )?(.*)$", re.MULTILINE
+)
 CKPT = re.compile(r"^ckpt_(\d{8})\.pt$")
 # Rounding is all that may differ between world sizes (the gradients are summed in another
 # order); measured against world size 1: at most 7.2e-7 relative over 100 steps at 2, 3 and 4.
@@ -46,6 +48,7 @@ class Segment:
     checkpoints: list[int] = field(default_factory=list)
     done: bool = False
     t_done: float = 0.0
+    in_place: bool = False  # a regroup (--in-place): the same process went on from a commit
 
     @property
     def step_numbers(self) -> list[int]:
@@ -76,6 +79,10 @@ def segments(outputs: dict[str, str]) -> list[Segment]:
                 found.append(current)
             elif current is None:
                 raise AssertionError(f"{source}: a '{kind}' line before any resume line")
+            elif kind == "regroup":
+                step, world, t = int(f["step"]), int(f["world"]), float(f["t"])
+                current = Segment(source, step, world, current.restart, "", t, in_place=True)
+                found.append(current)
             elif not kind:
                 current.steps.append((int(f["step"]), int(f["world"]), float(f["loss"])))
             elif kind == "checkpoint":
@@ -194,6 +201,8 @@ def check_exact(
     worst, printed_ckpt = 0.0, 0
     for seg in segs:
         worst = max(worst, _check_segment(seg, reference))
+        if seg.in_place:  # went on from its last commit, not from a checkpoint
+            continue
         newest = max(log.written_before(seg.t), default=0)
         assert seg.resume == newest, (
             f"{seg.source} resumed from step {seg.resume} at t={seg.t:.3f}, but the newest "

@@ -379,3 +379,31 @@ def test_runs_unmodified_under_torchrun_from_another_world_sizes_checkpoint(
         print(f"[ddp] torchrun: 2 workers resumed from step {EVERY} and finished; {curve(v)}")
     finally:
         run.close()
+
+
+def test_f_in_place_kill_9_the_survivors_keep_their_processes_and_read_no_checkpoint(
+    run_factory,
+):
+    """``--in-place`` (etcdrun.elastic): the same kill -9 as test b, but the survivors' worker
+    processes go on from their last commit: one resume (the start), then a regroup at the step
+    they were at, every step once but the one in flight, and each step's loss exact."""
+    run = run_factory("2:3", "--keep", "0", "--in-place")
+    agents = [run.start() for _ in range(3)]
+    run.rank0_at(MIDWAY, world=3)
+    victim = next(a for a in agents if node_ranks(a.stderr).get(1) == 2)
+    survivors = [a for a in agents if a is not victim]
+    before = {a.name: worker_pids(a.pid) for a in survivors}
+    t_kill = time.time()
+    victim.proc.kill()
+    run.until(lambda: any(s.in_place for s in run.segments(survivors)), "the regroup")
+    assert {a.name: worker_pids(a.pid) for a in survivors} == before  # the same processes
+    assert run.codes(survivors) == [0, 0], run.logs()
+    segs, v = run.check()
+    assert [(s.world, s.in_place) for s in segs] == [(3, False), (2, True)], segs
+    assert v.resumed_from == [0, segs[0].step_numbers[-1]], v  # from the last commit
+    assert v.repeated == 0, v
+    print(
+        f"[ddp] f: in place, kill -9 of node rank 2 at step >= {MIDWAY}: the survivors regrouped "
+        f"at step {segs[1].resume} (world 2) {segs[1].t - t_kill:.2f} s after the kill; "
+        f"{v.repeated} steps redone; {curve(v)}{run.note()}"
+    )
