@@ -42,13 +42,22 @@ def etcdrun_bin() -> str:
 RANK_PREFIX = "[${rank}]:"
 
 
+def suite_prewarm() -> str:
+    """The suite's ``--prewarm`` (conftest.py: ``none`` unless ``ETCDRUN_TEST_PREWARM`` says
+    otherwise), for an environment a test builds without ``PET_*``: a test that is about
+    standbys passes ``--prewarm`` itself, which wins."""
+    from etcdrun.agent import flags
+
+    return flags.DEFAULT_PREWARM
+
+
 def clean_env(**extra: str) -> dict[str, str]:
-    """The test's environment without what would change an agent's or worker's behaviour, and
-    with worker lines prefixed ``[<global rank>]:`` (``RANK_PREFIX``)."""
+    """The test's environment without what would change an agent's or worker's behaviour, with
+    the suite's ``PET_PREWARM``, and with worker lines prefixed ``[<global rank>]:``
+    (``RANK_PREFIX``)."""
     drop = ("PET_", "ETCDCTL_", "TORCHELASTIC_", "OMP_NUM_THREADS", "PYTHON_EXEC", "LOGLEVEL")
     env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
-    if os.environ.get("ETCDRUN_TEST_PREWARM"):  # the suite's standby switch (conftest.py)
-        env["PET_PREWARM"] = os.environ["PET_PREWARM"]
+    env["PET_PREWARM"] = suite_prewarm()
     env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = RANK_PREFIX
     env.update(extra)
     return env

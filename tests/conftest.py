@@ -56,18 +56,20 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _prewarm_switch() -> None:
-    """``ETCDRUN_TEST_PREWARM=none|auto|...``: run the suite with standby workers off or on.
+    """``ETCDRUN_TEST_PREWARM=none|auto|...``: the suite's ``--prewarm``; unset, ``none``.
 
-    Why both ways: a standby-run worker must be invisible, so every test passes either way. The
-    value reaches in-process LaunchConfigs (their default) and every ``etcdrun`` the tests start
-    (``PET_PREWARM``, the flag's variable); unset, the suite runs the shipped default.
+    Why off by default: a standby imports torch ahead of each round (``auto``), and on a small
+    CI machine those imports are much of what the tests that are not about standbys wait for.
+    The standby tests ask for standbys themselves (``--prewarm json``, ``slow_warm``, ...).
+    Why the switch: a standby-run worker must be invisible, so ``ETCDRUN_TEST_PREWARM=auto``
+    runs every other test with standbys on, and every test passes either way. The value
+    reaches in-process LaunchConfigs and WorkerSpecs (their default) and every ``etcdrun``
+    the tests start (``PET_PREWARM``, the flag's variable; agent_helpers.suite_prewarm).
     """
-    value = os.environ.get("ETCDRUN_TEST_PREWARM")
-    if value:
-        from etcdrun.agent import flags
+    from etcdrun.agent import flags
 
-        flags.DEFAULT_PREWARM = flags.parse_prewarm(value)
-        os.environ["PET_PREWARM"] = flags.DEFAULT_PREWARM
+    flags.DEFAULT_PREWARM = flags.parse_prewarm(os.environ.get("ETCDRUN_TEST_PREWARM") or "none")
+    os.environ["PET_PREWARM"] = flags.DEFAULT_PREWARM
 
 
 # --- leak checks ------------------------------------------------------------------------------

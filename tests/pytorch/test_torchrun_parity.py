@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_helpers import etcdrun_bin
+from agent_helpers import etcdrun_bin, suite_prewarm
 from layout import ROOT
 
 from etcdrun.agent.options import ETCDRUN_ONLY, build_parser
@@ -74,6 +74,7 @@ OURS_ONLY = {"ETCDRUN_ROUND", "ETCDRUN_NODE_TAG", "ETCDRUN_CONTROL", "ETCDRUN_PE
 def base_env() -> dict[str, str]:
     drop = ("PET_", "TORCHELASTIC_", "TORCH_ELASTIC", "OMP_NUM_THREADS", "PYTHON_EXEC", "LOGLEVEL")
     env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    env["PET_PREWARM"] = suite_prewarm()  # etcdrun's; torchrun has no such flag, ignores it
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
