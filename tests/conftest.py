@@ -48,6 +48,7 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "ddp: examples/ddp_elastic.py under real agents and torchrun (needs torch)"
     )
     _prewarm_switch()
+    _signals_as_in_a_terminal()
     # Become a child subreaper: orphans of our children (a worker whose agent was killed -9)
     # are re-parented to the test process instead of init, so the leak check still sees them.
     if sys.platform == "linux":
@@ -70,6 +71,24 @@ def _prewarm_switch() -> None:
 
     flags.DEFAULT_PREWARM = flags.parse_prewarm(os.environ.get("ETCDRUN_TEST_PREWARM") or "none")
     os.environ["PET_PREWARM"] = flags.DEFAULT_PREWARM
+
+
+def _signals_as_in_a_terminal() -> None:
+    """SIGINT and SIGQUIT back to their defaults when the suite started with them ignored.
+
+    Why: a non-interactive shell starts a background job (``pytest &``, ``nohup``, some CI
+    runners) with both ignored, and an ignored signal stays ignored across fork and exec, so
+    every agent and worker the tests start would ignore them too: the tests that send SIGINT
+    (a worker group's ``signal_all``, the demo's Ctrl-C) then wait out their timeouts and fail.
+    """
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGQUIT) == signal.SIG_IGN:
+        signal.signal(signal.SIGQUIT, signal.SIG_DFL)
 
 
 # --- leak checks ------------------------------------------------------------------------------
