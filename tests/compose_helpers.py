@@ -17,12 +17,14 @@ again the moment its container is unpaused.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -63,10 +65,18 @@ def docker_problem() -> str | None:
 
 
 def build_images() -> dict[str, str]:
-    """deploy/images/build.py, as a user runs it; its content-keyed tags."""
-    proc = subprocess.run(
-        [sys.executable, str(BUILD), "--json"], capture_output=True, text=True, timeout=900
-    )
+    """deploy/images/build.py, as a user runs it; its content-keyed tags.
+
+    Why under a lock: build.py skips a tag that exists, but two builds of the same tag at once
+    (pytest-xdist workers, two sessions on one machine) would both build it; the second one
+    waits here and then finds the tags built.
+    """
+    lock = Path(tempfile.gettempdir()) / "etcdrun-compose-build.lock"
+    with open(lock, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # released when the file is closed
+        proc = subprocess.run(
+            [sys.executable, str(BUILD), "--json"], capture_output=True, text=True, timeout=900
+        )
     assert proc.returncode == 0, f"build.py failed:\n{proc.stderr[-4000:]}"
     return json.loads(proc.stdout)
 
