@@ -62,7 +62,7 @@ def _outcome(status: int) -> str:
     return "ok" if os.WEXITSTATUS(status) == 0 else "error"
 
 
-def _reap(pid: int, hang_after: float) -> str:
+def reap(pid: int, hang_after: float) -> str:
     """The child's outcome; ``hung`` (and killed) when it is still there after ``hang_after``
     seconds: a child that deadlocks on a lock held at the fork is a failure too.
     """
@@ -115,7 +115,7 @@ def run(
             pid = os.fork()
             if pid == 0:
                 _child(client, quiet)
-            outcomes[_reap(pid, hang_after)] += 1
+            outcomes[reap(pid, hang_after)] += 1
         outcomes["keep-alives"] = lease.keepalives
     finally:
         stop.set()

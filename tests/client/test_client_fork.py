@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import os
 import queue
-import select
-import signal
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -21,6 +19,7 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
+from bench.fork_safety import reap
 from etcdrun.rendezvous.client import EtcdClient
 
 FORKS = 50
@@ -28,20 +27,8 @@ HANG_S = 10.0  # a child's one request takes milliseconds; this long is a deadlo
 
 
 def _outcome(pid: int) -> str:
-    """How the child ended: ok, error (its request failed), abort, another signal, or hung."""
-    fd = os.pidfd_open(pid)  # readable once the child has exited
-    try:
-        exited, _, _ = select.select([fd], [], [], HANG_S)
-    finally:
-        os.close(fd)
-    if not exited:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-        return "hung"
-    status = os.waitpid(pid, 0)[1]
-    if os.WIFSIGNALED(status):
-        return signal.Signals(os.WTERMSIG(status)).name
-    return "ok" if os.WEXITSTATUS(status) == 0 else "error"
+    """How the child ended (ok, error, abort, signal ..., hung): the benchmark's own reading."""
+    return reap(pid, HANG_S)
 
 
 def _fork_one_request(client: EtcdClient, key: str) -> int:
