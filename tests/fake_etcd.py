@@ -246,6 +246,9 @@ class FakeEtcd:
     def endpoints(self) -> str:
         return "fake:2379"
 
+    def outage(self) -> tuple[float, float] | None:
+        return None  # never unreachable
+
     def status(self) -> pb.StatusResponse:
         return pb.StatusResponse(version="fake")
 

@@ -222,9 +222,7 @@ class WatchManager:
                     if not self._watches or self._closing:
                         call.cancel()
                 with GATE.stream(call):
-                    for resp in call:
-                        if not delivered:  # the stream answers: an outage, if any, is over
-                            self._t.answered_now()
+                    for resp in self._answers(call):
                         delivered = True
                         self._handle(resp)
             err: BaseException = EtcdConnectionError("watch stream ended by the server")
@@ -236,6 +234,14 @@ class WatchManager:
                 self._requests = None
                 self._call = None
         return err, delivered, call is not None and GATE.cancelled_for_fork(call)
+
+    def _answers(self, call) -> Iterator[pb.WatchResponse]:
+        """The stream's responses; the first one also says that an etcd outage, if one was
+        being counted, is over."""
+        for n, resp in enumerate(call):
+            if n == 0:
+                self._t.answered_now()
+            yield resp
 
     def _recoverable(self, err: BaseException, idx: int) -> bool:
         """Book-keeping after a broken stream; False when every watch was ended for good (a
