@@ -28,7 +28,8 @@ from etcd_helpers import pid_alive
 from etcdrun.agent.standby.pool import ROOM_VAR
 
 PROBE = str(SCRIPTS / "standby_probe.py")
-PER_RUN = ("MASTER_PORT", "TORCHELASTIC_RUN_ID", "ETCDRUN_NODE_TAG")
+# ETCDRUN_CONTROL names the agent's control socket after its node tag: one per agent run.
+PER_RUN = ("MASTER_PORT", "TORCHELASTIC_RUN_ID", "ETCDRUN_NODE_TAG", "ETCDRUN_CONTROL")
 
 
 def standbys_of(agent_pid: int) -> list[int]:
