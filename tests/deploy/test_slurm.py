@@ -112,7 +112,7 @@ def test_sbatch_one_agent_per_node_and_the_scripts_signal_stops_them(slurm, repo
     the limit (TIMEOUT), its agents killed by Slurm."""
     t0 = time.time()
     job_id, job, out = slurm.submit("--time=1")
-    starts = job.wait_round(6, timeout=30)
+    starts = job.wait_round(6, timeout=90)
     t_running = max(st.t for st in starts)
     assert_one_agent_per_node(slurm, job_id, starts)
 
@@ -140,7 +140,7 @@ def test_sbatch_job_goes_on_when_one_agent_dies(slurm, report_slurm):
     KillOnBadExit=1 (the script's --kill-on-bad-exit=0), and they go on with WORLD_SIZE 4; then
     ``scancel --signal=TERM`` (Slurm's own path for --signal) ends the job with 143."""
     job_id, job, out = slurm.submit(ETCDRUN_MIN_NODES="2")
-    first = job.wait_round(6, timeout=30)
+    first = job.wait_round(6, timeout=90)
     assert_one_agent_per_node(slurm, job_id, first)
     victim = next(st for st in first if slurm.node_of(st) == "n2")
     t_kill = time.time()
