@@ -261,6 +261,7 @@ class WorkerSpec:
     event_log_handler: str = "null"
     prewarm: str = field(default_factory=lambda: flags.DEFAULT_PREWARM)  # standby workers
     restart_grace: float | None = None  # between rounds; None: agent/grace.py's default (3 s)
+    hang_timeout: float | None = None  # the hang watchdog (agent/hang/); None: off
 
     def __post_init__(self) -> None:
         if not isinstance(self.local_world_size, int) or self.local_world_size < 1:
@@ -275,6 +276,7 @@ class WorkerSpec:
             raise ValueError(f"stop_grace ({self.stop_grace}) must be non-negative")
         if self.restart_grace is not None and self.restart_grace < 0:
             raise ValueError(f"restart_grace ({self.restart_grace}) must be non-negative")
+        flags.check_hang_timeout(self.hang_timeout)
         if self.start_method not in START_METHODS:
             raise ValueError(
                 f"start_method {self.start_method!r} is not one of {', '.join(START_METHODS)}"

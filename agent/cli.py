@@ -198,6 +198,7 @@ def config_from_args(
             duplicate_stderr_filters=parse_filters(ns.duplicate_stderr_filters),
             virtual_local_rank=ns.virtual_local_rank,
             shutdown_timeout=ns.shutdown_timeout,
+            hang_timeout=ns.hang_timeout,
             metrics_cfg={} if ns.metrics_port is None else {"port": str(ns.metrics_port)},
         )
     except UsageError:

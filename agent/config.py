@@ -61,6 +61,9 @@ class LaunchConfig:
     ``virtual_local_rank`` (LOCAL_RANK 0, CUDA_VISIBLE_DEVICES the worker's one GPU) and
     ``shutdown_timeout`` (torch's name for ``stop_grace``: one value; else
     ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``, else 30 s; see ``grace()``).
+
+    Last, ours again: ``hang_timeout`` (seconds without progress before the hang watchdog ends
+    the round, with every worker's stack; None, the default: off; docs/hangs.md).
     """
 
     min_nodes: int = 1
@@ -99,6 +102,7 @@ class LaunchConfig:
     duplicate_stderr_filters: list[str] | None = None
     virtual_local_rank: bool = False
     shutdown_timeout: float | None = None
+    hang_timeout: float | None = None  # ours, after torch's: agent/hang/ (None: off)
 
     def __post_init__(self) -> None:
         # Same checks, same order and same messages as the reference launcher. The node range
@@ -131,6 +135,7 @@ class LaunchConfig:
                 f"local_ranks_filter ({sorted(self.local_ranks_filter)}) must hold "
                 "non-negative local ranks"
             )
+        flags.check_hang_timeout(self.hang_timeout)
         self.prewarm = flags.parse_prewarm(self.prewarm)
         self._check_torch_fields()
 
@@ -261,6 +266,7 @@ class LaunchConfig:
         if grace is not None:  # None: WorkerSpec's default (30 s, like torchrun)
             extra["stop_grace"] = grace
         extra["restart_grace"] = self.restart_grace  # None: agent/grace.py's default
+        extra["hang_timeout"] = self.hang_timeout
         return WorkerSpec(
             role=self.role,
             local_world_size=self.nproc_per_node,

@@ -33,6 +33,7 @@ from etcdrun.agent.api import RunResult, WorkerSpec, WorkerState, handled_signal
 from etcdrun.agent.errors import ChildFailedError, ProcessFailure, write_error_json
 from etcdrun.agent.fencing.guard import Fencing
 from etcdrun.agent.grace import stop_grace
+from etcdrun.agent.hang.watchdog import HangWatchdog
 from etcdrun.agent.in_place import InPlace
 from etcdrun.agent.report import story
 from etcdrun.agent.report.metrics import MetricsConfig
@@ -115,6 +116,16 @@ class ElasticAgent:
         if self._timer is not None:
             timers = file_timer.WorkerTimers(self._group, self.observer.events)
             self._timer.start(timers.is_worker, timers.expired)
+        hangs = None
+        if self._spec.hang_timeout is not None:
+            hangs = HangWatchdog(
+                self._group,
+                self._h.hang(),
+                self._spec.hang_timeout,
+                self._report.node_id,
+                self.observer.events,
+            )
+            hangs.start()
         standby.start(self._standbys)  # ahead of the first round
         result: RunResult | None = None
         try:
@@ -129,6 +140,8 @@ class ElasticAgent:
             self._in_place.close()
             if self._timer is not None:
                 self._timer.close()
+            if hangs is not None:
+                hangs.close()
             self._h.shutdown()  # leave before the event log closes: its node_left is kept
             self.observer.close()
             kept = self._group.settle_logs(result is not None and not result.is_failed())

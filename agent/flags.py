@@ -32,6 +32,14 @@ class UsageError(ValueError):
     """A mistake on the command line or in a PET_* variable: reported in one line, exit 2."""
 
 
+def check_hang_timeout(value: float | None) -> None:
+    """``--hang-timeout``: off (None) or a positive number of seconds. Why a floor of one
+    second: the watchdog reads the beats a few times a second, and a step shorter than its
+    own sampling would be judged by the sampling, not by the step."""
+    if value is not None and not value >= 1:
+        raise ValueError(f"hang_timeout ({value}) must be at least 1 second (or None: off)")
+
+
 def _shown(action: Any) -> str:
     return max((o for o in action.option_strings if "_" not in o), key=len)
 

@@ -26,7 +26,7 @@ DEFAULT_MASTER_PORT = 29500  # torchrun's
 # compares the two parsers). An abbreviation means what it means under torchrun.
 ETCDRUN_ONLY = frozenset(
     {"--stop-grace", "--stop_grace", "--restart-grace", "--restart_grace", "--metrics-port"}
-    | {"--metrics_port", "--prewarm", "--version"}
+    | {"--metrics_port", "--prewarm", "--version", "--hang-timeout", "--hang_timeout"}
 )
 
 
@@ -367,6 +367,17 @@ def _add_torch_213_options(p: argparse.ArgumentParser) -> None:
         ),
     ):
         _opt(p, name, action=_Env, type=float, default=None, metavar="SECONDS", help=say)
+    _opt(
+        p,
+        "--hang-timeout",
+        action=_Env,
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="end a round whose worker reported no progress (etcdrun.elastic's commit() or "
+        "progress()) for this long, with every worker's stack and the stuck frame on every node "
+        "(default: off; docs/hangs.md)",
+    )
     _opt(
         p,
         "--virtual-local-rank",

@@ -10,7 +10,7 @@ import abc
 import enum
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -277,6 +277,61 @@ class ReportPort:
         return None
 
 
+@dataclass(frozen=True)
+class HangNotice:
+    """One message of a round's hang exchange (design.md §4b): ``kind`` is ``alarm`` (a rank
+    made no progress), ``report`` (one node's stacks) or ``verdict`` (who is to blame); ``node``
+    the node that posted it; ``body`` its fields, JSON values only (they travel through etcd).
+    """
+
+    kind: str
+    round: int
+    node: str
+    body: Mapping[str, Any]
+
+
+class HangPort:
+    """Where the agents of one round meet about a hang (design.md §4b).
+
+    Contract: a posted notice reaches the subscribers of every node of the run, the poster's
+    own included, each once. Only the first ``alarm`` of a round is delivered: two nodes whose
+    watchdogs fire together raise one alarm, so every node dumps its stacks once and one node
+    (the alarm's) gives the verdict. Callbacks run on a backend thread and must return at once.
+
+    The default is one process's: notices reach this process's subscribers only, which is all a
+    backend without a shared store can do (static: each node judges its own workers). On
+    connection loss the etcd port drops the notice: the round then ends the way it would
+    without the watchdog (leases, the workers' own timeouts).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._subscribers: list[Callable[[HangNotice], None]] = []
+        self._alarmed: set[int] = set()
+
+    def post(self, notice: HangNotice) -> None:
+        with self._lock:
+            if notice.kind == "alarm":
+                if notice.round in self._alarmed:
+                    return
+                self._alarmed.add(notice.round)
+            subscribers = list(self._subscribers)
+        for callback in subscribers:
+            callback(notice)
+
+    def subscribe(self, callback: Callable[[HangNotice], None]) -> Callable[[], None]:
+        """Call ``callback(notice)`` for every notice from now on; return an unsubscribe."""
+        with self._lock:
+            self._subscribers.append(callback)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                if callback in self._subscribers:
+                    self._subscribers.remove(callback)
+
+        return unsubscribe
+
+
 class RendezvousHandler(abc.ABC):
     """A backend's view of the job's membership, as the agent uses it.
 
@@ -286,8 +341,9 @@ class RendezvousHandler(abc.ABC):
 
     Three parts: torch's interface (the first eight members), the restart contract every backend
     keeps (``request_restart``, ``exit_barrier``, ``close_with_failure``, ``closed_failure``), and
-    two narrow ports the agent asks for once: ``liveness()`` (may the workers run?) and
-    ``report()`` (what to tell people). The agent uses nothing else: a new backend written
+    three narrow ports the agent asks for once: ``liveness()`` (may the workers run?),
+    ``report()`` (what to tell people) and ``hang()`` (where the round's hang watchdogs meet).
+    The agent uses nothing else: a new backend written
     against this class alone gets the agent's fencing, events, story lines and metrics.
     """
 
@@ -377,6 +433,10 @@ class RendezvousHandler(abc.ABC):
     def report(self) -> ReportPort:
         """What the backend tells people. Default: nothing."""
         return _SILENT
+
+    def hang(self) -> HangPort:
+        """Where the hang watchdogs of the round's nodes meet. Default: this process only."""
+        return HangPort()
 
 
 _NO_LEASE = LivenessPort()

@@ -293,3 +293,16 @@ def wait_leases_only(endpoints: str, allowed: set[bytes], within: float) -> None
 
 def alive(pids: Iterator[int] | list[int]) -> list[int]:
     return [p for p in pids if pid_alive(p)]
+
+
+def warden_of(agent_pid: int) -> int:
+    """The agent's warden (agent/fencing/warden.py, started with the agent's pid)."""
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                argv = (d / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if any(a.endswith(b"warden.py") for a in argv) and str(agent_pid).encode() in argv:
+                return int(d.name)
+    raise AssertionError(f"no warden for agent {agent_pid}")

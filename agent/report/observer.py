@@ -281,7 +281,7 @@ class AgentObserver:
         return {
             "healthy": running and lease_ok,
             "why": why,
-            "node": self.events.node,
+            "node": self._report.node_id() or self.events.node,  # the port: set before started()
             "round": info.round if info is not None else None,
             "node_rank": info.node_rank if info is not None else None,
             "phase": phase,

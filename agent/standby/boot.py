@@ -342,6 +342,9 @@ def main(argv):
     sock.close()
     _move_streams(fds)
     _set_environ(msg["env"], msg["exec_env"])
+    stacks = sys.modules.get("etcdrun_stacks")  # imported by the exit hook, when it ran
+    if stacks is not None:
+        stacks.arm(os.environ)  # the round's environment names this worker's stack file
     store = _early_store(msg["env"])  # noqa: F841 - held, so it serves until the worker ends
     sys.orig_argv = list(msg["argv"])
     command = msg["argv"][2:]  # after the interpreter and -u

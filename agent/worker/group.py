@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 from etcdrun.agent.api import EntrypointKind, RunResult, Worker, WorkerSpec, WorkerState
 from etcdrun.agent.errors import ProcessFailure
+from etcdrun.agent.hang import stacks
+from etcdrun.agent.worker import beat
 from etcdrun.agent.worker import spawn as _spawn
 from etcdrun.agent.worker.logdir import LogDir, WorkerFiles, copy_stopped
 from etcdrun.agent.worker.proc import WorkerProc
@@ -35,6 +37,14 @@ from etcdrun.rendezvous.api import check_run_id
 
 if TYPE_CHECKING:  # pragma: no cover
     from etcdrun.rendezvous.api import RendezvousInfo
+
+
+def _hang_env(spec: WorkerSpec, files: WorkerFiles) -> dict[str, str]:
+    """Where a worker beats and dumps its stacks, when the hang watchdog is on (agent/hang/)."""
+    if spec.hang_timeout is None:
+        return {}
+    return {beat.VAR: files.progress, **stacks.env(files.stacks)}
+
 
 __all__ = ["WorkerGroup"]
 
@@ -172,6 +182,8 @@ class WorkerGroup:
             worker = Worker(local_rank, rank, rank, info.world_size, info.world_size)
             files = WorkerFiles.under(self._attempt_dir, rank)
             files.prepare()
+            if spec.hang_timeout is not None:
+                beat.create(files.progress)  # zeroed: no beat yet
             procs.append(WorkerProc(worker, files, _spawn.stream_modes(spec, worker)))
         self._payload_file = None
         if payload is not None:
@@ -217,7 +229,7 @@ class WorkerGroup:
                 w.global_rank = w.role_rank = info.first_global_rank + w.local_rank
                 w.world_size = w.role_world_size = info.world_size
                 env = _spawn.worker_env(spec, info, w, proc.files.error_file)
-                envs[w.local_rank] = {**env, **self._extra_env}
+                envs[w.local_rank] = {**env, **self._extra_env, **_hang_env(spec, proc.files)}
         return envs
 
     def _spawn_all(self, spec: WorkerSpec, info: RendezvousInfo, kind: EntrypointKind) -> None:
@@ -239,7 +251,7 @@ class WorkerGroup:
             proc.files,
             proc.modes,
             self._payload_file,
-            self._extra_env,
+            {**self._extra_env, **_hang_env(spec, proc.files)},
             self._standbys,
         )
         with self._cond:

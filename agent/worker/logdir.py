@@ -167,7 +167,8 @@ class WorkerFiles:
     """A worker's files: ``<log_dir>/<run_id>/attempt_<n>/<global rank>/``.
 
     stdout.log/stderr.log exist when the stream is redirected or teed (or filtered off the
-    console); error.json when the worker raised under ``@record``; return.pkl for a callable.
+    console); error.json when the worker raised under ``@record``; return.pkl for a callable;
+    progress (its beat page) and stacks.log (its stack dumps) under ``--hang-timeout``.
     """
 
     dir: str
@@ -175,6 +176,8 @@ class WorkerFiles:
     stderr: str
     error_file: str
     return_file: str
+    progress: str
+    stacks: str
 
     @classmethod
     def under(cls, attempt_dir: str, global_rank: int) -> WorkerFiles:
@@ -185,12 +188,15 @@ class WorkerFiles:
             stderr=os.path.join(d, "stderr.log"),
             error_file=os.path.join(d, "error.json"),
             return_file=os.path.join(d, "return.pkl"),
+            progress=os.path.join(d, "progress"),
+            stacks=os.path.join(d, "stacks.log"),
         )
 
     def prepare(self) -> None:
-        """Create the directory; drop a previous run's error/return files (they would lie)."""
+        """Create the directory; drop a previous run's error/return/progress files (they
+        would lie)."""
         os.makedirs(self.dir, exist_ok=True)
-        for stale in (self.error_file, self.return_file):
+        for stale in (self.error_file, self.return_file, self.progress):
             try:
                 os.unlink(stale)
             except FileNotFoundError:

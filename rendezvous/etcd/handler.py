@@ -47,6 +47,7 @@ from etcdrun.rendezvous.errors import (
 )
 from etcdrun.rendezvous.etcd import codec
 from etcdrun.rendezvous.etcd.context import RunContext
+from etcdrun.rendezvous.etcd.hang import EtcdHang
 from etcdrun.rendezvous.etcd.incarnation import Incarnation
 from etcdrun.rendezvous.etcd.keys import RunKeys, require_run_id
 from etcdrun.rendezvous.etcd.leader.driver import Driver, SessionLost
@@ -99,6 +100,7 @@ class EtcdRendezvousHandler(RendezvousHandler):
         self._now = Incarnation()
         self._liveness = SessionLiveness(self._now)
         self._report = EtcdReport(self.ctx, self._now)
+        self._hang = EtcdHang(self.ctx, self._now)
         self._incarnation = 0
         self._tag = node_names.draw_suffix()  # node ids: <host>-<tag>.<incarnation>
         self._joined: int | None = None  # the round number this session has joined
@@ -203,6 +205,9 @@ class EtcdRendezvousHandler(RendezvousHandler):
 
     def report(self) -> EtcdReport:
         return self._report
+
+    def hang(self) -> EtcdHang:
+        return self._hang
 
     def request_restart(self, reason: str, failure: FailureInfo | None = None) -> bool:
         running = self.view.running()

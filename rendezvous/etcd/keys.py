@@ -74,6 +74,17 @@ class RunKeys:
     def join(self, n: int, node_id: str) -> str:
         return self.joined(n) + node_id
 
+    @property
+    def hangs(self) -> str:
+        """The hang watchdogs' notices (design.md §4b), apart from ``rounds/`` so that the
+        leader's watch of the rounds never carries them."""
+        return self.root + "hang/"
+
+    def hang(self, n: int, kind: str, node_id: str = "") -> str:
+        """Round n's ``alarm`` and ``verdict`` (one each), and each node's ``report``."""
+        key = f"{self.hangs}{n:0{_ROUND_DIGITS}d}/{kind}"
+        return f"{key}/{node_id}" if node_id else key
+
     def hint(self, n: int) -> str:
         """The previous round's participants, for ordering round n (read by the leader only,
         so that the round key every agent watches stays small).

@@ -51,13 +51,19 @@ TORCH_213_FIELDS = [
     ("virtual_local_rank", False),
     ("shutdown_timeout", None),
 ]
+# Ours again, added after torch's newer fields so that positional construction keeps working.
+LATER_FIELDS = [
+    ("hang_timeout", None),
+]
 
 
 def test_fields_order_and_declared_defaults_match_the_reference():
     fields = dataclasses.fields(LaunchConfig)
-    assert [f.name for f in fields] == [n for n, _ in SEED_FIELDS + EXTRA_FIELDS + TORCH_213_FIELDS]
+    assert [f.name for f in fields] == [
+        n for n, _ in SEED_FIELDS + EXTRA_FIELDS + TORCH_213_FIELDS + LATER_FIELDS
+    ]
     for f, (name, default) in zip(
-        fields, SEED_FIELDS + EXTRA_FIELDS + TORCH_213_FIELDS, strict=True
+        fields, SEED_FIELDS + EXTRA_FIELDS + TORCH_213_FIELDS + LATER_FIELDS, strict=True
     ):
         if default == "factory":
             assert f.default_factory() == {}, name
@@ -69,7 +75,7 @@ def test_fields_order_and_declared_defaults_match_the_reference():
 
 def test_instance_defaults():
     c = LaunchConfig()
-    expected = dict(SEED_FIELDS + EXTRA_FIELDS + TORCH_213_FIELDS)
+    expected = dict(SEED_FIELDS + EXTRA_FIELDS + TORCH_213_FIELDS + LATER_FIELDS)
     expected.update(run_id="none", rdzv_configs={}, metrics_cfg={})  # run_id "" becomes "none"
     assert dataclasses.asdict(c) == expected
 

@@ -17,7 +17,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from agent_helpers import SCRIPTS, Job, clean_env, wait_for
+from agent_helpers import SCRIPTS, Job, clean_env, wait_for, warden_of
 
 SCRIPT = str(SCRIPTS / "elastic_train.py")
 STEPS = 60
@@ -53,19 +53,6 @@ def rows_by_pid(out: Path) -> dict[int, list[dict]]:
 
 def parent(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-
-
-def warden_of(agent_pid: int) -> int:
-    """The agent's warden (agent/fencing/warden.py, started with the agent's pid)."""
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                argv = (d / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if any(a.endswith(b"warden.py") for a in argv) and str(agent_pid).encode() in argv:
-                return int(d.name)
-    raise AssertionError(f"no warden for agent {agent_pid}")
 
 
 def events(log_dir: Path, name: str) -> list[dict]:

@@ -22,12 +22,16 @@ again. A newcomer receives the state from a survivor, not from a checkpoint. An 
 script's own is a failure, as without this module. Outside an etcdrun agent (plain torchrun, a
 bare ``python``) ``run`` calls the function once: a restart is the launcher's.
 
+A script that does not opt in can still feed the agent's hang watchdog (``--hang-timeout``):
+``elastic.progress(step)`` once per step; ``commit()`` does it for those that do.
+
 torch is imported where it is used, so that importing this package costs nothing until then.
 """
 
 from __future__ import annotations
 
+from etcdrun.elastic.progress import progress
 from etcdrun.elastic.runner import MembershipChanged, run
 from etcdrun.elastic.state import State, TorchState
 
-__all__ = ["MembershipChanged", "State", "TorchState", "run"]
+__all__ = ["MembershipChanged", "State", "TorchState", "progress", "run"]

@@ -10,6 +10,9 @@ with every commit so far; each rank counts its commits, and every rank takes the
 rank with the highest count (the lowest rank among equals), broadcast over the new group. The
 newcomer thus starts from a survivor's memory, not from a checkpoint.
 
+Why ``commit()`` also beats: it is the natural progress signal of the agent's hang watchdog
+(``--hang-timeout``, elastic/progress.py), at no cost when the watchdog is off.
+
 Why ``commit()`` also checks the round: a rank that is computing, not communicating, learns that
 the round is over at its next safe point — ``commit()`` raises ``MembershipChanged`` there.
 """
@@ -22,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from etcdrun.elastic import interrupt
+from etcdrun.elastic.progress import progress
 
 
 class State:
@@ -50,7 +54,13 @@ class State:
         round this worker runs in is over (``elastic.run`` then re-forms and calls again)."""
         self._saved = self.save()
         self._serial += 1
+        progress(self._step())
         interrupt.check()
+
+    def _step(self) -> int | None:
+        """The state's ``step``, when it holds an integer one: the hang line names it."""
+        step = vars(self).get("step") if "step" in self._names else None
+        return step if isinstance(step, int) else None
 
     def restore(self) -> None:
         """Back to the last commit."""

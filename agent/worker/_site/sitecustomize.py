@@ -23,6 +23,8 @@ runnable (``/proc/self/task/*/stat``) twice in a row, at most ``CAP`` seconds. A
 other thread returns at once; a torch worker waits briefly for gloo's threads (bench/results.md,
 'Clean exit').
 
+It also arms the stack dump of the agent's hang watchdog (etcdrun_stacks.py, beside it).
+
 How it gets here: the agent puts this folder first on the worker's ``PYTHONPATH`` and the user's
 own in ``ETCDRUN_USER_PYTHONPATH``; ``site`` imports this module at start-up of every Python the
 worker command runs (script, ``-m``, spawned callables, a ``--no-python`` wrapper's Python). It
@@ -94,6 +96,12 @@ def _install():
     import atexit
 
     atexit.register(settle)
+    try:
+        import etcdrun_stacks  # beside this file, still on the path until the next line
+
+        etcdrun_stacks.arm(os.environ)
+    except ImportError:  # a partial copy of this folder: run without the stack dump
+        pass
     _restore_user_path()
     if __name__ == "sitecustomize":
         # Import the sitecustomize this one shadows (Debian's, a tracer's...), as site would.
