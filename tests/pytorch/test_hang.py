@@ -45,7 +45,7 @@ def last_progress(out: Path) -> float:
     return next(r["last_progress"] for r in rows if "hang" in r)
 
 
-def make_job(etcd, tmp_path: Path, mode: str, conf: str) -> Job:
+def make_job(etcd, tmp_path: Path, mode: str, conf: str, prewarm: str = "none") -> Job:
     out, logs = tmp_path / "out", tmp_path / "logs"
     out.mkdir()
     job = Job(
@@ -54,7 +54,7 @@ def make_job(etcd, tmp_path: Path, mode: str, conf: str) -> Job:
         nnodes="1:2" if mode == "frozen" else "2",
         nproc=2,
         conf=conf,
-        extra=("--prewarm", "none", "--max-restarts", "1", "--hang-timeout", str(TIMEOUT)),
+        extra=("--prewarm", prewarm, "--max-restarts", "1", "--hang-timeout", str(TIMEOUT)),
         script=(str(SCRIPT), str(out), "sleep" if mode == "frozen" else mode)
         + (str(STUCK_RANK), str(STUCK_STEP)),
     )
@@ -63,17 +63,19 @@ def make_job(etcd, tmp_path: Path, mode: str, conf: str) -> Job:
 
 
 @pytest.mark.parametrize(
-    "mode, where",
+    "mode, prewarm, where",
     [
-        ("sleep", f"hang_train.py:{line_of('time.sleep(3600)')} in step_once"),
-        ("read", f"hang_train.py:{line_of('os.read(r, 1)')} in step_once"),
-        ("stop", "is stopped (SIGSTOP or a debugger): no stack"),
+        ("sleep", "none", f"hang_train.py:{line_of('time.sleep(3600)')} in step_once"),
+        ("read", "none", f"hang_train.py:{line_of('os.read(r, 1)')} in step_once"),
+        # from standbys: a standby arms its stack dump when it is handed its round
+        ("read", "auto", f"hang_train.py:{line_of('os.read(r, 1)')} in step_once"),
+        ("stop", "none", "is stopped (SIGSTOP or a debugger): no stack"),
     ],
 )
 def test_a_hung_rank_is_named_on_every_node_and_the_job_goes_on(
-    etcd, tmp_path, torch_available, mode, where
+    etcd, tmp_path, torch_available, mode, prewarm, where
 ):
-    job = make_job(etcd, tmp_path, mode, "lease_ttl=2,last_call_timeout=1")
+    job = make_job(etcd, tmp_path, mode, "lease_ttl=2,last_call_timeout=1", prewarm)
     try:
         agents = [
             job.start(env=clean_env(), extra=("--log-dir", str(job.logs / f"n{i}")))
