@@ -27,7 +27,7 @@ timer_s = float(sys.argv[5]) if len(sys.argv) > 5 else None
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
-later = attempt > 0 or int(os.environ["ETCDRUN_ROUND"]) > 1  # a restart, or a new membership
+later = attempt > 0 or int(os.environ.get("ETCDRUN_ROUND", "1")) > 1  # a restart, or a new round
 path = os.path.join(out_dir, f"rank{rank}.jsonl")
 
 
