@@ -286,13 +286,18 @@ def _launch(config: LaunchConfig, entrypoint: Any, cmd_args: list[str]) -> dict[
 def main(argv: Sequence[str] | None = None) -> int:
     """The console script: parse, then run this node's agent until the job ends; an exit code
     (0 done, 1 workers or rendezvous failed, 2 a mistake, 128+N a signal, 130 Ctrl-C).
-    ``etcdrun status ...`` shows a run instead (agent/status_cmd.py).
+    ``etcdrun status ...`` shows a run instead (agent/status_cmd.py), and ``etcdrun drain
+    NODE ...`` asks one of its nodes to leave (agent/drain_cmd.py).
     """
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["status"]:
         from etcdrun.agent import status_cmd
 
         return status_cmd.main(argv[1:])
+    if argv[:1] == ["drain"]:
+        from etcdrun.agent import drain_cmd
+
+        return drain_cmd.main(argv[1:])
     try:
         prepared = _prepare(parse_namespace(argv))
     except UsageError as exc:

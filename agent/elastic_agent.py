@@ -16,7 +16,11 @@ the workers as torchrun does: that signal, then SIGKILL after the grace (``--shu
 the agent then leaves the rendezvous (its lease revoked, so peers start a new round at once) and
 raises SignalException, which the CLI turns into exit code 128 + signal (torchrun exits 1).
 Starting and stopping workers and the fenced restart request are critical sections: a signal
-there is held until they end.
+there is held until they end (agent/signals.py).
+
+A drain (agent/drain.py, docs/drain.md) is a fourth fact, pushed like the others: the node was
+asked to leave; its workers stop normally, it leaves the rendezvous and returns, charging
+nothing.
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ import time
 from typing import Any, NoReturn
 
 from etcdrun.agent import loop
-from etcdrun.agent.api import RunResult, WorkerSpec, WorkerState, handled_signals
+from etcdrun.agent.api import RunResult, WorkerSpec, WorkerState
+from etcdrun.agent.drain import Drain
 from etcdrun.agent.errors import ChildFailedError, ProcessFailure, write_error_json
 from etcdrun.agent.fencing.guard import Fencing
 from etcdrun.agent.grace import stop_grace
@@ -38,6 +43,7 @@ from etcdrun.agent.in_place import InPlace
 from etcdrun.agent.report import story
 from etcdrun.agent.report.metrics import MetricsConfig
 from etcdrun.agent.report.observer import AgentObserver
+from etcdrun.agent.signals import SignalException, SignalGate
 from etcdrun.agent.standby import pool as standby
 from etcdrun.agent.worker import file_timer
 from etcdrun.agent.worker.group import WorkerGroup
@@ -46,14 +52,6 @@ from etcdrun.rendezvous.errors import RendezvousClosedError
 
 log = logging.getLogger("etcdrun.agent")
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
-
-
-class SignalException(Exception):
-    """The agent got a termination signal; ``sigval`` is it (exit code 128 + sigval)."""
-
-    def __init__(self, msg: str, sigval: signal.Signals) -> None:
-        super().__init__(msg)
-        self.sigval = sigval
 
 
 class ElasticAgent:
@@ -80,7 +78,9 @@ class ElasticAgent:
         self._h: RendezvousHandler = spec.rdzv_handler
         self._liveness = self._h.liveness()
         self._report = self._h.report()
-        self._wake = threading.Event()  # a worker exited or the membership changed
+        self._wake = threading.Event()  # a worker exited, the membership changed, a drain
+        self._drain = Drain(self._h.drain(), self._h.get_run_id(), self._wake.set)
+        self._signals = SignalGate(spec.signals_to_handle, self._drain, "stop")
         self._fencing = Fencing(self._liveness, early and early.tag)  # the warden
         self.observer = AgentObserver(self._h, event_log_handler, metrics)
         self._in_place = InPlace(self._fencing.tag, self.observer.resumed)  # design.md §4a
@@ -104,13 +104,12 @@ class ElasticAgent:
         self._status_interval = status_interval
         self._state = loop.State()
         self._closed_error: RendezvousClosedError | None = None
-        self._deferred: int | None = None
-        self._defer = 0
         self.rounds = 0  # rounds this agent started workers in
 
     # ---- public --------------------------------------------------------------------------
     def run(self) -> RunResult:
         unsubscribe = self._h.on_membership_change(self._wake.set)
+        self._drain.start()
         self._fencing.start(self._wake.set)
         self._in_place.start()
         if self._timer is not None:
@@ -134,6 +133,7 @@ class ElasticAgent:
             return result
         finally:
             unsubscribe()
+            self._drain.close()
             self._group.close()
             standby.close(self._standbys)
             self._fencing.close()
@@ -171,14 +171,14 @@ class ElasticAgent:
 
     # ---- the driver ----------------------------------------------------------------------
     def _run_with_signals(self) -> RunResult:
-        previous = self._install_signal_handlers()
+        previous = self._signals.install()
         try:
             return self._drive()
         except SignalException as e:
             self._perform(self._step(loop.Signal(int(e.sigval))))
             raise
         finally:
-            self._restore_signal_handlers(previous)
+            self._signals.restore(previous)
 
     def _drive(self) -> RunResult:
         standby.wait_warm(self._standbys, self._h.job_running)  # before a running job's stop
@@ -209,9 +209,13 @@ class ElasticAgent:
 
     def _join(self, action: loop.Join) -> loop.Event:
         self.observer.joining()
+        if self._drain.pending is not None:
+            return self._drain.pending
         try:
             info = self._rendezvous()
         except RendezvousClosedError as exc:
+            if self._drain.pending is not None:  # the rendezvous stopped waiting for us
+                return self._drain.pending
             self._closed_error = exc
             return loop.RunClosed(self._h.closed_failure(), exc.succeeded)
         self._check_budget(info)
@@ -233,7 +237,7 @@ class ElasticAgent:
     def _start(self, action: loop.StartWorkers) -> loop.Event:
         info = action.info
         self._group.add_env(self._in_place.peer_wait(self._liveness))
-        with self._deferring():
+        with self._signals.holding():
             workers = self._group.start(self._spec, info)
             self._fencing.started()
         self.rounds += 1
@@ -292,7 +296,7 @@ class ElasticAgent:
         return loop.WorkersStopped(result, self._h.closed_failure())
 
     def _restart(self, action: loop.RequestRestart) -> loop.Event:
-        with self._deferring():  # a fenced write: a signal must not cut it in half
+        with self._signals.holding():  # a fenced write: a signal must not cut it in half
             self._h.request_restart(action.reason, action.failure)
         return loop.RestartRequested()
 
@@ -361,7 +365,9 @@ class ElasticAgent:
         changed = self._h.membership_changed
         while True:
             self._wake.clear()
-            self._check_deferred()
+            self._signals.check_deferred()
+            if self._drain.pending is not None:  # leaving anyway: no round change matters
+                return self._drain.pending
             if changed.is_set():
                 if self._lost() or self._liveness.confirm() is Liveness.LOST:
                     return loop.LeaseLost()  # our own lease vanished: fencing, not a change
@@ -386,7 +392,7 @@ class ElasticAgent:
     def _stop_workers(
         self, grace: float | None = None, forward: signal.Signals | None = None
     ) -> RunResult:
-        with self._deferring():
+        with self._signals.holding():
             if forward is not None:  # torchrun's way: the signal itself, then SIGKILL
                 self._fencing.resume(f"got {forward.name}")  # a paused worker must see it
                 result = self._group.stop(grace, sig=forward)
@@ -406,34 +412,6 @@ class ElasticAgent:
         write_error_json(path, f.message or f"exit code {f.exit_code}", f.traceback, f.timestamp)
         return path
 
-    # ---- signals ---------------------------------------------------------------------------
-    def _install_signal_handlers(self) -> dict[int, Any]:
-        if threading.current_thread() is not threading.main_thread():
-            return {}  # only the main thread may handle signals (embedded use)
-        previous = {}
-        for sig in handled_signals(self._spec.signals_to_handle):
-            previous[sig] = signal.signal(sig, self._on_signal)
-        return previous
-
-    @staticmethod
-    def _restore_signal_handlers(previous: dict[int, Any]) -> None:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-    def _on_signal(self, signum: int, frame: Any) -> None:
-        if self._defer:
-            self._deferred = signum  # raised as soon as the critical section ends
-            return
-        raise SignalException(f"process {os.getpid()} got signal {signum}", signal.Signals(signum))
-
-    def _check_deferred(self) -> None:
-        if self._deferred is not None and not self._defer:
-            sig, self._deferred = self._deferred, None
-            raise SignalException(f"process {os.getpid()} got signal {sig}", signal.Signals(sig))
-
-    def _deferring(self) -> _Deferring:
-        return _Deferring(self)
-
 
 _PERFORM: dict[type, Any] = {
     loop.Join: ElasticAgent._join,
@@ -447,23 +425,6 @@ _PERFORM: dict[type, Any] = {
     loop.RaiseClosed: ElasticAgent._raise_closed,
     loop.ForwardSignal: ElasticAgent._forward,
 }
-
-
-class _Deferring:
-    """A critical section (starting/stopping workers, a fenced write) that a signal must not
-    cut in half: the signal is held and raised right after.
-    """
-
-    def __init__(self, agent: ElasticAgent) -> None:
-        self.agent = agent
-
-    def __enter__(self) -> None:
-        self.agent._defer += 1
-
-    def __exit__(self, *exc: object) -> None:
-        self.agent._defer -= 1
-        if exc[0] is None:
-            self.agent._check_deferred()
 
 
 # torch's (and the reference launcher's) name for the same agent.

@@ -8,9 +8,10 @@ signals (tests/agent/test_loop.py). elastic_agent.py is the driver: it performs 
 start, stop, ask for a restart, wait at the barrier, raise) and reports what happened as the next
 event. It decides nothing.
 
-One attempt goes JOINING → RUNNING → STOPPING → (BARRIER | JOINING); the workers are always
-stopped before anything else happens, because the final result (and so the root cause reported
-to the rendezvous) is known only once they are gone. Every decision that involves other nodes
+One attempt goes JOINING → RUNNING → STOPPING → (BARRIER | JOINING), or to DONE after a drain
+(the node was asked to leave: docs/drain.md); the workers are always stopped before anything
+else happens, because the final result (and so the root cause reported to the rendezvous) is
+known only once they are gone. Every decision that involves other nodes
 (who is in the round, the restart budget, whether the job failed elsewhere) was already taken by
 the rendezvous: the events carry its answers (``closed_failure``), and this function only reads
 them.
@@ -46,6 +47,7 @@ class Then(str, enum.Enum):
     CLOSED = "closed"  # kept workers were stopped because the run closed: report ``closed``
     RESTART = "restart"  # our workers failed: ask the rendezvous for a restart
     FINISH = "finish"  # our workers succeeded: wait for the other nodes
+    DRAIN = "drain"  # this node was asked to leave (docs/drain.md): leave once they are gone
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,7 @@ class State:
     kept: bool = False
     next_info: RendezvousInfo | None = None
     closed: RunClosed | None = None
+    drain: DrainRequested | None = None  # asked to leave: the workers stop, then the agent goes
 
 
 # ---- events: what the driver saw ---------------------------------------------------------------
@@ -136,6 +139,18 @@ class Signal:
     signum: int
 
 
+@dataclass(frozen=True)
+class DrainRequested:
+    """This node is asked to leave the job gracefully (``etcdrun drain``, or SIGTERM while the
+    job has more than min nodes). ``run_id`` and ``node_id`` name it in the last line even
+    when it never ran a round.
+    """
+
+    by: str
+    run_id: str = ""
+    node_id: str = ""
+
+
 Event = (
     Joined
     | RunClosed
@@ -148,6 +163,7 @@ Event = (
     | RestartRequested
     | BarrierDone
     | Signal
+    | DrainRequested
 )
 
 
@@ -278,7 +294,34 @@ def next_step(state: State, event: Event) -> Step:
     return step
 
 
+def drained_line(state: State, event: DrainRequested) -> str:
+    """The drained node's last line: run id, round and node, who asked, and that the job was
+    charged nothing (a drain is a departure, never a failure).
+    """
+    info = state.info
+    run_id = info.run_id if info is not None else event.run_id
+    node = info.node_id if info is not None else event.node_id
+    where = f"round {info.round}" if info is not None else "before its first round"
+    return (
+        f"run {run_id} {where}: node {node} drained (asked by {event.by}): its workers stopped "
+        "and it left the job; no restart charged"
+    )
+
+
+def _drain(state: State, event: DrainRequested) -> Step:
+    """Leave with the workers gone: from JOINING at once (none run), else after the stop."""
+    if state.phase is Phase.JOINING and not state.kept:
+        done = replace(state, phase=Phase.DONE)
+        return Step(
+            done, ReturnResult(RunResult(WorkerState.STOPPED), note=drained_line(state, event))
+        )
+    stopping = replace(state, phase=Phase.STOPPING, then=Then.DRAIN, kept=False, drain=event)
+    return Step(stopping, StopWorkers(note=f"asked to drain by {event.by}: stopping the workers"))
+
+
 def _joining(state: State, event: Event) -> Step | None:
+    if isinstance(event, DrainRequested):
+        return _drain(state, event)
     if state.kept:
         return _joining_kept(state, event)
     if isinstance(event, Joined):
@@ -327,6 +370,8 @@ def _joining_kept(state: State, event: Event) -> Step | None:
 
 
 def _running(state: State, event: Event) -> Step | None:
+    if isinstance(event, DrainRequested):
+        return _drain(state, event)
     stopping = replace(state, phase=Phase.STOPPING)
     if isinstance(event, WorkersSucceeded):
         return Step(replace(stopping, then=Then.FINISH), StopWorkers())
@@ -355,6 +400,10 @@ def _stopping(state: State, event: Event) -> Step | None:
     if not isinstance(event, WorkersStopped) or state.info is None:
         return None
     info, stopped = state.info, replace(state, result=event.result)
+    if state.then is Then.DRAIN and state.drain is not None:  # a departure, never a failure
+        done = replace(stopped, phase=Phase.DONE)
+        line = drained_line(state, state.drain)
+        return Step(done, ReturnResult(RunResult(WorkerState.STOPPED), note=line))
     if state.then is Then.START and state.next_info is not None:  # a new node: fresh workers
         new = state.next_info
         running = replace(stopped, phase=Phase.RUNNING, info=new, next_info=None, then=None)
@@ -440,6 +489,7 @@ _BY_PHASE = {
 __all__ = [
     "Action",
     "BarrierDone",
+    "DrainRequested",
     "Event",
     "ExitBarrier",
     "FailWithRemoteRootCause",
@@ -467,6 +517,7 @@ __all__ = [
     "WorkersFailed",
     "WorkersStopped",
     "WorkersSucceeded",
+    "drained_line",
     "failure_of",
     "next_step",
 ]

@@ -18,56 +18,22 @@ import time
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from etcdrun.agent.flags import UsageError, parse_rdzv_conf
+from etcdrun.agent.flags import UsageError
+from etcdrun.agent.run_flags import OneLineParser, add_run_flags, keys_and_client
 
 CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear screen: --watch redraws in place
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> Any:  # one line, not usage + message
-        raise UsageError(message)
-
-
 def _parser() -> argparse.ArgumentParser:
-    import os
-
-    p = _Parser(
+    p = OneLineParser(
         prog="etcdrun status",
         description="Show a run as etcd holds it: its round, nodes, restarts and outcome.",
         allow_abbrev=False,
     )
-    p.add_argument(
-        "--rdzv-endpoint",
-        "--rdzv_endpoint",
-        default=os.environ.get("PET_RDZV_ENDPOINT", ""),
-        help="etcd endpoints, as for the job",
-    )
-    p.add_argument(
-        "--rdzv-id", "--rdzv_id", default=os.environ.get("PET_RDZV_ID", ""), help="the job's run id"
-    )
-    p.add_argument(
-        "--rdzv-conf",
-        "--rdzv_conf",
-        default=os.environ.get("PET_RDZV_CONF", ""),
-        help="prefix, TLS and auth keys, as for the job",
-    )
+    add_run_flags(p)
     p.add_argument("--watch", action="store_true", help="redraw on every change (a watch)")
     p.add_argument("--json", action="store_true", help="one JSON object (one per change)")
     return p
-
-
-def _keys_and_client(ns: argparse.Namespace) -> tuple[Any, Any]:
-    from etcdrun.rendezvous.etcd.keys import RunKeys
-    from etcdrun.rendezvous.torch.conf import etcd_config
-
-    if not ns.rdzv_endpoint.strip() or not ns.rdzv_id.strip():
-        raise UsageError("status needs --rdzv-endpoint and --rdzv-id (the job's own)")
-    conf = parse_rdzv_conf(ns.rdzv_conf)
-    cfg = etcd_config(conf)
-    keys = RunKeys(cfg.prefix, ns.rdzv_id)
-    from etcdrun.rendezvous.client import EtcdClient
-
-    return keys, EtcdClient(cfg.client_config(ns.rdzv_endpoint))
 
 
 def render(s: Any) -> str:
@@ -163,7 +129,7 @@ def run(argv: Sequence[str], out: TextIO = sys.stdout) -> int:
     from etcdrun.rendezvous.tools import status
 
     ns = _parser().parse_args(list(argv))
-    keys, client = _keys_and_client(ns)
+    keys, client = keys_and_client(ns, "status")
     with client:
         s = status.read(client, keys)
         if not s.exists and not ns.watch:

@@ -171,3 +171,17 @@ class RoundState(_message.Message):
     last_call_joined: int
     participants_zlib: bytes
     def __init__(self, schema_version: _Optional[int] = ..., number: _Optional[int] = ..., phase: _Optional[_Union[Phase, str]] = ..., participants: _Optional[_Iterable[_Union[Participant, _Mapping]]] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., restart_count: _Optional[int] = ..., last_call_deadline_unix_ms: _Optional[int] = ..., reason: _Optional[str] = ..., decided_by: _Optional[str] = ..., outcome: _Optional[_Union[Outcome, str]] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ..., world_size: _Optional[int] = ..., closed_unix_ms: _Optional[int] = ..., run_lease: _Optional[int] = ..., departed: _Optional[_Iterable[str]] = ..., arrived: _Optional[_Iterable[str]] = ..., departed_cause: _Optional[_Iterable[str]] = ..., last_call_joined: _Optional[int] = ..., participants_zlib: _Optional[bytes] = ...) -> None: ...
+
+class DrainRequest(_message.Message):
+    __slots__ = ("schema_version", "node_id", "by", "requested_unix_ms", "forced")
+    SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    BY_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    FORCED_FIELD_NUMBER: _ClassVar[int]
+    schema_version: int
+    node_id: str
+    by: str
+    requested_unix_ms: int
+    forced: bool
+    def __init__(self, schema_version: _Optional[int] = ..., node_id: _Optional[str] = ..., by: _Optional[str] = ..., requested_unix_ms: _Optional[int] = ..., forced: bool = ...) -> None: ...

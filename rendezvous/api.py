@@ -332,6 +332,67 @@ class HangPort:
         return unsubscribe
 
 
+
+class DrainRequest:
+    """This node is asked to leave the job gracefully (docs/drain.md): ``by`` says who asked,
+    for people ("etcdrun drain (alice@login-1, pid 4711)", "SIGTERM").
+    """
+
+    node_id: str
+    by: str
+
+
+class DrainPort:
+    """How a node learns that it must leave the job gracefully, and asks it of itself.
+
+    Why a port: a drain is neither a membership change (nothing changed yet: this node is the
+    one to change it) nor a failure (it charges no restart), and a backend that cannot be
+    drained from outside must still let SIGTERM stop the node as torchrun does. The defaults fit
+    such a backend: ``room()`` is False, so the agent never turns a signal into a drain, and
+    ``request`` only tells the subscribers.
+
+    ``subscribe`` callbacks run on a backend thread (a watch) or in a signal handler, once per
+    request, and must return at once (set an event). ``request`` and ``room`` do no I/O: the
+    agent calls them from its signal handler.
+    """
+
+    def __init__(self) -> None:
+        self._listeners: list[Callable[[DrainRequest], None]] = []
+        self._lock = threading.Lock()
+
+    def subscribe(self, callback: Callable[[DrainRequest], None]) -> Callable[[], None]:
+        with self._lock:
+            self._listeners.append(callback)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                if callback in self._listeners:
+                    self._listeners.remove(callback)
+
+        return unsubscribe
+
+    def request(self, by: str) -> None:
+        """This node asks to be drained itself (SIGTERM with ``room()``): the same path as a
+        request from outside. A backend that waits in ``next_rendezvous`` ends that wait.
+        """
+        self._tell(DrainRequest(self.node_id(), by))
+
+    def room(self) -> bool:
+        """Whether the job would keep at least its min nodes without this node, as the backend
+        knows it now (no I/O). Default: unknown, so no.
+        """
+        return False
+
+    def node_id(self) -> str:
+        return ""
+
+    def _tell(self, req: DrainRequest) -> None:
+        with self._lock:
+            listeners = list(self._listeners)
+        for callback in listeners:
+            callback(req)
+
+
 class RendezvousHandler(abc.ABC):
     """A backend's view of the job's membership, as the agent uses it.
 
@@ -341,10 +402,11 @@ class RendezvousHandler(abc.ABC):
 
     Three parts: torch's interface (the first eight members), the restart contract every backend
     keeps (``request_restart``, ``exit_barrier``, ``close_with_failure``, ``closed_failure``), and
-    three narrow ports the agent asks for once: ``liveness()`` (may the workers run?),
-    ``report()`` (what to tell people) and ``hang()`` (where the round's hang watchdogs meet).
-    The agent uses nothing else: a new backend written
-    against this class alone gets the agent's fencing, events, story lines and metrics.
+    four narrow ports the agent asks for once: ``liveness()`` (may the workers run?),
+    ``report()`` (what to tell people), ``hang()`` (where the round's hang watchdogs meet)
+    and ``drain()`` (must this node leave gracefully?). The agent uses nothing else: a new
+    backend written against this class alone gets the agent's fencing, events, story lines,
+    metrics, hang verdicts and drain.
     """
 
     @abc.abstractmethod
@@ -437,6 +499,13 @@ class RendezvousHandler(abc.ABC):
     def hang(self) -> HangPort:
         """Where the hang watchdogs of the round's nodes meet. Default: this process only."""
         return HangPort()
+
+    def drain(self) -> DrainPort:
+        """How this node is asked to leave gracefully; asked for once, like the other ports
+        (the default holds its subscribers: a new one each call). Default: never from outside,
+        and SIGTERM keeps torchrun's meaning.
+        """
+        return DrainPort()
 
 
 _NO_LEASE = LivenessPort()

@@ -52,6 +52,7 @@ from etcdrun.rendezvous.etcd.incarnation import Incarnation
 from etcdrun.rendezvous.etcd.keys import RunKeys, require_run_id
 from etcdrun.rendezvous.etcd.leader.driver import Driver, SessionLost
 from etcdrun.rendezvous.etcd.node import joining, lifecycle, node_names
+from etcdrun.rendezvous.etcd.node.drain import EtcdDrain
 from etcdrun.rendezvous.etcd.node.liveness import SessionLiveness
 from etcdrun.rendezvous.etcd.node.run_gate import RunGate
 from etcdrun.rendezvous.etcd.node.session import Session
@@ -101,6 +102,7 @@ class EtcdRendezvousHandler(RendezvousHandler):
         self._liveness = SessionLiveness(self._now)
         self._report = EtcdReport(self.ctx, self._now)
         self._hang = EtcdHang(self.ctx, self._now)
+        self._drain = EtcdDrain(self.ctx, self._now)
         self._incarnation = 0
         self._tag = node_names.draw_suffix()  # node ids: <host>-<tag>.<incarnation>
         self._joined: int | None = None  # the round number this session has joined
@@ -209,6 +211,9 @@ class EtcdRendezvousHandler(RendezvousHandler):
     def hang(self) -> EtcdHang:
         return self._hang
 
+    def drain(self) -> EtcdDrain:
+        return self._drain
+
     def request_restart(self, reason: str, failure: FailureInfo | None = None) -> bool:
         running = self.view.running()
         if running is None:
@@ -271,6 +276,13 @@ class EtcdRendezvousHandler(RendezvousHandler):
             if sess.lost.is_set() or self._shutdown:
                 self._drop_session()
                 raise _Reopen()  # a new session, or "shut down"
+            if self._drain.requested is not None:  # asked to leave: wait for no round
+                raise RendezvousClosedError(
+                    f"this node was asked to drain by {self._drain.requested.by}",
+                    run_id=self.run_id,
+                    round=r.number if r else None,
+                    node=sess.node_id,
+                )
             self._gate.check(r, sess.node_id)
             if r is not None and r.phase is Phase.JOINING and self._joined != r.number:
                 if self._join(sess, r):
@@ -281,7 +293,7 @@ class EtcdRendezvousHandler(RendezvousHandler):
             spare = r is not None and r.phase is Phase.FROZEN and not r.member(sess.node_id)
             if spare:  # a hot spare (or a newcomer about to be let in): join_timeout bounds a
                 deadline = time.monotonic() + self.cfg.join_timeout  # round that gathers
-            if not self.view.wait(r, deadline, stop=lambda: sess.lost.is_set() or self._shutdown):
+            if not self.view.wait(r, deadline, stop=lambda: self._stop_waiting(sess)):
                 if spare:
                     continue  # the job runs on without us: keep waiting for a place
                 raise RendezvousTimeoutError(
@@ -291,6 +303,9 @@ class EtcdRendezvousHandler(RendezvousHandler):
                     round=r.number if r else None,
                     node=sess.node_id,
                 )
+
+    def _stop_waiting(self, sess: Session) -> bool:
+        return sess.lost.is_set() or self._shutdown or self._drain.requested is not None
 
     def _join(self, sess: Session, r: Round) -> bool:
         lws = self.params.local_world_size
@@ -334,6 +349,7 @@ class EtcdRendezvousHandler(RendezvousHandler):
         driver = Driver(self.ctx, sess)
         sess.on_lost(lambda s: self._on_lost(s, driver))
         self._liveness.attach(sess)
+        self._drain.attach(sess)
         self._now.driver = driver
         driver.start()
         rev, pid = sess.create_revision, os.getpid()
@@ -366,6 +382,7 @@ class EtcdRendezvousHandler(RendezvousHandler):
         )
 
     def _drop_session(self) -> bool:
+        self._drain.detach()
         driver, self._now.driver = self._now.driver, None
         if driver is not None:
             driver.stop()

@@ -94,6 +94,21 @@ class RunKeys:
     def barrier(self, n: int, name: str) -> str:
         return f"{self.round_dir(n)}barrier/{name}/"
 
+    @property
+    def drains(self) -> str:
+        """Drain requests (``etcdrun drain``): outside agents/ and rounds/, so the leader's
+        watches never see them; each node watches its own key only.
+        """
+        return self.root + "drain/"
+
+    def drain(self, node_id: str) -> str:
+        return self.drains + node_id
+
+    def parse_drain(self, key: bytes | str) -> str:
+        """The node id of a key under drain/ ("" for any other key)."""
+        k = key.decode() if isinstance(key, bytes) else key
+        return k[len(self.drains) :] if k.startswith(self.drains) else ""
+
     def parse(self, key: bytes | str) -> tuple[str, int | None, str | None]:
         """Classify a key of this run: ("agent", None, node) | ("round", None, None) |
         ("join", n, node) | ("hint", n, None) | ("barrier", n, node) | ("other", None, None).

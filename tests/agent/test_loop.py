@@ -265,6 +265,56 @@ def test_a_signal_in_any_phase_is_forwarded(phase):
     assert "signal 77" in next_step(State(), loop.Signal(77)).action.note
 
 
+# ---- a drain (docs/drain.md) ------------------------------------------------------------------
+DRAIN = loop.DrainRequested("etcdrun drain (ops@h, pid 1)", "job", "n1")
+DRAINED = (
+    "run job round 3: node n1 drained (asked by etcdrun drain (ops@h, pid 1)): its workers "
+    "stopped and it left the job; no restart charged"
+)
+
+
+def test_a_drain_while_running_stops_the_workers_normally_then_returns_stopped():
+    """A normal stop (the spec's grace, not the restart grace), then the end: no restart
+    asked for, no barrier, a result that is no failure (exit 0), one line naming all three.
+    """
+    i = info()
+    steps = walk(State(), loop.Joined(i), DRAIN, loop.WorkersStopped(failed_result()))
+    assert steps[1].action == loop.StopWorkers(
+        note="asked to drain by etcdrun drain (ops@h, pid 1): stopping the workers"
+    )
+    assert steps[1].state.then is Then.DRAIN
+    end = steps[2]
+    assert end.state.phase is Phase.DONE
+    assert end.action == loop.ReturnResult(RunResult(WorkerState.STOPPED), note=DRAINED)
+    assert not end.action.result.is_failed()
+    assert end.state.our_failure is None  # the stopped workers are nobody's failure
+
+
+def test_a_drain_while_joining_returns_at_once_and_names_run_and_node():
+    fresh = next_step(State(), DRAIN)
+    assert fresh.state.phase is Phase.DONE
+    assert fresh.action.result == RunResult(WorkerState.STOPPED)
+    assert fresh.action.note == (
+        "run job before its first round: node n1 drained (asked by etcdrun drain "
+        "(ops@h, pid 1)): its workers stopped and it left the job; no restart charged"
+    )
+    rejoining = next_step(State(info=info(round=5)), DRAIN)  # between rounds: none run
+    assert rejoining.action.note == DRAINED.replace("round 3", "round 5")
+
+
+def test_a_drain_while_kept_in_place_stops_the_kept_workers_first():
+    kept = State(phase=Phase.JOINING, info=info(), kept=True)
+    step = next_step(kept, DRAIN)
+    assert isinstance(step.action, loop.StopWorkers) and step.action.grace is None
+    assert (step.state.phase, step.state.then, step.state.kept) == (
+        Phase.STOPPING,
+        Then.DRAIN,
+        False,
+    )
+    end = next_step(step.state, loop.WorkersStopped(OK))
+    assert end.action == loop.ReturnResult(RunResult(WorkerState.STOPPED), note=DRAINED)
+
+
 # ---- exhaustive: exactly these (phase, event) pairs are defined -------------------------------
 EVENTS = {
     "Joined": loop.Joined(info()),
@@ -278,10 +328,12 @@ EVENTS = {
     "RestartRequested": loop.RestartRequested(),
     "BarrierDone": loop.BarrierDone(True),
     "Signal": loop.Signal(15),
+    "DrainRequested": loop.DrainRequested("etcdrun drain (ops@h, pid 1)", "job", "n1"),
 }
 DEFINED = {
-    Phase.JOINING: {"Joined", "RunClosed"},
+    Phase.JOINING: {"Joined", "RunClosed", "DrainRequested"},
     Phase.RUNNING: {
+        "DrainRequested",
         "WorkersSucceeded",
         "WorkersFailed",
         "RoundSuperseded",

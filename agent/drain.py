@@ -1,0 +1,66 @@
+"""The agent's side of a drain (docs/drain.md): a request to leave the job gracefully, heard
+through the rendezvous' drain port and handed to the driver as one ``loop.DrainRequested``.
+
+Why its own object: the request arrives on a backend thread (an etcd watch) or from SIGTERM in
+the signal handler, while the driver sleeps in ``_wait`` or blocks in ``next_rendezvous``. This
+holds the one pending request and wakes the driver; the driver reads it between actions, and
+``loop.next_step`` decides what follows (stop the workers normally, leave, exit 0). It decides
+nothing itself, except whether a SIGTERM is a drain (``take_signal``).
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable
+
+from etcdrun.agent.loop import DrainRequested
+from etcdrun.rendezvous.api import DrainPort
+from etcdrun.rendezvous.api import DrainRequest as Request
+
+
+class Drain:
+    """``pending`` is the request once one came (the first wins). ``wake`` is the driver's
+    wake-up (the same event a worker's exit sets).
+    """
+
+    def __init__(self, port: DrainPort, run_id: str, wake: Callable[[], None]) -> None:
+        self._port = port
+        self._run_id = run_id
+        self._wake = wake
+        self._unsubscribe: Callable[[], None] | None = None
+        self.pending: DrainRequested | None = None
+
+    def start(self) -> None:
+        self._unsubscribe = self._port.subscribe(self._heard)
+
+    def close(self) -> None:
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+
+    def take_signal(self, signum: int, sigterm: str) -> bool:
+        """In the signal handler: True when this signal drains the node instead of stopping
+        it. Only SIGTERM, only with ``--sigterm drain``, only the first one, and only while the
+        job keeps its min nodes without this node (``room``): at min nodes a drain would stop
+        the job all the same, and torchrun's meaning (forward, exit 128 + 15) says so plainly.
+        A second SIGTERM during the drain is torchrun's: the impatient sender means "now".
+        """
+        if signum != signal.SIGTERM or sigterm != "drain" or self.pending is not None:
+            return False
+        if not self._port.room():
+            return False
+        self._set(Request(self._port.node_id(), "SIGTERM"))
+        self._port.request("SIGTERM")  # the backend stops waiting for a round, says it
+        return True
+
+    def _heard(self, req: Request) -> None:
+        """A backend thread: the port's request (from outside, or our own SIGTERM's echo)."""
+        if self.pending is None:
+            self._set(req)
+
+    def _set(self, req: Request) -> None:
+        self.pending = DrainRequested(req.by, self._run_id, req.node_id)
+        self._wake()
+
+
+__all__ = ["Drain"]

@@ -1,0 +1,132 @@
+"""``etcdrun drain NODE`` end to end (docs/drain.md): real agents on a real etcd, real workers.
+
+What a drain must do, each checked here: the drained agent stops its workers with a normal stop
+(SIGTERM, recorded by the worker), leaves (its lease revoked: nothing of it stays in etcd) and
+exits 0 with one line naming run id, round and node; the others go on in a new round with no
+restart charged; a drain that would take the job below min nodes, and one of an unknown node,
+are one line and a non-zero exit, and change nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+from agent_helpers import clean_env, etcdrun_bin, wait_for
+
+from etcdrun.rendezvous.client import EtcdClient
+
+
+def status(job) -> dict:
+    out = subprocess.run(
+        [
+            etcdrun_bin(),
+            "status",
+            "--rdzv-endpoint",
+            job.endpoints,
+            "--rdzv-id",
+            job.run_id,
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        timeout=30,
+    )
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def drain(job, node: str, *more: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [
+            etcdrun_bin(),
+            "drain",
+            node,
+            "--rdzv-endpoint",
+            job.endpoints,
+            "--rdzv-id",
+            job.run_id,
+            *more,
+        ],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        timeout=30,
+    )
+
+
+def node_of(job, agent) -> str:
+    """The agent's node id, as an operator finds it: ``etcdrun status`` (participants' pids)."""
+    nodes = {p["pid"]: p["node_id"] for p in status(job)["participants"]}
+    return nodes[agent.pid]
+
+
+def test_drain_one_of_three_leaves_cleanly_and_the_others_go_on_uncharged(etcd, job_factory):
+    ttl = 10  # the others must not wait for the drained node's lease to expire
+    job = job_factory(
+        nnodes="2:3", conf=f"lease_ttl={ttl},join_timeout=30", extra=("--stop-grace", "10")
+    )
+    agents = [job.start() for _ in range(3)]
+    first = job.wait_round(6)
+    round1 = first[0].round
+    leaving = next(a for a in agents if a.pid == next(s.ppid for s in first if s.rank == 2))
+    its_workers = {s.pid for s in first if s.ppid == leaving.pid}
+    node = node_of(job, leaving)
+
+    t0 = time.monotonic()
+    asked = drain(job, node)
+    assert asked.returncode == 0, asked.stderr
+    assert asked.stdout.strip() == (
+        f"run {job.run_id} round {round1}: node {node} asked to drain; 2 node(s) remain (min 2)"
+    )
+    second = job.wait_round(4, after=round1, timeout=30)
+    assert leaving.wait(30) == 0, leaving.stderr
+    took = time.monotonic() - t0
+    print(f"drain of 1 of 3 nodes -> the other 4 workers running again after {took:.2f} s")
+    assert took < ttl / 2, "the others waited for the drained node's lease to expire"
+
+    lines = [ln for ln in leaving.stderr.splitlines() if " drained (asked by etcdrun drain (" in ln]
+    assert len(lines) == 1, leaving.stderr
+    assert f"run {job.run_id} round {round1}: node {node} drained" in lines[0]
+    assert "no restart charged" in lines[0]
+    got = {pid: rec["signal"] for pid, rec in job.signals().items() if pid in its_workers}
+    assert got == dict.fromkeys(its_workers, 15), "its workers were not stopped with SIGTERM"
+
+    assert {s.ppid for s in second} == {a.pid for a in agents if a is not leaving}
+    assert {s.env["TORCHELASTIC_RESTART_COUNT"] for s in second} == {"0"}  # charged nothing
+    s = status(job)
+    assert (s["restart_count"], len(s["participants"])) == (0, 2)
+    assert node not in {p["node_id"] for p in s["participants"]}
+    for a in agents:
+        if a is not leaving:
+            wait_for(lambda a=a: f"{node}" in a.stderr and "left" in a.stderr, 10, "the cause")
+    with EtcdClient(job.endpoints) as c:  # nothing of the drained node is left in etcd
+        keys = [kv.key.decode() for kv in c.get_prefix(f"/etcdrun/{job.run_id}/").kvs]
+    assert not [k for k in keys if node in k], keys
+
+
+def test_drain_below_min_is_refused_and_an_unknown_node_is_one_line(etcd, job_factory):
+    job = job_factory(nnodes="2:3", conf="lease_ttl=10,join_timeout=30,last_call_timeout=0")
+    agents = [job.start() for _ in range(2)]
+    first = job.wait_round(4)
+    node = node_of(job, agents[0])
+
+    refused = drain(job, node)
+    assert refused.returncode == 1 and refused.stdout == ""
+    assert refused.stderr.strip().splitlines() == [
+        f"etcdrun drain: error: draining {node} would leave 1 node(s), below min nodes 2: "
+        "refused (--force drains it anyway; the job then waits for a node) "
+        f"(run {job.run_id}, round {first[0].round}, node {node})"
+    ]
+    unknown = drain(job, "no-such-node")
+    assert unknown.returncode == 1 and len(unknown.stderr.strip().splitlines()) == 1
+    assert "cannot drain 'no-such-node': no live node matches" in unknown.stderr
+    assert f"run {job.run_id}" in unknown.stderr
+
+    # Nothing changed: the same round runs on both nodes, nothing was asked of them.
+    with EtcdClient(job.endpoints) as c:
+        assert c.get_prefix(f"/etcdrun/{job.run_id}/drain/").kvs == []
+    assert set(job.rounds()) == {first[0].round}
+    assert [a.proc.poll() for a in agents] == [None, None]
