@@ -60,6 +60,17 @@ def handled_signals(text: str) -> tuple[signal.Signals, ...]:
     return tuple(dict.fromkeys(out))
 
 
+SIGTERM_MEANINGS = ("drain", "stop")
+
+
+def check_sigterm(value: str) -> None:
+    """``on_sigterm`` is "drain" (above min nodes, SIGTERM drains this node: docs/drain.md) or
+    "stop" (torchrun's meaning, always). A ValueError naming both otherwise.
+    """
+    if value not in SIGTERM_MEANINGS:
+        raise ValueError(f"on_sigterm {value!r} must be one of {', '.join(SIGTERM_MEANINGS)}")
+
+
 class Std(enum.IntFlag):
     """Which standard streams a redirect/tee applies to (torch's values: 0 none … 3 both)."""
 
@@ -262,6 +273,7 @@ class WorkerSpec:
     prewarm: str = field(default_factory=lambda: flags.DEFAULT_PREWARM)  # standby workers
     restart_grace: float | None = None  # between rounds; None: agent/grace.py's default (3 s)
     hang_timeout: float | None = None  # the hang watchdog (agent/hang/); None: off
+    on_sigterm: str = "drain"  # above min nodes: "drain" (leave gracefully) or "stop" (torchrun's)
 
     def __post_init__(self) -> None:
         if not isinstance(self.local_world_size, int) or self.local_world_size < 1:
@@ -282,6 +294,7 @@ class WorkerSpec:
                 f"start_method {self.start_method!r} is not one of {', '.join(START_METHODS)}"
             )
         handled_signals(self.signals_to_handle)
+        check_sigterm(self.on_sigterm)
         self.args = tuple(self.args)
         self.local_ranks_filter = rank_set(self.local_ranks_filter, "local_ranks_filter")
         self.global_ranks_filter = rank_set(self.global_ranks_filter, "global_ranks_filter")

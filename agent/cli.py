@@ -194,6 +194,7 @@ def config_from_args(
             event_log_handler=ns.event_log_handler,
             numa_options=ns.numa_binding,
             signals_to_handle=ns.signals_to_handle,
+            on_sigterm=ns.on_sigterm,
             duplicate_stdout_filters=parse_filters(ns.duplicate_stdout_filters),
             duplicate_stderr_filters=parse_filters(ns.duplicate_stderr_filters),
             virtual_local_rank=ns.virtual_local_rank,

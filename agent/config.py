@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from etcdrun.agent import flags
-from etcdrun.agent.api import DEFAULT_SIGNALS, WorkerSpec, handled_signals
+from etcdrun.agent.api import DEFAULT_SIGNALS, WorkerSpec, check_sigterm, handled_signals
 from etcdrun.rendezvous.api import RendezvousHandler, check_node_range, check_run_id
 
 EVENT_LOG_HANDLERS = ("null", "console", "dynamic_rendezvous")  # torch's registered handlers
@@ -63,7 +63,10 @@ class LaunchConfig:
     ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``, else 30 s; see ``grace()``).
 
     Last, ours again: ``hang_timeout`` (seconds without progress before the hang watchdog ends
-    the round, with every worker's stack; None, the default: off; docs/hangs.md).
+    the round, with every worker's stack; None, the default: off; docs/hangs.md) and
+    ``on_sigterm`` ("drain", the default, or "stop"): what SIGTERM means while the job
+    has more than its min nodes — this node leaves gracefully (docs/drain.md), or torchrun's
+    forward-and-exit-143, which it always means at min nodes (agent/signals.py).
     """
 
     min_nodes: int = 1
@@ -102,7 +105,9 @@ class LaunchConfig:
     duplicate_stderr_filters: list[str] | None = None
     virtual_local_rank: bool = False
     shutdown_timeout: float | None = None
-    hang_timeout: float | None = None  # ours, after torch's: agent/hang/ (None: off)
+    # Ours again, after torch's (positional construction keeps matching the reference).
+    hang_timeout: float | None = None  # agent/hang/ (None: off)
+    on_sigterm: str = "drain"
 
     def __post_init__(self) -> None:
         # Same checks, same order and same messages as the reference launcher. The node range
@@ -137,6 +142,7 @@ class LaunchConfig:
             )
         flags.check_hang_timeout(self.hang_timeout)
         self.prewarm = flags.parse_prewarm(self.prewarm)
+        check_sigterm(self.on_sigterm)
         self._check_torch_fields()
 
     def _check_torch_fields(self) -> None:
@@ -289,6 +295,7 @@ class LaunchConfig:
             duplicate_stderr_filters=self.duplicate_stderr_filters,
             virtual_local_rank=self.virtual_local_rank,
             signals_to_handle=self.signals_to_handle,
+            on_sigterm=self.on_sigterm,
             event_log_handler=self.event_log_handler,
             prewarm=self.prewarm,
             **extra,

@@ -40,7 +40,7 @@ class Drain:
 
     def take_signal(self, signum: int, sigterm: str) -> bool:
         """In the signal handler: True when this signal drains the node instead of stopping
-        it. Only SIGTERM, only with ``--sigterm drain``, only the first one, and only while the
+        it. Only SIGTERM, only with ``--on-sigterm drain``, only the first one, and only while the
         job keeps its min nodes without this node (``room``): at min nodes a drain would stop
         the job all the same, and torchrun's meaning (forward, exit 128 + 15) says so plainly.
         A second SIGTERM during the drain is torchrun's: the impatient sender means "now".

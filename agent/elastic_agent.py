@@ -80,7 +80,7 @@ class ElasticAgent:
         self._report = self._h.report()
         self._wake = threading.Event()  # a worker exited, the membership changed, a drain
         self._drain = Drain(self._h.drain(), self._h.get_run_id(), self._wake.set)
-        self._signals = SignalGate(spec.signals_to_handle, self._drain, "stop")
+        self._signals = SignalGate(spec.signals_to_handle, self._drain, spec.on_sigterm)
         self._fencing = Fencing(self._liveness, early and early.tag)  # the warden
         self.observer = AgentObserver(self._h, event_log_handler, metrics)
         self._in_place = InPlace(self._fencing.tag, self.observer.resumed)  # design.md §4a

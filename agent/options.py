@@ -27,6 +27,7 @@ DEFAULT_MASTER_PORT = 29500  # torchrun's
 ETCDRUN_ONLY = frozenset(
     {"--stop-grace", "--stop_grace", "--restart-grace", "--restart_grace", "--metrics-port"}
     | {"--metrics_port", "--prewarm", "--version", "--hang-timeout", "--hang_timeout"}
+    | {"--on-sigterm", "--on_sigterm"}
 )
 
 
@@ -350,6 +351,17 @@ def _add_torch_213_options(p: argparse.ArgumentParser) -> None:
         metavar="SIG,...",
         help="signals the agent passes on to the workers (then SIGKILL after the grace) before it "
         "leaves; e.g. add SIGUSR1 for Slurm's --signal (default: %(default)s)",
+    )
+    _opt(
+        p,
+        "--on-sigterm",
+        action=_Env,
+        default="drain",
+        choices=["drain", "stop"],
+        help="what SIGTERM to the agent means while the job has more than its min nodes: drain "
+        "(this node leaves gracefully, exit 0, no restart charged; the others go on) or stop "
+        "(torchrun's: forward it, exit 143). At min nodes it always stops (default: "
+        "%(default)s)",
     )
     for name, say in (
         (

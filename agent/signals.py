@@ -4,7 +4,7 @@ torchrun's meaning first (``--signals-to-handle``: SIGTERM, SIGINT, SIGHUP, SIGQ
 default): the signal is forwarded to the workers, then SIGKILL after the grace
 (``--shutdown-timeout``); the agent leaves the rendezvous and raises SignalException, which the
 CLI turns into exit code 128 + signal. One exception (docs/drain.md): SIGTERM while the job has
-more than min nodes drains the node instead (``--sigterm drain``, the default) — spot
+more than min nodes drains the node instead (``--on-sigterm drain``, the default) — spot
 preemption, a Slurm ``--signal`` and a Kubernetes pod deletion all send SIGTERM and mean "this
 node goes away", not "the job stops".
 
@@ -35,7 +35,7 @@ class SignalException(Exception):
 
 class SignalGate:
     """The agent's handlers for ``signals`` (torch's ``signals_to_handle`` string); ``sigterm``
-    is "drain" or "stop" (``--sigterm``).
+    is "drain" or "stop" (``--on-sigterm``).
     """
 
     def __init__(self, signals: str, drain: Drain, sigterm: str = "drain") -> None:

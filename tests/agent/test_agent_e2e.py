@@ -243,9 +243,13 @@ def test_failing_worker_restarts_job_wide_then_every_node_reports_the_root_cause
 
 # ---- 4. SIGTERM to an agent ---------------------------------------------------------------------
 def test_sigterm_exits_143_forwards_to_workers_and_peers_restart_at_once(etcd, job_factory):
+    """torchrun's meaning, kept by ``--on-sigterm stop`` above min nodes (the default drains
+    there: tests/agent/test_drain.py)."""
     ttl = 10  # a peer that waited for the lease to expire would take 10 s
     job = job_factory(
-        nnodes="2:3", conf=f"lease_ttl={ttl},join_timeout=30", extra=("--stop-grace", "10")
+        nnodes="2:3",
+        conf=f"lease_ttl={ttl},join_timeout=30",
+        extra=("--stop-grace", "10", "--on-sigterm", "stop"),
     )
     agents = [job.start() for _ in range(3)]
     first = job.wait_round(6)

@@ -54,6 +54,7 @@ TORCH_213_FIELDS = [
 # Ours again, added after torch's newer fields so that positional construction keeps working.
 LATER_FIELDS = [
     ("hang_timeout", None),
+    ("on_sigterm", "drain"),  # docs/drain.md
 ]
 
 

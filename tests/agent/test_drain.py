@@ -4,12 +4,14 @@ What a drain must do, each checked here: the drained agent stops its workers wit
 (SIGTERM, recorded by the worker), leaves (its lease revoked: nothing of it stays in etcd) and
 exits 0 with one line naming run id, round and node; the others go on in a new round with no
 restart charged; a drain that would take the job below min nodes, and one of an unknown node,
-are one line and a non-zero exit, and change nothing.
+are one line and a non-zero exit, and change nothing. SIGTERM takes the same path while the
+job has more than min nodes, and torchrun's at min nodes.
 """
 
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import time
 
@@ -130,3 +132,38 @@ def test_drain_below_min_is_refused_and_an_unknown_node_is_one_line(etcd, job_fa
         assert c.get_prefix(f"/etcdrun/{job.run_id}/drain/").kvs == []
     assert set(job.rounds()) == {first[0].round}
     assert [a.proc.poll() for a in agents] == [None, None]
+
+
+def test_sigterm_drains_above_min_nodes_and_stops_as_torchrun_at_min(etcd, job_factory):
+    """Spot preemption, Kubernetes' pod deletion: SIGTERM to one agent of three (nnodes 2:3)
+    is a drain — exit 0, the line, no restart, the others on at once. The next SIGTERM, with
+    the job at its min nodes, keeps torchrun's meaning: forwarded to the workers, exit 143.
+    """
+    ttl = 10
+    job = job_factory(
+        nnodes="2:3", conf=f"lease_ttl={ttl},join_timeout=30", extra=("--stop-grace", "10")
+    )
+    agents = [job.start() for _ in range(3)]
+    first = job.wait_round(6)
+    round1 = first[0].round
+    leaving = next(a for a in agents if a.pid == next(s.ppid for s in first if s.rank == 2))
+    node = node_of(job, leaving)
+
+    t0 = time.monotonic()
+    leaving.proc.send_signal(signal.SIGTERM)
+    second = job.wait_round(4, after=round1, timeout=30)
+    assert leaving.wait(30) == 0, leaving.stderr
+    took = time.monotonic() - t0
+    print(f"SIGTERM to 1 of 3 nodes (a drain) -> the other 4 workers again after {took:.2f} s")
+    assert took < ttl / 2, "the others waited for the drained node's lease to expire"
+    line = f"run {job.run_id} round {round1}: node {node} drained (asked by SIGTERM)"
+    assert sum(line in ln for ln in leaving.stderr.splitlines()) == 1, leaving.stderr
+    assert {s.env["TORCHELASTIC_RESTART_COUNT"] for s in second} == {"0"}
+
+    at_min = next(a for a in agents if a.pid == next(s.ppid for s in second if s.rank == 0))
+    its_workers = {s.pid for s in second if s.ppid == at_min.pid}
+    at_min.proc.send_signal(signal.SIGTERM)
+    assert at_min.wait(30) == 128 + signal.SIGTERM, at_min.stderr
+    assert "drained" not in at_min.stderr
+    got = {pid: rec["signal"] for pid, rec in job.signals().items() if pid in its_workers}
+    assert got == dict.fromkeys(its_workers, signal.SIGTERM), job.signals()
