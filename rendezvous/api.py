@@ -332,7 +332,7 @@ class HangPort:
         return unsubscribe
 
 
-
+@dataclass(frozen=True)
 class DrainRequest:
     """This node is asked to leave the job gracefully (docs/drain.md): ``by`` says who asked,
     for people ("etcdrun drain (alice@login-1, pid 4711)", "SIGTERM").
