@@ -105,9 +105,13 @@ def test_a_worker_blocked_in_c_gives_its_main_threads_frame(tmp_path):
     proc = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE)
     try:
         assert proc.stdout.readline() == b"ready\n"
-        got = stacks.dump({5: (proc.pid, str(path))}, timeout=5)[5]
-        assert isinstance(got, stacks.Stack), got
-        assert got.where() == "stuck.py:6 in <module>"  # os.read's line, not the sleeping thread's
+
+        def in_read() -> stacks.Stack | None:  # "ready" comes a moment before os.read's line
+            got = stacks.dump({5: (proc.pid, str(path))}, timeout=5)[5]
+            assert isinstance(got, stacks.Stack), got
+            return got if got.where() == "stuck.py:6 in <module>" else None
+
+        got = wait_for(in_read, 10, "a dump in os.read's line, not the sleeping thread's")
         assert not got.waiting
         assert "in sleep" not in got.where() and "Thread 0x" in got.text  # every thread kept
         again = stacks.dump({5: (proc.pid, str(path))}, timeout=5)[5]  # a second dump parses too
