@@ -37,6 +37,17 @@ def etcdrun_bin() -> str:
     return found
 
 
+def torchrun_bin() -> str:
+    """torch's console script, beside this interpreter when there (a venv that sees the system's
+    torch has none of its own: then the one on PATH)."""
+    beside = Path(sys.executable).parent / "torchrun"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("torchrun")
+    assert found, "torch's torchrun console script is not installed (pip install torch)"
+    return found
+
+
 # Worker lines labelled with their global rank (torch's own example template), so that a test can
 # tell whose line it is; by default etcdrun, like torchrun, prefixes teed lines only.
 RANK_PREFIX = "[${rank}]:"

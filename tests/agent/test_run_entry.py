@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from agent_helpers import clean_env, etcdrun_bin, wait_for
+from agent_helpers import clean_env, etcdrun_bin, torchrun_bin, wait_for
 
 import etcdrun.run as er
 from etcdrun.agent.errors import ChildFailedError
@@ -116,7 +116,7 @@ def launch_and_signal(launcher: str, tmp: Path, sig: signal.Signals, *flags: str
     out.mkdir()
     script = tmp / "catcher.py"
     script.write_text(CATCHER)
-    exe = etcdrun_bin() if launcher == "etcdrun" else str(Path(sys.executable).parent / "torchrun")
+    exe = etcdrun_bin() if launcher == "etcdrun" else torchrun_bin()
     argv = [exe, "--standalone", "--nproc-per-node", "2", *flags, str(script), str(out)]
     with open(tmp / f"{launcher}.log", "w") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=clean_env())

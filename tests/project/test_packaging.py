@@ -48,11 +48,19 @@ def test_wheel_has_one_import_root(wheel):
         assert needed in names
     assert not any(n.startswith(("tests/", "bench/", "agent/", "examples/")) for n in names)
     assert not any("_root" in n for n in names), "agent/_root is the package etcdrun, not a copy"
-    # Exactly the repository's modules: nothing stale, nothing left out.
+    # Exactly the repository's modules, in every folder: nothing stale, nothing left out (a new
+    # subpackage must be listed in pyproject.toml, or the wheel and every image lack it).
+    ours = set()
     for folder in ("agent", "rendezvous"):
-        ours = {f"etcdrun/{folder}/{p.name}" for p in (ROOT / folder).glob("*.py")}
-        packed = {n for n in names if n.startswith(f"etcdrun/{folder}/") and n.count("/") == 2}
-        assert packed == ours, packed ^ ours
+        for path in (ROOT / folder).rglob("*.py"):
+            rel = path.relative_to(ROOT / folder)
+            if rel.parts[0] == "_root":  # the package etcdrun itself
+                ours.add("etcdrun/" + "/".join(rel.parts[1:]))
+            else:
+                ours.add(f"etcdrun/{folder}/" + "/".join(rel.parts))
+    packed = {n for n in names if n.endswith(".py") and n.startswith("etcdrun/")}
+    packed -= {n for n in packed if n.startswith("etcdrun/proto/")}
+    assert packed == ours, sorted(packed ^ ours)
     entry = next(n for n in names if n.endswith("entry_points.txt"))
     assert "etcdrun = etcdrun.agent.cli:main" in zipfile.ZipFile(wheel).read(entry).decode()
 

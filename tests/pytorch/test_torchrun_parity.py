@@ -25,13 +25,12 @@ import json
 import os
 import re
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_helpers import etcdrun_bin, suite_prewarm
+from agent_helpers import etcdrun_bin, suite_prewarm, torchrun_bin
 from layout import ROOT
 
 from etcdrun.agent.options import ETCDRUN_ONLY, build_parser
@@ -82,7 +81,7 @@ def base_env() -> dict[str, str]:
 def launch(launcher: str, nodes: list[list[str]], out: Path, script: Path) -> list[dict[str, str]]:
     """Run one job: one ``launcher`` process per node (its flags in ``nodes``), all at once."""
     out.mkdir(parents=True)
-    exe = etcdrun_bin() if launcher == "etcdrun" else str(Path(sys.executable).parent / "torchrun")
+    exe = etcdrun_bin() if launcher == "etcdrun" else torchrun_bin()
     procs = []
     for i, flags in enumerate(nodes):
         log = open(out / f"node{i}.log", "w")  # noqa: SIM115 - closed right after the start
