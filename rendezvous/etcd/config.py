@@ -87,6 +87,9 @@ SETTINGS = {
     "password": _text("password"),
     "password_file": _path("password_file"),
     "max_restarts": lambda v: _count("max_restarts", v),
+    "cooldown_failures": lambda v: _count("cooldown_failures", v),
+    "cooldown_base": _seconds("cooldown_base"),
+    "cooldown_cap": _seconds("cooldown_cap"),
 }
 
 
@@ -125,8 +128,16 @@ class EtcdRendezvousConfig:
     password: str | None = field(default=None, repr=False)
     max_restarts: int = 0  # job-wide worker-failure budget (the launcher passes it)
     https: bool = False  # torchrun's protocol=https: endpoints without a scheme get https://
+    cooldown_failures: int = 3  # a node's failures that cool it down (node/cooldown.py); 0: off
+    cooldown_base: float = 10.0  # its first cooldown; each next one lasts twice as long
+    cooldown_cap: float = 300.0  # the longest cooldown
 
     def __post_init__(self) -> None:
+        if self.cooldown_cap < self.cooldown_base:
+            raise ValueError(
+                f"rdzv_conf cooldown_cap={self.cooldown_cap:g} is shorter than "
+                f"cooldown_base={self.cooldown_base:g}: the cap bounds the doubling from the base"
+            )
         if not self.run_lease_ttl:  # long enough to ride out a leader failover, short enough
             # that a job whose every agent was killed leaves nothing for long
             object.__setattr__(self, "run_lease_ttl", max(10, 6 * self.lease_ttl))

@@ -52,6 +52,7 @@ from etcdrun.rendezvous.etcd.incarnation import Incarnation
 from etcdrun.rendezvous.etcd.keys import RunKeys, require_run_id
 from etcdrun.rendezvous.etcd.leader.driver import Driver, SessionLost
 from etcdrun.rendezvous.etcd.node import joining, lifecycle, node_names
+from etcdrun.rendezvous.etcd.node.cooldown import Cooldown
 from etcdrun.rendezvous.etcd.node.drain import EtcdDrain
 from etcdrun.rendezvous.etcd.node.liveness import SessionLiveness
 from etcdrun.rendezvous.etcd.node.run_gate import RunGate
@@ -103,6 +104,7 @@ class EtcdRendezvousHandler(RendezvousHandler):
         self._report = EtcdReport(self.ctx, self._now)
         self._hang = EtcdHang(self.ctx, self._now)
         self._drain = EtcdDrain(self.ctx, self._now)
+        self._cooldown = Cooldown(self.ctx)  # a bad host sits rounds out (node/cooldown.py)
         self._incarnation = 0
         self._tag = node_names.draw_suffix()  # node ids: <host>-<tag>.<incarnation>
         self._joined: int | None = None  # the round number this session has joined
@@ -219,9 +221,12 @@ class EtcdRendezvousHandler(RendezvousHandler):
         if running is None:
             return False
         try:
-            return lifecycle.request_restart(
+            opened = lifecycle.request_restart(
                 self.ctx, running, reason, failure, by=self.node_id or ""
             )
+            if opened and failure is not None:  # charged to the node that opened the restart
+                self._cooldown.charge(running, failure, self.node_id or "")
+            return opened
         except EtcdError as e:
             raise self._wrap(e) from None
 
@@ -284,6 +289,10 @@ class EtcdRendezvousHandler(RendezvousHandler):
                     node=sess.node_id,
                 )
             self._gate.check(r, sess.node_id)
+            if self._cooldown.until() is not None:  # cooled down: a spare until its time is up
+                self._rest(sess, r)
+                deadline = time.monotonic() + self.cfg.join_timeout
+                continue
             if r is not None and r.phase is Phase.JOINING and self._joined != r.number:
                 if self._join(sess, r):
                     continue  # joined: wait for the freeze; else wait for the newer round
@@ -303,6 +312,14 @@ class EtcdRendezvousHandler(RendezvousHandler):
                     round=r.number if r else None,
                     node=sess.node_id,
                 )
+
+    def _rest(self, sess: Session, r: Round | None) -> None:
+        """Sit this node's cooldown out, joining no round: a timed wait on its end (the round
+        view wakes it for a loss, a drain, a shutdown or a new round), then say it is over.
+        """
+        until = self._cooldown.until()
+        if until is not None and not self.view.wait(r, until, lambda: self._stop_waiting(sess)):
+            self._cooldown.end(sess.node_id, self.view.current())
 
     def _stop_waiting(self, sess: Session) -> bool:
         return sess.lost.is_set() or self._shutdown or self._drain.requested is not None
@@ -341,10 +358,12 @@ class EtcdRendezvousHandler(RendezvousHandler):
         self._drop_session()
         self._incarnation += 1
         fold = joining.FoldedJoin(self.keys, self.addr, self.params.local_world_size)
+        if self._cooldown.until() is not None:
+            fold = None  # cooled down: it registers, but joins no round yet
         sess, self._tag = node_names.register(
             self.ctx, self.host, self._tag, self._incarnation, self._agent_info, fold
         )
-        self._now.session, self._joined = sess, fold.joined(sess)
+        self._now.session, self._joined = sess, fold.joined(sess) if fold else None
         self.events.node = sess.node_id
         driver = Driver(self.ctx, sess)
         sess.on_lost(lambda s: self._on_lost(s, driver))

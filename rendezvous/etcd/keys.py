@@ -109,15 +109,29 @@ class RunKeys:
         k = key.decode() if isinstance(key, bytes) else key
         return k[len(self.drains) :] if k.startswith(self.drains) else ""
 
+    @property
+    def cooldowns(self) -> str:
+        """Bad-host cooldowns (rendezvous/etcd/node/cooldown.py): one key per node name (the
+        node id without its ``.<incarnation>``), so a node's failures count across its
+        sessions. Outside agents/ and rounds/: the leader watches this prefix apart.
+        """
+        return self.root + "cooldown/"
+
+    def cooldown(self, name: str) -> str:
+        return self.cooldowns + name
+
     def parse(self, key: bytes | str) -> tuple[str, int | None, str | None]:
         """Classify a key of this run: ("agent", None, node) | ("round", None, None) |
-        ("join", n, node) | ("hint", n, None) | ("barrier", n, node) | ("other", None, None).
+        ("join", n, node) | ("hint", n, None) | ("barrier", n, node) | ("cooldown", None,
+        node name) | ("other", None, None).
         """
         k = key.decode() if isinstance(key, bytes) else key
         if k == self.round:
             return "round", None, None
         if k.startswith(self.agents):
             return "agent", None, k[len(self.agents) :]
+        if k.startswith(self.cooldowns):
+            return "cooldown", None, k[len(self.cooldowns) :]
         if k.startswith(self.rounds):
             parts = k[len(self.rounds) :].split("/")
             if parts == [parts[0], "hint"] and parts[0].isdigit():

@@ -108,6 +108,9 @@ class View:
     agents: Mapping[str, Agent]
     joined: Mapping[str, Join] = field(default_factory=dict)  # records of round.number
     last_call_deadline: float | None = None  # leader-local monotonic time, first round only
+    # Live agents that sit rounds out (a bad-host cooldown, node/cooldown.py): never waited
+    # for, never an arrival; still live, so a restart they caused is charged (``charge``).
+    resting: frozenset[str] = frozenset()
 
 
 # ---- actions ------------------------------------------------------------------------------------
@@ -179,7 +182,7 @@ def assign(chosen: list[Join]) -> tuple[Member, ...]:
 
 def decide(view: View, settings: Settings, now: float) -> Action:
     """The leader's one decision for the current view."""
-    r, agents = view.round, view.agents
+    r, agents, rest = view.round, view.agents, view.resting
     if r is None:
         return StartRound(1, "first agent", (), 0)
     if r.phase is Phase.CLOSED:
@@ -202,7 +205,7 @@ def decide(view: View, settings: Settings, now: float) -> Action:
                 departed=tuple(gone),
             )
         waiting = sorted(
-            (a for a in agents.values() if r.member(a.node_id) is None),
+            (a for a in agents.values() if r.member(a.node_id) is None and a.node_id not in rest),
             key=lambda a: a.create_revision,
         )
         if waiting and len(r.members) < settings.max_nodes:
@@ -218,14 +221,19 @@ def decide(view: View, settings: Settings, now: float) -> Action:
         return Wait("round running")
     # JOINING
     live = {n: j for n, j in view.joined.items() if n in agents}
-    late = [m.node_id for m in r.members if m.node_id in agents and m.node_id not in live]
+    late = [
+        m.node_id
+        for m in r.members
+        if m.node_id in agents and m.node_id not in live and m.node_id not in rest
+    ]
     if late:
         # Survivors of the previous round keep their places (S6), even when spares are quicker
         # to join than a survivor is to stop its workers. They are alive: they will come.
         return Wait(f"waiting for survivor(s) {', '.join(late)} to rejoin")
     if len(live) >= settings.max_nodes:
         return _freeze(r, live, settings, agents)
-    if len(live) >= settings.min_nodes and len(live) == len(agents):
+    expected = len(agents) - sum(1 for n in rest if n in agents and n not in live)
+    if len(live) >= settings.min_nodes and len(live) == expected:
         if is_first_round(r) and len(agents) < settings.max_nodes:
             deadline = view.last_call_deadline
             if deadline is None:
@@ -233,7 +241,7 @@ def decide(view: View, settings: Settings, now: float) -> Action:
             if now < deadline:
                 return Wait(f"last call: {len(live)}/{settings.max_nodes} nodes", until=deadline)
         return _freeze(r, live, settings, agents)
-    return Wait(f"{len(live)}/{max(settings.min_nodes, len(agents))} nodes joined")
+    return Wait(f"{len(live)}/{max(settings.min_nodes, expected)} nodes joined")
 
 
 def charge(r: Round, agents: Mapping[str, Agent]) -> int:

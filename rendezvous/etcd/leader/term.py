@@ -34,7 +34,8 @@ from etcdrun.rendezvous.etcd import codec, transitions
 from etcdrun.rendezvous.etcd.context import RunContext
 from etcdrun.rendezvous.etcd.leader import departures, last_call, repair
 from etcdrun.rendezvous.etcd.leader.status import LeaderStatus
-from etcdrun.rendezvous.etcd.node import lifecycle
+from etcdrun.rendezvous.etcd.node import cooldown, lifecycle
+from etcdrun.rendezvous.etcd.node.node_names import node_name
 from etcdrun.rendezvous.etcd.node.session import Session
 from etcdrun.rendezvous.etcd.protocol import (
     Action,
@@ -79,6 +80,7 @@ class Leader:
         self.agents: dict[str, Agent] = {}
         self.joins: dict[int, dict[str, Join]] = {}
         self.hints: dict[int, tuple[Member, ...]] = {}  # rounds/<n>/hint: order for round n
+        self.resting: set[str] = set()  # node names cooled down now (cooldown/, node/cooldown.py)
         self._watches: list[Watch] = []
         self._last_call = last_call.LastCall()
         self.departures = departures.Departures(departed)  # seeded by what the election saw
@@ -88,14 +90,15 @@ class Leader:
 
     # ---- caches -----------------------------------------------------------------------------
     def start(self) -> None:
-        """Snapshot agents/ and rounds/ at one revision, then watch both from revision + 1."""
-        res = self._client.txn(
-            [], [t.get(self._keys.agents, prefix=True), t.get(self._keys.rounds, prefix=True)]
-        )
+        """Snapshot agents/, rounds/ and cooldown/ at one revision, then watch them from
+        revision + 1 (cooldown/ changes only when a node starts or ends a cooldown).
+        """
+        prefixes = (self._keys.agents, self._keys.rounds, self._keys.cooldowns)
+        res = self._client.txn([], [t.get(p, prefix=True) for p in prefixes])
         for resp in res.responses:
             for kv in resp.response_range.kvs:
                 self._apply_kv(kv, deleted=False)
-        for prefix in (self._keys.agents, self._keys.rounds):
+        for prefix in prefixes:
             self._watches.append(
                 self._client.watch(
                     prefix, prefix=True, start_revision=res.revision + 1, callback=self._deliver
@@ -140,6 +143,11 @@ class Leader:
             self.agents[node] = Agent(
                 info.node_id, kv.create_revision, info.local_world_size, info.addr
             )
+        elif kind == "cooldown" and node:
+            if not deleted and cooldown.decode(kv.key, kv.value, rid).resting:
+                self.resting.add(node)
+            else:
+                self.resting.discard(node)
         elif kind == "hint" and n is not None:
             if deleted:
                 self.hints.pop(n, None)
@@ -261,7 +269,8 @@ class Leader:
                 r = replace(r, members=self.hints[r.number])
         deadline = self._last_call.deadline(r.number) if r is not None else None
         joined = self.joins.get(r.number, {}) if r else {}
-        return View(r, self.agents, joined, deadline)
+        rest = frozenset(n for n in self.agents if node_name(n) in self.resting)
+        return View(r, self.agents, joined, deadline, rest)
 
     def _apply(self, r: Round | None, action: Action) -> bool:
         """One fenced write for ``action``; False when a fence failed."""

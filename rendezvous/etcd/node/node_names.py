@@ -62,6 +62,15 @@ def node_id(host: str, suffix: str, incarnation: int) -> str:
     return f"{host_part(host)}-{suffix}.{incarnation}"
 
 
+def node_name(node: str) -> str:
+    """The node id without its ``.<incarnation>``: the same for every session of one agent
+    (what a bad-host cooldown counts by, node/cooldown.py). Not the host: agents that share a
+    host are different nodes.
+    """
+    name, dot, n = node.rpartition(".")
+    return name if dot and n.isdigit() else node
+
+
 def register(
     ctx: RunContext,
     host: str,

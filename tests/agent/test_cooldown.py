@@ -1,0 +1,59 @@
+"""The bad-host cooldown end to end (docs/hangs.md, "Bad hosts"): real agents on a real etcd.
+
+One node of three runs workers that fail in every round it joins. After ``cooldown_failures``
+(2 here) of its failures it is cooled down: the job goes on with the two other nodes, charged
+only for those failures; when its cooldown is over it comes back as an arrival (a round of
+three, charged nothing), the job ends, and nothing of the cooldown stays in etcd.
+"""
+
+from __future__ import annotations
+
+import time
+
+from agent_helpers import SCRIPTS, clean_env, wait_for
+
+from etcdrun.rendezvous.client import EtcdClient
+from etcdrun.rendezvous.etcd.keys import RunKeys
+from etcdrun.rendezvous.tools import checker
+
+BASE = 2  # seconds: the first cooldown
+
+
+def test_a_node_whose_workers_keep_failing_sits_out_then_comes_back(etcd, job_factory):
+    job = job_factory(
+        nnodes="2:3",
+        conf=f"cooldown_failures=2,cooldown_base={BASE},cooldown_cap=8,join_timeout=60",
+        extra=("--max-restarts", "5"),
+        script=(str(SCRIPTS / "bad_host.py"),),
+    )
+    job.script = (str(SCRIPTS / "bad_host.py"), str(job.out))
+    (job.out / "whole").write_text("6")
+    good = [job.start() for _ in range(2)]
+    bad = job.start(env=clean_env(ETCDRUN_TEST_BAD_HOST="1"))
+
+    cooled = wait_for(
+        lambda: next((ln for ln in bad.stderr.splitlines() if " cooled down for " in ln), None),
+        60,
+        f"the bad node cooled down ({job.describe()})",
+    )
+    t_cooled = time.monotonic()
+    assert f"run {job.run_id} round " in cooled
+    assert f"for {BASE} s after 2 worker failures (last: rank " in cooled
+    without = job.wait_round(4, timeout=30)  # the job goes on without it
+    assert {s.ppid for s in without} == {a.pid for a in good}
+    assert {s.env["TORCHELASTIC_RESTART_COUNT"] for s in without} == {"2"}  # its 2 failures
+
+    (job.out / "healed").write_text("")  # its workers succeed from now on
+    back = job.wait_round(6, after=without[0].round, timeout=30)
+    took = time.monotonic() - t_cooled
+    print(f"cooldown of {BASE} s: the node was back in a round of 3 after {took:.2f} s")
+    assert took >= BASE - 0.5, "it came back before its cooldown was over"
+    assert bad.pid in {s.ppid for s in back}
+    assert {s.env["TORCHELASTIC_RESTART_COUNT"] for s in back} == {"2"}  # its return is free
+    assert "is back from its cooldown" in bad.stderr
+
+    for a in job.agents:
+        assert a.wait(60) == 0, a.stderr[-3000:]
+    with EtcdClient(job.endpoints) as c:  # the cooldown record ended with the run
+        assert not c.get_prefix(f"/etcdrun/{job.run_id}/cooldown/").kvs
+        assert checker.check_run(c, RunKeys("/etcdrun", job.run_id), 2, 3) == []
