@@ -82,11 +82,24 @@ def render(s: Any) -> str:
     if s.waiting:
         room = s.max_nodes is not None and len(s.participants) >= s.max_nodes
         what = "hot spare (the job is at max)" if room else "newcomer"
+        resting = {c.node_id for c in s.cooldowns if c.resting}
         for n in s.waiting:
-            lines.append(f"  waiting: {n.node_id} on {n.host} — {what}")
+            label = "cooled down (below)" if n.node_id in resting else what
+            lines.append(f"  waiting: {n.node_id} on {n.host} — {label}")
+    lines += _cooldown_lines(s)
     for key in s.unreadable:
         lines.append(f"  UNREADABLE: {key} (not written by etcdrun?)")
     return "\n".join(line for line in lines if line)
+
+
+def _cooldown_lines(s: Any) -> list[str]:
+    """Bad-host cooldowns (docs/hangs.md, "Bad hosts"): who sits rounds out, for how long."""
+    return [
+        f"  COOLED DOWN: {c.node_id} for {c.seconds_left:.0f} s more (cooldown {c.cooldowns}; "
+        f"last failure: {c.why})"
+        for c in s.cooldowns
+        if c.resting
+    ]
 
 
 def _job_line(s: Any) -> str:

@@ -14,7 +14,7 @@ docs/status.md; scripts may rely on it.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from etcdrun.proto import etcdrun_state_pb2 as st
@@ -23,6 +23,7 @@ from etcdrun.rendezvous.client import txn as t
 from etcdrun.rendezvous.errors import RendezvousError
 from etcdrun.rendezvous.etcd import codec
 from etcdrun.rendezvous.etcd.keys import RunKeys
+from etcdrun.rendezvous.etcd.node import cooldown
 
 SCHEMA = 1
 
@@ -38,6 +39,20 @@ class Node:
     node_rank: int | None = None  # in the current frozen round
     joined: bool = False  # has a join record for the current round
     version: str = ""
+
+
+@dataclass(frozen=True)
+class Cooldown:
+    """A node's bad-host cooldown record (rendezvous/etcd/node/cooldown.py), by node name."""
+
+    node: str  # the node id without its incarnation
+    node_id: str  # the incarnation that wrote the record last
+    resting: bool  # sits rounds out now
+    failures: int  # worker failures charged to it since its last cooldown
+    cooldowns: int  # cooldowns so far (the next one lasts twice as long, up to the cap)
+    until_unix: float  # the node's clock: when its current or last cooldown ends
+    seconds_left: float  # resting: until_unix less this reader's clock, at least 0
+    why: str  # the last failure charged to it
 
 
 @dataclass(frozen=True)
@@ -86,6 +101,7 @@ class RunStatus:
     closed_unix_ms: int = 0
     root_cause: RootCause | None = None
     unreadable: tuple[str, ...] = ()  # keys of the run that do not decode (reported, skipped)
+    cooldowns: tuple[Cooldown, ...] = ()  # nodes charged with worker failures, resting or not
     read_unix_ms: int = field(default_factory=lambda: int(time.time() * 1000))
 
     def to_json(self) -> dict[str, Any]:
@@ -102,10 +118,46 @@ def read(client: EtcdClient, keys: RunKeys, *, ttls: bool = True) -> RunStatus:
             t.get(keys.agents, prefix=True),
             t.get(keys.round),
             t.get(keys.rounds, prefix=True),
+            t.get(keys.cooldowns, prefix=True),
         ],
     )
-    agents_kvs, round_kvs, rounds_kvs = (r.response_range.kvs for r in res.responses)
-    base = dict(run_id=keys.run_id, prefix=keys.root, revision=res.revision)
+    kvs = [r.response_range.kvs for r in res.responses]
+    got = _read(client, keys, res.revision, *kvs[:3], ttls=ttls)
+    bad: list[str] = []
+    cooled = _cooldowns(keys, kvs[3], bad, time.time())
+    return replace(got, cooldowns=cooled, unreadable=(*got.unreadable, *bad))
+
+
+def _cooldowns(keys: RunKeys, kvs, unreadable: list[str], now: float) -> tuple[Cooldown, ...]:
+    out = []
+    for kv in kvs:
+        try:
+            rec = cooldown.decode(kv.key, kv.value, keys.run_id)
+        except RendezvousError:
+            unreadable.append(kv.key.decode(errors="replace"))
+            continue
+        left = max(0.0, rec.until_unix - now) if rec.resting else 0.0
+        name = keys.parse(kv.key)[2] or ""
+        out.append(
+            Cooldown(
+                name,
+                rec.node,
+                rec.resting,
+                rec.failures,
+                rec.cooldowns,
+                rec.until_unix,
+                round(left, 1),
+                rec.why,
+            )
+        )
+    return tuple(out)
+
+
+def _read(
+    client: EtcdClient, keys: RunKeys, revision: int, agents_kvs, round_kvs, rounds_kvs, *, ttls
+) -> RunStatus:
+    """The run without its cooldowns: agents, round key, rounds/."""
+    base = dict(run_id=keys.run_id, prefix=keys.root, revision=revision)
     if not agents_kvs and not round_kvs and not rounds_kvs:
         return RunStatus(exists=False, **base)
     unreadable: list[str] = []
@@ -248,4 +300,4 @@ def _root_cause(msg: st.RoundState) -> RootCause:
     )
 
 
-__all__ = ["Node", "RootCause", "RunStatus", "SCHEMA", "read"]
+__all__ = ["Cooldown", "Node", "RootCause", "RunStatus", "SCHEMA", "read"]

@@ -2,21 +2,37 @@
 
 One node of three runs workers that fail in every round it joins. After ``cooldown_failures``
 (2 here) of its failures it is cooled down: the job goes on with the two other nodes, charged
-only for those failures; when its cooldown is over it comes back as an arrival (a round of
-three, charged nothing), the job ends, and nothing of the cooldown stays in etcd.
+only for those failures; ``etcdrun status`` shows it resting with its time left; when its
+cooldown is over it comes back as an arrival (a round of three, charged nothing), the job ends,
+and nothing of the cooldown stays in etcd.
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
 import time
 
-from agent_helpers import SCRIPTS, clean_env, wait_for
+from agent_helpers import SCRIPTS, clean_env, etcdrun_bin, wait_for
 
 from etcdrun.rendezvous.client import EtcdClient
 from etcdrun.rendezvous.etcd.keys import RunKeys
 from etcdrun.rendezvous.tools import checker
 
-BASE = 2  # seconds: the first cooldown
+BASE = 3  # seconds: the first cooldown (the status reads must fit in it on a busy machine)
+
+
+def status(job, *more: str) -> str:
+    out = subprocess.run(
+        [etcdrun_bin(), "status", "--rdzv-endpoint", job.endpoints, "--rdzv-id", job.run_id]
+        + list(more),
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        timeout=30,
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout
 
 
 def test_a_node_whose_workers_keep_failing_sits_out_then_comes_back(etcd, job_factory):
@@ -42,6 +58,15 @@ def test_a_node_whose_workers_keep_failing_sits_out_then_comes_back(etcd, job_fa
     without = job.wait_round(4, timeout=30)  # the job goes on without it
     assert {s.ppid for s in without} == {a.pid for a in good}
     assert {s.env["TORCHELASTIC_RESTART_COUNT"] for s in without} == {"2"}  # its 2 failures
+
+    seen = json.loads(status(job, "--json"))
+    rest = seen["cooldowns"]
+    assert len(rest) == 1 and rest[0]["resting"], seen
+    assert 0 < rest[0]["seconds_left"] <= BASE and rest[0]["cooldowns"] == 1
+    assert rest[0]["node_id"] not in {p["node_id"] for p in seen["participants"]}
+    text = status(job)
+    assert f"COOLED DOWN: {rest[0]['node_id']} for " in text, text
+    assert f"waiting: {rest[0]['node_id']} on " in text, text
 
     (job.out / "healed").write_text("")  # its workers succeed from now on
     back = job.wait_round(6, after=without[0].round, timeout=30)
