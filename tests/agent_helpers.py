@@ -38,11 +38,13 @@ def etcdrun_bin() -> str:
 
 
 def torchrun_bin() -> str:
-    """torch's console script, beside this interpreter when there (a venv that sees the system's
-    torch has none of its own: then the one on PATH)."""
-    beside = Path(sys.executable).parent / "torchrun"
-    if beside.exists():
-        return str(beside)
+    """torch's console script, beside this interpreter when there; in a venv that sees the
+    system's torch, the one beside the interpreter the venv was made from (never a shim on
+    PATH, such as pyenv's, which changes the workers' environment)."""
+    for python in (Path(sys.executable), Path(sys.executable).resolve()):
+        beside = python.parent / "torchrun"
+        if beside.exists():
+            return str(beside)
     found = shutil.which("torchrun")
     assert found, "torch's torchrun console script is not installed (pip install torch)"
     return found
