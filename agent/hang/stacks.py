@@ -104,6 +104,28 @@ def stopped(pid: int) -> bool:
     return stat[stat.rindex(b")") + 2 :][:1] in (b"T", b"t")
 
 
+def catches(pid: int, signum: int) -> bool:
+    """Whether the process has a handler for ``signum`` (its SigCgt mask): a process without
+    one (exiting: faulthandler is gone at finalization; or started without the hook) would be
+    killed by the dump's signal, not answer it."""
+    try:
+        with open(f"/proc/{pid}/status") as fp:
+            mask = next((ln.split()[1] for ln in fp if ln.startswith("SigCgt:")), "0")
+    except (OSError, IndexError):
+        return False
+    return bool(int(mask, 16) >> (signum - 1) & 1)
+
+
+def alive(pid: int) -> bool:
+    """Running or asleep: not exited, not a zombie awaiting its reaper."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fp:
+            stat = fp.read()
+    except OSError:
+        return False
+    return stat[stat.rindex(b")") + 2 :][:1] != b"Z"
+
+
 def dump(pids: dict[int, tuple[int, str]], timeout: float) -> dict[int, Stack | str]:
     """Ask every worker (rank → (pid, stacks file)) at once; each rank's stack, or why none.
 
@@ -116,6 +138,9 @@ def dump(pids: dict[int, tuple[int, str]], timeout: float) -> dict[int, Stack | 
     for rank, (pid, path) in pids.items():
         if stopped(pid):
             out[rank] = f"pid {pid} is stopped (SIGSTOP or a debugger): no stack"
+            continue
+        if not catches(pid, SIGNAL):
+            out[rank] = f"pid {pid} does not answer stack dumps (exiting, or run without the hook)"
             continue
         sizes[rank] = _size(path)
         try:
@@ -163,4 +188,4 @@ def _new_dump(path: str, since: int) -> Stack | None:
     return parse(first + text.encode()[since:].decode("utf-8", "replace"))
 
 
-__all__ = ["SIGNAL", "VAR", "Frame", "Stack", "dump", "env", "parse", "stopped"]
+__all__ = ["SIGNAL", "VAR", "Frame", "Stack", "alive", "catches", "dump", "env", "parse", "stopped"]

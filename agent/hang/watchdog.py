@@ -13,6 +13,10 @@ The kill makes an ordinary worker failure: the agent's loop asks for a restart (
 closes when the budget is spent) and every node reports the verdict's line, which the blamed
 worker's error file carries. Nothing new in the loop or the rendezvous.
 
+Why not at the job's end: a worker that left its loop (its page says FINISHED at exit) or a
+round in which a worker already ended is the agent's to handle, and its peers' slow teardown
+is no hang.
+
 Why only ranks that beat once: a worker that never calls ``progress`` or ``commit`` (a script
 that did not opt in, one still loading its data) is not watched, so the watchdog never kills a
 job that cannot tell it anything. Why the round's start counts as progress: a rank handed a new
@@ -127,10 +131,12 @@ class HangWatchdog:
             self._judge(rnd)
         if rnd.raised or rnd.alarm is not None:
             return
+        if not all(w.pid and stacks.alive(w.pid) for w in self._group.workers):
+            return  # a worker ended: the agent is on it (a failure, or the job's end)
         now = time.monotonic_ns()
         for rank, files in self._group.log_paths.items():
             b = beat.read(files.progress)
-            if b is None:
+            if b is None or b.step == beat.FINISHED:
                 continue
             stalled = (now - max(b.at_ns, rnd.since_ns)) / 1e9
             if stalled > self._timeout:

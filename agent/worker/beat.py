@@ -17,6 +17,7 @@ is on (``--hang-timeout``); without it ``progress`` does nothing.
 
 from __future__ import annotations
 
+import atexit
 import mmap
 import os
 import struct
@@ -25,6 +26,7 @@ from typing import NamedTuple
 
 VAR = "ETCDRUN_PROGRESS_FILE"
 LAYOUT = struct.Struct("<QqQ")
+FINISHED = -2  # the step a worker's page holds once its interpreter exits: never judged again
 
 
 class Beat(NamedTuple):
@@ -68,6 +70,12 @@ class Writer:
         finally:
             os.close(fd)
         self._beats = 0
+        atexit.register(self.finish)  # after the first beat, the end of a job is not a hang
+
+    def finish(self) -> None:
+        """The worker is on its way out (atexit, which runs before the exit hook's settle)."""
+        self._beats += 1
+        LAYOUT.pack_into(self._map, 0, self._beats, FINISHED, time.monotonic_ns())
 
     @classmethod
     def from_env(cls) -> Writer | None:
@@ -86,4 +94,4 @@ class Writer:
         )
 
 
-__all__ = ["LAYOUT", "VAR", "Beat", "Writer", "create", "read"]
+__all__ = ["FINISHED", "LAYOUT", "VAR", "Beat", "Writer", "create", "read"]

@@ -105,6 +105,7 @@ def test_a_worker_blocked_in_c_gives_its_main_threads_frame(tmp_path):
     proc = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE)
     try:
         assert proc.stdout.readline() == b"ready\n"
+        assert stacks.catches(proc.pid, stacks.SIGNAL)
 
         def in_read() -> stacks.Stack | None:  # "ready" comes a moment before os.read's line
             got = stacks.dump({5: (proc.pid, str(path))}, timeout=5)[5]
@@ -209,3 +210,29 @@ def test_workers_get_a_beat_page_and_a_stack_file_only_with_the_watchdog_on(tmp_
     assert on[beat.VAR] == files.progress
     assert on[stacks.VAR] == f"{int(stacks.SIGNAL)}:{files.stacks}"
     assert Path(files.stacks).parent == Path(files.error_file).parent
+
+
+def test_a_process_without_the_hook_is_not_killed_by_a_dump(tmp_path):
+    """A worker past finalization (faulthandler gone) or started without the hook has no
+    handler: the dump's signal would kill it, so it is not sent, and the reason is said."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import time; print(1, flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout.readline() == b"1\n"
+        assert not stacks.catches(proc.pid, stacks.SIGNAL)
+        said = stacks.dump({0: (proc.pid, str(tmp_path / "none.log"))}, timeout=1)[0]
+        assert "does not answer stack dumps" in said
+        assert proc.poll() is None and stacks.alive(proc.pid)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_finished_worker_says_so_on_its_page(tmp_path):
+    path = str(tmp_path / "progress")
+    beat.create(path)
+    code = f"from etcdrun.agent.worker import beat; beat.Writer({path!r}).beat(5)"
+    subprocess.run([sys.executable, "-c", code], check=True)
+    assert beat.read(path).step == beat.FINISHED
