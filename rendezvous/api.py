@@ -14,6 +14,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from etcdrun.rendezvous.listeners import Listeners
+
 if TYPE_CHECKING:  # the contract names the event log; importing it stays lazy
     from etcdrun.rendezvous.events import EventLog
 
@@ -305,31 +307,27 @@ class HangPort:
     """
 
     def __init__(self) -> None:
+        self._listeners: Listeners[HangNotice] = Listeners()
         self._lock = threading.Lock()
-        self._subscribers: list[Callable[[HangNotice], None]] = []
         self._alarmed: set[int] = set()
 
     def post(self, notice: HangNotice) -> None:
-        with self._lock:
-            if notice.kind == "alarm":
-                if notice.round in self._alarmed:
-                    return
-                self._alarmed.add(notice.round)
-            subscribers = list(self._subscribers)
-        for callback in subscribers:
-            callback(notice)
+        """Send ``notice`` to every node (here: this process only)."""
+        self._receive(notice)
 
     def subscribe(self, callback: Callable[[HangNotice], None]) -> Callable[[], None]:
         """Call ``callback(notice)`` for every notice from now on; return an unsubscribe."""
-        with self._lock:
-            self._subscribers.append(callback)
+        return self._listeners.add(callback)
 
-        def unsubscribe() -> None:
+    def _receive(self, notice: HangNotice) -> None:
+        """A notice reached this process (posted here, or seen by a backend's watch): to the
+        subscribers, a round's first alarm only."""
+        if notice.kind == "alarm":
             with self._lock:
-                if callback in self._subscribers:
-                    self._subscribers.remove(callback)
-
-        return unsubscribe
+                if notice.round in self._alarmed:
+                    return
+                self._alarmed.add(notice.round)
+        self._listeners.tell(notice)
 
 
 @dataclass(frozen=True)
@@ -357,19 +355,10 @@ class DrainPort:
     """
 
     def __init__(self) -> None:
-        self._listeners: list[Callable[[DrainRequest], None]] = []
-        self._lock = threading.Lock()
+        self._listeners: Listeners[DrainRequest] = Listeners()
 
     def subscribe(self, callback: Callable[[DrainRequest], None]) -> Callable[[], None]:
-        with self._lock:
-            self._listeners.append(callback)
-
-        def unsubscribe() -> None:
-            with self._lock:
-                if callback in self._listeners:
-                    self._listeners.remove(callback)
-
-        return unsubscribe
+        return self._listeners.add(callback)
 
     def request(self, by: str) -> None:
         """This node asks to be drained itself (SIGTERM with ``room()``): the same path as a
@@ -387,10 +376,7 @@ class DrainPort:
         return ""
 
     def _tell(self, req: DrainRequest) -> None:
-        with self._lock:
-            listeners = list(self._listeners)
-        for callback in listeners:
-            callback(req)
+        self._listeners.tell(req)
 
 
 class RendezvousHandler(abc.ABC):

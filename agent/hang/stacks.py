@@ -94,14 +94,19 @@ def parse(text: str) -> Stack | None:
     return Stack(tuple(frames), dump.strip("\n"))
 
 
-def stopped(pid: int) -> bool:
-    """Whether the process is stopped (SIGSTOP, a debugger): it cannot answer a dump."""
+def _state(pid: int) -> bytes:
+    """The process's state letter (/proc/<pid>/stat, the field after "(comm)"); b"" when gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fp:
             stat = fp.read()
     except OSError:
-        return False
-    return stat[stat.rindex(b")") + 2 :][:1] in (b"T", b"t")
+        return b""
+    return stat[stat.rindex(b")") + 2 :][:1]
+
+
+def stopped(pid: int) -> bool:
+    """Whether the process is stopped (SIGSTOP, a debugger): it cannot answer a dump."""
+    return _state(pid) in (b"T", b"t")
 
 
 def catches(pid: int, signum: int) -> bool:
@@ -118,12 +123,7 @@ def catches(pid: int, signum: int) -> bool:
 
 def alive(pid: int) -> bool:
     """Running or asleep: not exited, not a zombie awaiting its reaper."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fp:
-            stat = fp.read()
-    except OSError:
-        return False
-    return stat[stat.rindex(b")") + 2 :][:1] != b"Z"
+    return _state(pid) not in (b"", b"Z")
 
 
 def dump(pids: dict[int, tuple[int, str]], timeout: float) -> dict[int, Stack | str]:

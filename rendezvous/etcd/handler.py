@@ -190,6 +190,7 @@ class EtcdRendezvousHandler(RendezvousHandler):
         if sess is not None and not orphaned and not sess.lost.is_set():
             sess.mark_leaving("left", self.policy.parting_timeout)  # "left", not "lost"
         ok = self._drop_session()  # the driver first: a leader must not reopen the round
+        self._hang.close()
         self.view.wake()  # a next_rendezvous() waiting in another thread ends now
         if not orphaned and self.client.reached:  # never reached: nothing of ours to remove
             lifecycle.clean_up_if_none_left(self.ctx)

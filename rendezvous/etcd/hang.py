@@ -58,21 +58,19 @@ class EtcdHang(HangPort):
             log.warning("could not post the hang %s of round %d: %s", notice.kind, notice.round, e)
 
     def subscribe(self, callback: Callable[[HangNotice], None]) -> Callable[[], None]:
-        unsubscribe = super().subscribe(callback)
+        """Also starts the one watch on ``hang/``, from now on (a round's notices that came
+        before the agent subscribed belong to rounds it never ran in), at the first call."""
         if self._watch is None:
-            client = self._ctx.client
-            rev = client.get_prefix(self._ctx.keys.hangs, keys_only=True).revision
-            self._watch = client.watch(
-                self._ctx.keys.hangs, prefix=True, start_revision=rev + 1, callback=self._deliver
+            self._watch = self._ctx.client.watch(
+                self._ctx.keys.hangs, prefix=True, callback=self._deliver
             )
+        return super().subscribe(callback)
 
-        def both() -> None:
-            unsubscribe()
-            if self._watch is not None:
-                self._watch.cancel()
-                self._watch = None
-
-        return both
+    def close(self) -> None:
+        """End the watch (the handler's shutdown)."""
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
 
     def _deliver(self, batch: WatchBatch) -> None:
         if batch.error is not None:
@@ -83,7 +81,7 @@ class EtcdHang(HangPort):
                 continue
             notice = self._parse(ev.kv.key, ev.kv.value)
             if notice is not None:
-                HangPort.post(self, notice)  # to this process's subscribers, as the base does
+                self._receive(notice)
 
     def _parse(self, key: bytes, value: bytes) -> HangNotice | None:
         parts = key.decode()[len(self._ctx.keys.hangs) :].split("/")

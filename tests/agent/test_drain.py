@@ -65,15 +65,24 @@ def node_of(job, agent) -> str:
     return nodes[agent.pid]
 
 
-def test_drain_one_of_three_leaves_cleanly_and_the_others_go_on_uncharged(etcd, job_factory):
-    ttl = 10  # the others must not wait for the drained node's lease to expire
+TTL = 10  # the others must not wait for the drained node's lease to expire
+
+
+def three_nodes(job_factory):
+    """A 3-node job (min 2) in its first round, and the agent of rank 2's node (the one to go)."""
     job = job_factory(
-        nnodes="2:3", conf=f"lease_ttl={ttl},join_timeout=30", extra=("--stop-grace", "10")
+        nnodes="2:3", conf=f"lease_ttl={TTL},join_timeout=30", extra=("--stop-grace", "10")
     )
     agents = [job.start() for _ in range(3)]
     first = job.wait_round(6)
-    round1 = first[0].round
     leaving = next(a for a in agents if a.pid == next(s.ppid for s in first if s.rank == 2))
+    return job, agents, first, leaving
+
+
+def test_drain_one_of_three_leaves_cleanly_and_the_others_go_on_uncharged(etcd, job_factory):
+    ttl = TTL
+    job, agents, first, leaving = three_nodes(job_factory)
+    round1 = first[0].round
     its_workers = {s.pid for s in first if s.ppid == leaving.pid}
     node = node_of(job, leaving)
 
@@ -139,14 +148,9 @@ def test_sigterm_drains_above_min_nodes_and_stops_as_torchrun_at_min(etcd, job_f
     is a drain — exit 0, the line, no restart, the others on at once. The next SIGTERM, with
     the job at its min nodes, keeps torchrun's meaning: forwarded to the workers, exit 143.
     """
-    ttl = 10
-    job = job_factory(
-        nnodes="2:3", conf=f"lease_ttl={ttl},join_timeout=30", extra=("--stop-grace", "10")
-    )
-    agents = [job.start() for _ in range(3)]
-    first = job.wait_round(6)
+    ttl = TTL
+    job, agents, first, leaving = three_nodes(job_factory)
     round1 = first[0].round
-    leaving = next(a for a in agents if a.pid == next(s.ppid for s in first if s.rank == 2))
     node = node_of(job, leaving)
 
     t0 = time.monotonic()
