@@ -546,12 +546,14 @@ def test_help_imports_nothing_heavy():
     assert "argparse" in mods and "etcdrun.agent.cli" in mods
     assert not {m for m in mods if m.startswith(HEAVY_PREFIXES)}
     # No config and no backend: the help lists the backends from the registry, which is plain
-    # data (its package, the interface and the errors), and loads none of them.
+    # data (its package, the interface, the listeners its ports share, and the errors), and
+    # loads none of them.
     assert "etcdrun.agent.config" not in mods
     assert {m for m in mods if m.startswith("etcdrun.rendezvous")} == {
         "etcdrun.rendezvous",
         "etcdrun.rendezvous.api",
         "etcdrun.rendezvous.errors",
+        "etcdrun.rendezvous.listeners",
         "etcdrun.rendezvous.registry",
     }
 
