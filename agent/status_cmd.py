@@ -87,6 +87,7 @@ def render(s: Any) -> str:
             label = "cooled down (below)" if n.node_id in resting else what
             lines.append(f"  waiting: {n.node_id} on {n.host} — {label}")
     lines += _cooldown_lines(s)
+    lines += _kept_lines(s)
     for key in s.unreadable:
         lines.append(f"  UNREADABLE: {key} (not written by etcdrun?)")
     return "\n".join(line for line in lines if line)
@@ -100,6 +101,23 @@ def _cooldown_lines(s: Any) -> list[str]:
         for c in s.cooldowns
         if c.resting
     ]
+
+
+def _kept_lines(s: Any, shown: int = 5) -> list[str]:
+    """The last rounds taken in place (docs/in-place.md): the workers kept, and their pause."""
+    lines = []
+    for k in s.kept_rounds[-shown:]:
+        pause = "?" if k.pause_s is None else f"{k.pause_s:.2f} s"
+        form = "" if k.form_s is None else f", group formed in {k.form_s:.3f} s"
+        synced = "" if k.sync_bytes is None else f", {k.sync_bytes} bytes synced"
+        lines.append(
+            f"  in place: round {k.round} (from round {k.previous_round}, world size "
+            f"{k.world_size}): workers kept, training paused {pause}{form}{synced}"
+        )
+    earlier = len(s.kept_rounds) - shown
+    if earlier > 0:
+        lines.insert(0, f"  in place: {earlier} earlier round(s) not shown (--json has them)")
+    return lines
 
 
 def _job_line(s: Any) -> str:

@@ -245,10 +245,28 @@ class LastCall:
         )
 
 
+@dataclass(frozen=True)
+class KeptRound:
+    """A round taken in place (design.md §4a), as the node ranked 0 in it saw it: its workers
+    were handed the round instead of restarted. ``pause_s``: local rank 0's last step before the
+    change (or the agent's notice) to its new group; ``form_s``: forming that group;
+    ``sync_bytes``: the state it received or sent.
+    """
+
+    round: int
+    previous_round: int | None
+    node: str
+    world_size: int
+    pause_s: float | None
+    form_s: float | None
+    sync_bytes: int | None
+
+
 class ReportPort:
     """What a backend tells about itself that the agent only reports and never acts on: its
     node id, its events, its waiting line, why the round opened, a last call, its calls to the
-    store. The defaults tell nothing; every answer must be cheap and must not raise.
+    store, and the rounds taken in place. The defaults tell nothing; every answer must be cheap
+    and must not raise.
     """
 
     def node_id(self) -> str | None:
@@ -275,6 +293,15 @@ class ReportPort:
     def observe(self, hook: Callable[[str, float, str | None], None] | None) -> None:
         """Call ``hook(method, seconds, error)`` after every request to the backend's store
         (None stops it): the agent's request metrics. Default: no store, nothing to observe.
+        """
+        return None
+
+    def kept(self, note: KeptRound) -> None:
+        """Tell readers elsewhere (``etcdrun status``) that a round was taken in place. The
+        agent calls it once per such round, from the node ranked 0 only, so that it costs the
+        store one write per round whatever the job's size. It must return at once (it is
+        called from the control channel's thread) and never raise. Default: nothing; the
+        agent's own events.jsonl says it either way.
         """
         return None
 

@@ -25,7 +25,7 @@ from etcdrun.agent.api import RunResult, Worker
 from etcdrun.agent.report import story
 from etcdrun.agent.report.event_sink import FILE_NAME, EventSink
 from etcdrun.agent.report.metrics import INSTALL, MetricsConfig, MetricStore, prometheus_available
-from etcdrun.rendezvous.api import Liveness, RendezvousHandler, RendezvousInfo
+from etcdrun.rendezvous.api import KeptRound, Liveness, RendezvousHandler, RendezvousInfo
 from etcdrun.rendezvous.events import EventLog
 
 log = logging.getLogger("etcdrun.agent")
@@ -52,6 +52,7 @@ class AgentObserver:
         self._lock = threading.Lock()
         self._workers: dict[int, str] = {}  # local rank -> running | exited | succeeded | ...
         self._info: RendezvousInfo | None = None  # the round the workers run in (or ran in)
+        self._kept_from: int | None = None  # the round the kept workers came from
         self._phase = "starting"
         self._asked_at: float | None = None
         self.events_path: str | None = None
@@ -168,13 +169,15 @@ class AgentObserver:
         )
         with self._lock:
             self._info, self._phase = info, "running"
+            self._kept_from = prev.round if prev is not None else None
         self._round_metrics(info, why, waited)
         line = story.round_change(prev, info)
         return line.replace("; new round", "; in place, round", 1) if line else None
 
     def resumed(self, local_rank: int, msg: dict[str, Any]) -> None:
         """A kept worker trains again in the new round (control channel thread): how long it
-        paused, how much state it received."""
+        paused, how much state it received. The node ranked 0 tells the backend of its local
+        rank 0, once per round, for ``etcdrun status`` (ReportPort.kept)."""
         self.events.emit(
             "worker_resumed",
             round=msg.get("round"),
@@ -182,6 +185,21 @@ class AgentObserver:
             pause_s=msg.get("pause_s"),
             form_s=msg.get("form_s"),
             sync_bytes=msg.get("sync_bytes"),
+        )
+        with self._lock:
+            info, prev = self._info, self._kept_from
+        if local_rank != 0 or info is None or info.node_rank != 0 or msg.get("round") != info.round:
+            return
+        self._report.kept(
+            KeptRound(
+                info.round,
+                prev,
+                info.node_id,
+                info.world_size,
+                msg.get("pause_s"),
+                msg.get("form_s"),
+                msg.get("sync_bytes"),
+            )
         )
 
     def _round_metrics(self, info: RendezvousInfo, why: str, waited: float | None) -> None:

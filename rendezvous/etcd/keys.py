@@ -120,10 +120,20 @@ class RunKeys:
     def cooldown(self, name: str) -> str:
         return self.cooldowns + name
 
+    @property
+    def kept_rounds(self) -> str:
+        """The rounds taken in place (design.md §4a), one key per round written by the node
+        ranked 0 in it, for ``etcdrun status``; outside rounds/ so no agent's watch carries them.
+        """
+        return self.root + "kept/"
+
+    def kept(self, n: int) -> str:
+        return f"{self.kept_rounds}{n:0{_ROUND_DIGITS}d}"
+
     def parse(self, key: bytes | str) -> tuple[str, int | None, str | None]:
         """Classify a key of this run: ("agent", None, node) | ("round", None, None) |
         ("join", n, node) | ("hint", n, None) | ("barrier", n, node) | ("cooldown", None,
-        node name) | ("other", None, None).
+        node name) | ("kept", n, None) | ("other", None, None).
         """
         k = key.decode() if isinstance(key, bytes) else key
         if k == self.round:
@@ -132,6 +142,8 @@ class RunKeys:
             return "agent", None, k[len(self.agents) :]
         if k.startswith(self.cooldowns):
             return "cooldown", None, k[len(self.cooldowns) :]
+        if k.startswith(self.kept_rounds) and k[len(self.kept_rounds) :].isdigit():
+            return "kept", int(k[len(self.kept_rounds) :]), None
         if k.startswith(self.rounds):
             parts = k[len(self.rounds) :].split("/")
             if parts == [parts[0], "hint"] and parts[0].isdigit():

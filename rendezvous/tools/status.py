@@ -13,11 +13,13 @@ docs/status.md; scripts may rely on it.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from etcdrun.proto import etcdrun_state_pb2 as st
+from etcdrun.rendezvous.api import KeptRound
 from etcdrun.rendezvous.client import EtcdClient, EtcdError
 from etcdrun.rendezvous.client import txn as t
 from etcdrun.rendezvous.errors import RendezvousError
@@ -102,6 +104,7 @@ class RunStatus:
     root_cause: RootCause | None = None
     unreadable: tuple[str, ...] = ()  # keys of the run that do not decode (reported, skipped)
     cooldowns: tuple[Cooldown, ...] = ()  # nodes charged with worker failures, resting or not
+    kept_rounds: tuple[KeptRound, ...] = ()  # the last rounds taken in place, oldest first
     read_unix_ms: int = field(default_factory=lambda: int(time.time() * 1000))
 
     def to_json(self) -> dict[str, Any]:
@@ -119,13 +122,27 @@ def read(client: EtcdClient, keys: RunKeys, *, ttls: bool = True) -> RunStatus:
             t.get(keys.round),
             t.get(keys.rounds, prefix=True),
             t.get(keys.cooldowns, prefix=True),
+            t.get(keys.kept_rounds, prefix=True),
         ],
     )
     kvs = [r.response_range.kvs for r in res.responses]
     got = _read(client, keys, res.revision, *kvs[:3], ttls=ttls)
     bad: list[str] = []
     cooled = _cooldowns(keys, kvs[3], bad, time.time())
-    return replace(got, cooldowns=cooled, unreadable=(*got.unreadable, *bad))
+    kept = _kept(kvs[4], bad)
+    return replace(got, cooldowns=cooled, kept_rounds=kept, unreadable=(*got.unreadable, *bad))
+
+
+def _kept(kvs, unreadable: list[str]) -> tuple[KeptRound, ...]:
+    """The rounds taken in place (rendezvous/etcd/report.py writes them), in key order: by
+    round number."""
+    out = []
+    for kv in kvs:
+        try:
+            out.append(KeptRound(**json.loads(kv.value)))
+        except (ValueError, TypeError):
+            unreadable.append(kv.key.decode(errors="replace"))
+    return tuple(out)
 
 
 def _cooldowns(keys: RunKeys, kvs, unreadable: list[str], now: float) -> tuple[Cooldown, ...]:

@@ -19,6 +19,10 @@ from pathlib import Path
 import pytest
 from agent_helpers import SCRIPTS, Job, clean_env, wait_for, warden_of
 
+from etcdrun.rendezvous.client import EtcdClient
+from etcdrun.rendezvous.etcd.keys import RunKeys
+from etcdrun.rendezvous.tools import status
+
 SCRIPT = str(SCRIPTS / "elastic_train.py")
 STEPS = 60
 EVENT_AT = 8  # steps every worker has done before the event
@@ -59,6 +63,15 @@ def events(log_dir: Path, name: str) -> list[dict]:
     path = log_dir / "events.jsonl"
     lines = path.read_text().splitlines() if path.exists() else []
     return [e for e in map(json.loads, lines) if e["event"] == name]
+
+
+def kept_in_etcd(job: Job) -> tuple:
+    """The rounds taken in place as `etcdrun status` reads them, once one is there."""
+    keys = RunKeys("/etcdrun", job.run_id)
+    with EtcdClient(job.endpoints) as c:
+        return wait_for(
+            lambda: status.read(c, keys, ttls=False).kept_rounds, 30, "a round recorded as kept"
+        )
 
 
 @pytest.fixture
@@ -107,6 +120,9 @@ def test_survivors_keep_their_processes_and_lose_no_step(job, how):
         os.kill(frozen[2], signal.SIGCONT)  # the warden sweeps what is left and leaves
     else:
         agents.append(job.start(env=clean_env()))
+    # `etcdrun status` names the round taken in place (the node ranked 0 in it writes it), while
+    # the job runs: the last agent out removes the run's keys
+    kept_rounds = kept_in_etcd(job)
     survivors = [a for a in agents if a is not victim or how == "arrive"]
     for a in survivors:
         assert a.wait(120) == 0, a.stderr[-3000:]
@@ -134,3 +150,6 @@ def test_survivors_keep_their_processes_and_lose_no_step(job, how):
     assert len(regrouped) == len(kept) and len(resumed) == len(kept)
     assert all(e["pause_s"] is not None and e["sync_bytes"] > 0 for e in resumed)
     assert not events(job.logs, "workers_restarted"), "a survivor was restarted"
+    rank0 = {e["node"] for e in regrouped if 0 in e["ranks"]}
+    assert [(k.round, k.previous_round, k.node) for k in kept_rounds] == [(2, 1, *rank0)]
+    assert kept_rounds[0].pause_s is not None

@@ -16,7 +16,9 @@ import pytest
 from agent_helpers import clean_env, etcdrun_bin, wait_for
 from rdzv_helpers import crash, exit_barriers, handler, new_run_id, rendezvous, shutdown_all
 
-from etcdrun.rendezvous.api import FailureInfo
+from etcdrun.rendezvous.api import FailureInfo, KeptRound
+from etcdrun.rendezvous.client import EtcdClient
+from etcdrun.rendezvous.etcd.keys import RunKeys
 
 
 def status(endpoints: str, run: str, *extra: str, env=None) -> subprocess.CompletedProcess:
@@ -100,6 +102,40 @@ def test_a_finished_run_names_no_node_missing(etcd):
     assert s["world_size"] == 4
     text = status(etcd.endpoints, run).stdout
     assert "ended: SUCCEEDED" in text and "MISSING" not in text and "world size 4" in text
+
+
+def test_rounds_taken_in_place_are_shown_the_last_twenty_kept(etcd):
+    """The node ranked 0 records each round taken in place (ReportPort.kept, one write per
+    round); status shows the last ones with their pause, and etcd keeps only the last 20."""
+    run = new_run_id()
+    hs = [handler(etcd.endpoints, run, 2, 2, lease_ttl=2) for _ in range(2)]
+    keys = RunKeys("/etcdrun", run)
+    try:
+        rendezvous(hs)
+        with EtcdClient(etcd.endpoints) as c:
+            for r in range(2, 24):
+                hs[0].report().kept(KeptRound(r, r - 1, hs[0].node_id, 2, 0.05, 0.02, 2213))
+                wait_for(lambda r=r: c.get(keys.kept(r)) is not None, 10, f"round {r}'s record")
+        s = as_json(etcd.endpoints, run)
+        assert [k["round"] for k in s["kept_rounds"]] == list(range(4, 24))
+        assert s["kept_rounds"][-1] == dict(
+            round=23,
+            previous_round=22,
+            node=hs[0].node_id,
+            world_size=2,
+            pause_s=0.05,
+            form_s=0.02,
+            sync_bytes=2213,
+        )
+        text = status(etcd.endpoints, run).stdout
+        assert "in place: 15 earlier round(s) not shown" in text
+        assert (
+            "in place: round 23 (from round 22, world size 2): workers kept, training "
+            "paused 0.05 s, group formed in 0.020 s, 2213 bytes synced" in text
+        )
+        assert "round 18 (" not in text and "round 19 (" in text
+    finally:
+        shutdown_all(hs)
 
 
 def test_an_unknown_run_is_one_line_and_exit_1(etcd):
