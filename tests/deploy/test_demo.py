@@ -30,15 +30,23 @@ def demo_env(etcd_bin: str) -> dict[str, str]:
     return env
 
 
-def test_demo_kills_a_node_and_the_others_carry_on_with_world_size_4(etcd_bin, tmp_path):
+STEP = re.compile(r"^round (\d+): .*\(node \d+, pid (\d+)\) step (\d+)/")
+
+
+@pytest.mark.parametrize("mode", ["restart", "in-place"])
+def test_demo_kills_a_node_and_the_others_carry_on_with_world_size_4(
+    etcd_bin, tmp_path, mode, request
+):
+    if mode == "in-place":
+        request.getfixturevalue("torch_available")
     proc = subprocess.run(
-        [sys.executable, str(DEMO), "--timeout", "60"],
+        [sys.executable, str(DEMO), "--timeout", "90", "--mode", mode],
         cwd=tmp_path,
         env=demo_env(etcd_bin),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        timeout=100,
+        timeout=130,
     )
     out = proc.stdout
     assert proc.returncode == 0, out
@@ -75,6 +83,22 @@ def test_demo_kills_a_node_and_the_others_carry_on_with_world_size_4(etcd_bin, t
     assert re.search(r"rounds seen: .*WORLD_SIZE 6\) -> .*WORLD_SIZE 4\)", summary), summary
     assert re.search(r"recovery: +\d+\.\d\d s from the kill to all 4 workers", summary), summary
     assert "no process left behind" in summary, summary
+    if mode == "in-place":
+        assert_kept(lines, kill, victim, summary)
+
+
+def assert_kept(lines: list[tuple[str, str]], kill: int, victim: str, summary: str) -> None:
+    """The survivors' workers are the processes that started, and no step was done twice."""
+    steps: dict[int, list[tuple[int, int]]] = {}
+    for who, text in lines:
+        if who != victim and (m := STEP.match(text)):
+            steps.setdefault(int(m[2]), []).append((int(m[1]), int(m[3])))
+    assert len(steps) == 4, steps  # the same four processes, before and after
+    for pid, rows in steps.items():
+        assert {rnd for rnd, _ in rows} == {1, 2}, (pid, rows)
+        assert [n for _, n in rows] == list(range(1, len(rows) + 1)), (pid, rows)
+    assert "steps lost:  0 computed again" in summary, summary
+    assert re.search(r"paused: +\d+\.\d\d s from the last step", summary), summary
 
 
 def test_demo_stops_everything_on_ctrl_c(etcd_bin, tmp_path):
