@@ -80,3 +80,53 @@ def test_the_settings_default_and_check():
         etcd_config({"straggler_fraction": "1.5"}, environ={})
     with pytest.raises(ValueError, match="evict_stragglers"):
         etcd_config({"evict_stragglers": "maybe"}, environ={})
+
+
+class _Group:
+    """What PacePublisher reads of the worker group: the round and whether workers run."""
+
+    def __init__(self) -> None:
+        self.info = type("Info", (), {"round": 1})()
+        self.workers = [object()]
+
+
+class _Port:
+    def __init__(self) -> None:
+        self.sent: list = []
+
+    def publish(self, reading) -> None:
+        self.sent.append(reading)
+
+
+def test_the_publisher_writes_at_most_once_per_period_and_never_while_idle(monkeypatch):
+    """One simulated worker at 10 steps/s, then idle, then a new round (a fake clock)."""
+    from etcdrun.agent.hang.pace import MIN_WINDOW, PERIOD, PacePublisher
+
+    group, port = _Group(), _Port()
+    pub = PacePublisher(group, port)  # type: ignore[arg-type]
+    beats = {"n": 0}
+    monkeypatch.setattr(
+        pub, "_samples", lambda now: {0: Sample(beats["n"], beats["n"], beats["n"] / 100, now)}
+    )
+    sent_at = []
+    for t in range(0, 31):  # one tick a second, training
+        beats["n"] = 1 + 10 * t
+        before = len(port.sent)
+        pub._tick(float(t))
+        if len(port.sent) > before:
+            sent_at.append(t)
+    assert sent_at[0] == MIN_WINDOW  # the round's first, after its window
+    assert all(b - a >= PERIOD for a, b in zip(sent_at, sent_at[1:], strict=False))
+    assert len(sent_at) == 1 + (30 - MIN_WINDOW) // PERIOD
+    assert port.sent[-1].step_rate == pytest.approx(10.0)
+    assert port.sent[-1].rate == pytest.approx(100.0)
+    n = len(port.sent)
+    for t in range(31, 60):  # idle: the beats stop; the last window's steps are told once
+        pub._tick(float(t))
+    assert len(port.sent) == n + 1 and port.sent[-1].step == 301
+    n = len(port.sent)
+    group.info.round = 2  # a new round: a new window, the first pace after MIN_WINDOW again
+    for t in range(60, 60 + int(MIN_WINDOW) + 1):
+        beats["n"] += 10
+        pub._tick(float(t))
+    assert len(port.sent) == n + 1 and port.sent[-1].round == 2
