@@ -182,9 +182,12 @@ def _kept(kvs, unreadable: list[str]) -> tuple[KeptRound, ...]:
 def _paces(
     paces: list[Pace], number: int | None, fraction: float, now: float
 ) -> tuple[tuple[NodePace, ...], float | None]:
-    """Each pace, judged among the current round's (design.md §4d: the leader's rule)."""
+    """Each pace, judged among the current round's (design.md §4d: the leader's rule); a
+    record of an earlier round (a node that has not published in this one) is shown, with its
+    lag behind the current round's newest step, and judged with no one."""
     current = [p for p in paces if number is None or p.round == number]
     verdict = judge(current, fraction)
+    newest = max((p.step for p in current), default=0)
     rows = tuple(
         NodePace(
             p.node,
@@ -192,7 +195,7 @@ def _paces(
             p.step,
             p.step_rate,
             p.rate,
-            verdict.lag.get(p.node, 0),
+            verdict.lag.get(p.node, max(0, newest - p.step)),
             p.node in verdict.stragglers,
             round(max(0.0, now - p.at_unix_ms / 1000), 1),
         )

@@ -3,6 +3,8 @@ pure: no etcd, no processes (design.md §4d)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from etcdrun.agent.hang import stacks
@@ -130,3 +132,25 @@ def test_the_publisher_writes_at_most_once_per_period_and_never_while_idle(monke
         beats["n"] += 10
         pub._tick(float(t))
     assert len(port.sent) == n + 1 and port.sent[-1].round == 2
+
+
+def test_status_judges_the_current_round_and_the_text_view_marks_the_straggler():
+    from etcdrun.agent.status_cmd import render
+    from etcdrun.rendezvous.tools.status import RunStatus, _paces
+
+    paces = [_pace("a", 100, 50, 2), _pace("b", 98, 49, 2), _pace("c", 20, 47, 2)]
+    paces.append(_pace("old", 1, 10, 1))  # an earlier round's: shown, judged with no one
+    rows, median = _paces(paces, 2, 0.5, now=0.0)
+    assert median == 98 and [r.node_id for r in rows] == ["a", "b", "c", "old"]
+    assert [(r.node_id, r.lag, r.straggler) for r in rows] == [
+        ("a", 0, False),
+        ("b", 1, False),
+        ("c", 3, True),
+        ("old", 40, False),
+    ]
+    s = RunStatus("job", "/etcdrun/job/", 1, True, round=2, phase="FROZEN", paces=rows)
+    text = render(replace(s, median_rate=median))
+    assert "progress (straggler: below 0.5 of the median; median 98.00 steps/CPU-s):" in text
+    line = next(ln for ln in text.splitlines() if ln.strip().startswith("c "))
+    assert line.endswith("STRAGGLER") and "20.00" in line
+    assert "STRAGGLER" not in next(ln for ln in text.splitlines() if ln.strip().startswith("a "))

@@ -173,11 +173,19 @@ class Leader:
     # ---- decisions --------------------------------------------------------------------------
     def act(self, now: float) -> float | None:
         """Decide and apply until the decision is to wait; return when to decide again (a
-        leader-local monotonic time) or None (at the next event).
+        leader-local monotonic time) or None (at the next event). Then the straggler rule,
+        after the rounds' decisions and apart from them: its failure never holds a round.
         """
+        wake_at = self._decide(now)
+        try:
+            self._stragglers.act(self._view.current())
+        except (EtcdError, RendezvousError) as e:  # judged again at the next pace
+            log.warning("leader %s: the straggler rule failed: %s", self._session.node_id, e)
+        return wake_at
+
+    def _decide(self, now: float) -> float | None:
         try:
             self._sweep()
-            self._stragglers.act(self._view.current())
         except EtcdError as e:
             self._failures += 1
             log.warning("leader %s: cleaning up failed: %s; retrying", self._session.node_id, e)
