@@ -200,6 +200,7 @@ def config_from_args(
             virtual_local_rank=ns.virtual_local_rank,
             shutdown_timeout=ns.shutdown_timeout,
             hang_timeout=ns.hang_timeout,
+            evict_stragglers=ns.evict_stragglers,
             metrics_cfg={} if ns.metrics_port is None else {"port": str(ns.metrics_port)},
         )
     except UsageError:

@@ -63,10 +63,13 @@ class LaunchConfig:
     ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``, else 30 s; see ``grace()``).
 
     Last, ours again: ``hang_timeout`` (seconds without progress before the hang watchdog ends
-    the round, with every worker's stack; None, the default: off; docs/hangs.md) and
+    the round, with every worker's stack; None, the default: off; docs/hangs.md),
     ``on_sigterm`` ("drain", the default, or "stop"): what SIGTERM means while the job
     has more than its min nodes — this node leaves gracefully (docs/drain.md), or torchrun's
-    forward-and-exit-143, which it always means at min nodes (agent/signals.py).
+    forward-and-exit-143, which it always means at min nodes (agent/signals.py); and
+    ``evict_stragglers`` (False, the default: stragglers are only named): passed to the
+    rendezvous as its ``evict_stragglers`` setting, so that the leader asks a straggler to leave
+    (docs/hangs.md, "Stragglers").
     """
 
     min_nodes: int = 1
@@ -108,6 +111,7 @@ class LaunchConfig:
     # Ours again, after torch's (positional construction keeps matching the reference).
     hang_timeout: float | None = None  # agent/hang/ (None: off)
     on_sigterm: str = "drain"
+    evict_stragglers: bool = False  # the leader drains a straggler (rdzv evict_stragglers)
 
     def __post_init__(self) -> None:
         # Same checks, same order and same messages as the reference launcher. The node range

@@ -38,6 +38,7 @@ from etcdrun.agent.drain import Drain
 from etcdrun.agent.errors import ChildFailedError, ProcessFailure, write_error_json
 from etcdrun.agent.fencing.guard import Fencing
 from etcdrun.agent.grace import stop_grace
+from etcdrun.agent.hang.pace import PacePublisher
 from etcdrun.agent.hang.watchdog import HangWatchdog
 from etcdrun.agent.in_place import InPlace
 from etcdrun.agent.report import story
@@ -78,6 +79,7 @@ class ElasticAgent:
         self._h: RendezvousHandler = spec.rdzv_handler
         self._liveness = self._h.liveness()
         self._report = self._h.report()
+        self._progress = self._h.progress()
         self._wake = threading.Event()  # a worker exited, the membership changed, a drain
         self._drain = Drain(self._h.drain(), self._h.get_run_id(), self._wake.set)
         self._signals = SignalGate(spec.signals_to_handle, self._drain, spec.on_sigterm)
@@ -98,6 +100,7 @@ class ElasticAgent:
             on_spawn=self._fencing.spawned,
             extra_env=env,
             standbys=self._standbys,
+            paced=self._progress.enabled(),
         )
         self._given_log_dir = log_dir or spec.log_dir
         self._lease_lost = False  # the last attempt ended because our lease was lost
@@ -125,6 +128,9 @@ class ElasticAgent:
                 self.observer.events,
             )
             hangs.start()
+        pace = PacePublisher(self._group, self._progress) if self._progress.enabled() else None
+        if pace is not None:
+            pace.start()
         standby.start(self._standbys)  # ahead of the first round
         result: RunResult | None = None
         try:
@@ -142,6 +148,8 @@ class ElasticAgent:
                 self._timer.close()
             if hangs is not None:
                 hangs.close()
+            if pace is not None:
+                pace.close()
             self._h.shutdown()  # leave before the event log closes: its node_left is kept
             self.observer.close()
             kept = self._group.settle_logs(result is not None and not result.is_failed())

@@ -114,6 +114,8 @@ def _make_rdzv_handler(config: LaunchConfig) -> RendezvousHandler:
             f"max_restarts is given twice with different values: --max-restarts "
             f"{config.max_restarts} and --rdzv-conf max_restarts={given}"
         )
+    if config.evict_stragglers:  # the leader decides it (rendezvous/etcd/leader/stragglers.py)
+        rdzv_configs.setdefault("evict_stragglers", "1")
     params = RendezvousParameters(
         backend=config.rdzv_backend,
         endpoint=endpoint,

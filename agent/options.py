@@ -27,7 +27,7 @@ DEFAULT_MASTER_PORT = 29500  # torchrun's
 ETCDRUN_ONLY = frozenset(
     {"--stop-grace", "--stop_grace", "--restart-grace", "--restart_grace", "--metrics-port"}
     | {"--metrics_port", "--prewarm", "--version", "--hang-timeout", "--hang_timeout"}
-    | {"--on-sigterm", "--on_sigterm"}
+    | {"--on-sigterm", "--on_sigterm", "--evict-stragglers", "--evict_stragglers"}
 )
 
 
@@ -389,6 +389,15 @@ def _add_torch_213_options(p: argparse.ArgumentParser) -> None:
         help="end a round whose worker reported no progress (etcdrun.elastic's commit() or "
         "progress()) for this long, with every worker's stack and the stuck frame on every node "
         "(default: off; docs/hangs.md)",
+    )
+    _opt(
+        p,
+        "--evict-stragglers",
+        action=_EnvFlag,
+        help="the rendezvous leader asks a straggler (a node whose steps per CPU-second fall "
+        "below straggler_fraction of the median) to leave at the next round, as etcdrun drain "
+        "does, while the job keeps its min nodes; a spare takes its place (default: off: "
+        "stragglers are only named; docs/hangs.md)",
     )
     _opt(
         p,

@@ -39,19 +39,24 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+def run_config(ns: argparse.Namespace) -> Any:
+    """The job's etcd settings as ``--rdzv-conf`` gives them (EtcdRendezvousConfig)."""
+    from etcdrun.rendezvous.torch.conf import etcd_config
+
+    return etcd_config(parse_rdzv_conf(ns.rdzv_conf))
+
+
 def keys_and_client(ns: argparse.Namespace, command: str) -> tuple[Any, Any]:
     """The run's keys and a client for its etcd (not yet connected: the first call connects)."""
     from etcdrun.rendezvous.etcd.keys import RunKeys
-    from etcdrun.rendezvous.torch.conf import etcd_config
 
     if not ns.rdzv_endpoint.strip() or not ns.rdzv_id.strip():
         raise UsageError(f"{command} needs --rdzv-endpoint and --rdzv-id (the job's own)")
-    conf = parse_rdzv_conf(ns.rdzv_conf)
-    cfg = etcd_config(conf)
+    cfg = run_config(ns)
     keys = RunKeys(cfg.prefix, ns.rdzv_id)
     from etcdrun.rendezvous.client import EtcdClient
 
     return keys, EtcdClient(cfg.client_config(ns.rdzv_endpoint))
 
 
-__all__ = ["OneLineParser", "add_run_flags", "keys_and_client"]
+__all__ = ["OneLineParser", "add_run_flags", "keys_and_client", "run_config"]

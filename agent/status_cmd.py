@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from etcdrun.agent.flags import UsageError
-from etcdrun.agent.run_flags import OneLineParser, add_run_flags, keys_and_client
+from etcdrun.agent.run_flags import OneLineParser, add_run_flags, keys_and_client, run_config
 
 CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear screen: --watch redraws in place
 
@@ -88,6 +88,7 @@ def render(s: Any) -> str:
             lines.append(f"  waiting: {n.node_id} on {n.host} — {label}")
     lines += _cooldown_lines(s)
     lines += _kept_lines(s)
+    lines += _pace_lines(s)
     for key in s.unreadable:
         lines.append(f"  UNREADABLE: {key} (not written by etcdrun?)")
     return "\n".join(line for line in lines if line)
@@ -117,6 +118,24 @@ def _kept_lines(s: Any, shown: int = 5) -> list[str]:
     earlier = len(s.kept_rounds) - shown
     if earlier > 0:
         lines.insert(0, f"  in place: {earlier} earlier round(s) not shown (--json has them)")
+    return lines
+
+
+def _pace_lines(s: Any) -> list[str]:
+    """Each node's published pace, and the stragglers (docs/hangs.md, "Stragglers")."""
+    if not s.paces:
+        return []
+    median = "" if s.median_rate is None else f"; median {s.median_rate:.2f} steps/CPU-s"
+    lines = [
+        f"  progress (straggler: below {s.straggler_fraction:g} of the median{median}):",
+        "  node                                round     step  steps/s  steps/CPU-s   lag",
+    ]
+    for p in s.paces:
+        mark = "  STRAGGLER" if p.straggler else ""
+        lines.append(
+            f"  {p.node_id[:34]:<34}  {p.round:>5} {p.step:>8}  {p.step_rate:>7.2f}"
+            f"  {p.rate:>11.2f} {p.lag:>5}{mark}"
+        )
     return lines
 
 
@@ -161,8 +180,9 @@ def run(argv: Sequence[str], out: TextIO = sys.stdout) -> int:
 
     ns = _parser().parse_args(list(argv))
     keys, client = keys_and_client(ns, "status")
+    fraction = run_config(ns).straggler_fraction
     with client:
-        s = status.read(client, keys)
+        s = status.read(client, keys, fraction=fraction)
         if not s.exists and not ns.watch:
             raise LookupError(
                 f"no run {keys.run_id} in etcd at {client.endpoints} (nothing under {keys.root})"
@@ -174,7 +194,12 @@ def run(argv: Sequence[str], out: TextIO = sys.stdout) -> int:
         try:
             while True:
                 if w.get(timeout=None) is not None:
-                    _show(status.read(client, keys), ns.json, out, redraw=not ns.json)
+                    _show(
+                        status.read(client, keys, fraction=fraction),
+                        ns.json,
+                        out,
+                        redraw=not ns.json,
+                    )
         finally:
             w.cancel()
 

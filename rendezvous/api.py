@@ -406,6 +406,37 @@ class DrainPort:
         self._listeners.tell(req)
 
 
+@dataclass(frozen=True)
+class PaceReading:
+    """One node's pace in one round, as its agent measured it over the last few seconds
+    (agent/hang/pace.py): ``step`` is its slowest local worker's last step, ``step_rate`` that
+    worker's steps per wall second, ``rate`` its steps per CPU-second (its own work per step:
+    what names a straggler, design.md §4d).
+    """
+
+    round: int
+    step: int
+    step_rate: float
+    rate: float
+
+
+class ProgressPort:
+    """Where a node's pace goes, for ``etcdrun status`` and the straggler rule (design.md §4d).
+
+    Why a port: the agent measures (it knows its workers' pids and progress pages), the
+    backend shares (etcd: one leased key per node) and decides who straggles. ``enabled()``
+    tells the agent whether to measure at all: the default shares nowhere, so the agent makes
+    no progress pages for it. ``publish`` runs on the agent's pace thread, at most once per
+    node per 5 s; it may do I/O, and drops what it cannot send.
+    """
+
+    def enabled(self) -> bool:
+        return False
+
+    def publish(self, reading: PaceReading) -> None:
+        return None
+
+
 class RendezvousHandler(abc.ABC):
     """A backend's view of the job's membership, as the agent uses it.
 
@@ -415,11 +446,11 @@ class RendezvousHandler(abc.ABC):
 
     Three parts: torch's interface (the first eight members), the restart contract every backend
     keeps (``request_restart``, ``exit_barrier``, ``close_with_failure``, ``closed_failure``), and
-    four narrow ports the agent asks for once: ``liveness()`` (may the workers run?),
-    ``report()`` (what to tell people), ``hang()`` (where the round's hang watchdogs meet)
-    and ``drain()`` (must this node leave gracefully?). The agent uses nothing else: a new
-    backend written against this class alone gets the agent's fencing, events, story lines,
-    metrics, hang verdicts and drain.
+    five narrow ports the agent asks for once: ``liveness()`` (may the workers run?),
+    ``report()`` (what to tell people), ``hang()`` (where the round's hang watchdogs meet),
+    ``drain()`` (must this node leave gracefully?) and ``progress()`` (where its pace goes).
+    The agent uses nothing else: a new backend written against this class alone gets the
+    agent's fencing, events, story lines, metrics, hang verdicts, drain and straggler report.
     """
 
     @abc.abstractmethod
@@ -520,6 +551,11 @@ class RendezvousHandler(abc.ABC):
         """
         return DrainPort()
 
+    def progress(self) -> ProgressPort:
+        """Where this node's pace is shared. Default: nowhere (no straggler report)."""
+        return _NO_PACE
+
 
 _NO_LEASE = LivenessPort()
 _SILENT = ReportPort()
+_NO_PACE = ProgressPort()

@@ -94,14 +94,32 @@ def parse(text: str) -> Stack | None:
     return Stack(tuple(frames), dump.strip("\n"))
 
 
-def _state(pid: int) -> bytes:
-    """The process's state letter (/proc/<pid>/stat, the field after "(comm)"); b"" when gone."""
+TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK")  # /proc's CPU times are in these
+
+
+def _stat(pid: int) -> list[bytes]:
+    """/proc/<pid>/stat's fields after "(comm)" (the state letter first); [] when gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fp:
             stat = fp.read()
     except OSError:
-        return b""
-    return stat[stat.rindex(b")") + 2 :][:1]
+        return []
+    return stat[stat.rindex(b")") + 2 :].split()
+
+
+def _state(pid: int) -> bytes:
+    """The process's state letter; b"" when gone."""
+    fields = _stat(pid)
+    return fields[0] if fields else b""
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """The process's CPU time so far (utime + stime, every thread; not its children), for the
+    pace (agent/hang/pace.py); None when gone."""
+    fields = _stat(pid)
+    if len(fields) < 13:
+        return None
+    return (int(fields[11]) + int(fields[12])) / TICKS_PER_SECOND
 
 
 def stopped(pid: int) -> bool:

@@ -12,7 +12,8 @@ every process of the host). A torn read between the worker's write and the agent
 old and a new field side by side; the reader takes two reads that agree.
 
 The worker finds the page in ``ETCDRUN_PROGRESS_FILE``, set by its agent only when the watchdog
-is on (``--hang-timeout``); without it ``progress`` does nothing.
+is on (``--hang-timeout``) or its backend shares the node's pace (the etcd one: agent/hang/
+pace.py reads the page too); without it ``progress`` does nothing.
 """
 
 from __future__ import annotations

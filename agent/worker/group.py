@@ -39,11 +39,18 @@ if TYPE_CHECKING:  # pragma: no cover
     from etcdrun.rendezvous.api import RendezvousInfo
 
 
-def _hang_env(spec: WorkerSpec, files: WorkerFiles) -> dict[str, str]:
-    """Where a worker beats and dumps its stacks, when the hang watchdog is on (agent/hang/)."""
-    if spec.hang_timeout is None:
-        return {}
-    return {beat.VAR: files.progress, **stacks.env(files.stacks)}
+def _beats(spec: WorkerSpec, paced: bool) -> bool:
+    """Whether workers get a progress page: for the hang watchdog, or for the pace a backend
+    shares (agent/hang/pace.py)."""
+    return paced or spec.hang_timeout is not None
+
+
+def _hang_env(spec: WorkerSpec, files: WorkerFiles, paced: bool) -> dict[str, str]:
+    """Where a worker beats (the watchdog, the pace) and dumps its stacks (the watchdog)."""
+    env = {beat.VAR: files.progress} if _beats(spec, paced) else {}
+    if spec.hang_timeout is not None:
+        env.update(stacks.env(files.stacks))
+    return env
 
 
 __all__ = ["WorkerGroup"]
@@ -72,6 +79,7 @@ class WorkerGroup:
         extra_env: dict[str, str] | None = None,
         host: str | None = None,
         standbys: Any = None,
+        paced: bool = False,
     ) -> None:
         self._logs = LogDir(log_dir)
         self._console = (console_out, console_err)
@@ -79,6 +87,7 @@ class WorkerGroup:
         self._on_spawn = on_spawn  # (pidfd): a worker started (the warden takes a dup of it)
         self._extra_env = dict(extra_env or {})  # in every worker's environment
         self._standbys = standbys  # standby.Standbys: warm interpreters that become workers
+        self._paced = paced  # progress pages for the pace, even without the hang watchdog
         self.host = host or socket.gethostname()
         self._cond = threading.Condition()
         self._generation = 0
@@ -182,7 +191,7 @@ class WorkerGroup:
             worker = Worker(local_rank, rank, rank, info.world_size, info.world_size)
             files = WorkerFiles.under(self._attempt_dir, rank)
             files.prepare()
-            if spec.hang_timeout is not None:
+            if _beats(spec, self._paced):
                 beat.create(files.progress)  # zeroed: no beat yet
             procs.append(WorkerProc(worker, files, _spawn.stream_modes(spec, worker)))
         self._payload_file = None
@@ -229,7 +238,11 @@ class WorkerGroup:
                 w.global_rank = w.role_rank = info.first_global_rank + w.local_rank
                 w.world_size = w.role_world_size = info.world_size
                 env = _spawn.worker_env(spec, info, w, proc.files.error_file)
-                envs[w.local_rank] = {**env, **self._extra_env, **_hang_env(spec, proc.files)}
+                envs[w.local_rank] = {
+                    **env,
+                    **self._extra_env,
+                    **_hang_env(spec, proc.files, self._paced),
+                }
         return envs
 
     def _spawn_all(self, spec: WorkerSpec, info: RendezvousInfo, kind: EntrypointKind) -> None:
@@ -251,7 +264,7 @@ class WorkerGroup:
             proc.files,
             proc.modes,
             self._payload_file,
-            {**self._extra_env, **_hang_env(spec, proc.files)},
+            {**self._extra_env, **_hang_env(spec, proc.files, self._paced)},
             self._standbys,
         )
         with self._cond:

@@ -90,7 +90,28 @@ SETTINGS = {
     "cooldown_failures": lambda v: _count("cooldown_failures", v),
     "cooldown_base": _seconds("cooldown_base"),
     "cooldown_cap": _seconds("cooldown_cap"),
+    "straggler_fraction": lambda v: _fraction("straggler_fraction", v),
+    "evict_stragglers": lambda v: _flag("evict_stragglers", v),
 }
+
+
+def _fraction(name: str, v: Any) -> float:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        raise ValueError(f"rdzv_conf {name}={v!r}: expected a number") from None
+    if not 0 <= f < 1:
+        raise ValueError(f"rdzv_conf {name}={v!r}: must be >= 0 and < 1 (0: off)")
+    return f
+
+
+def _flag(name: str, v: Any) -> bool:
+    text = str(v).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"rdzv_conf {name}={v!r}: expected true or false (1 or 0)")
 
 
 def _count(name: str, v: Any) -> int:
@@ -131,6 +152,8 @@ class EtcdRendezvousConfig:
     cooldown_failures: int = 3  # a node's failures that cool it down (node/cooldown.py); 0: off
     cooldown_base: float = 10.0  # its first cooldown; each next one lasts twice as long
     cooldown_cap: float = 300.0  # the longest cooldown
+    straggler_fraction: float = 0.5  # below this share of the median rate: a straggler; 0: off
+    evict_stragglers: bool = False  # the leader drains a named straggler (--evict-stragglers)
 
     def __post_init__(self) -> None:
         if self.cooldown_cap < self.cooldown_base:

@@ -55,6 +55,7 @@ from etcdrun.rendezvous.etcd.node import joining, lifecycle, node_names
 from etcdrun.rendezvous.etcd.node.cooldown import Cooldown
 from etcdrun.rendezvous.etcd.node.drain import EtcdDrain
 from etcdrun.rendezvous.etcd.node.liveness import SessionLiveness
+from etcdrun.rendezvous.etcd.node.progress import EtcdProgress
 from etcdrun.rendezvous.etcd.node.run_gate import RunGate
 from etcdrun.rendezvous.etcd.node.session import Session
 from etcdrun.rendezvous.etcd.protocol import Phase, Round, Settings
@@ -104,6 +105,7 @@ class EtcdRendezvousHandler(RendezvousHandler):
         self._report = EtcdReport(self.ctx, self._now)
         self._hang = EtcdHang(self.ctx, self._now)
         self._drain = EtcdDrain(self.ctx, self._now)
+        self._progress = EtcdProgress(self.ctx, self._now)
         self._cooldown = Cooldown(self.ctx)  # a bad host sits rounds out (node/cooldown.py)
         self._incarnation = 0
         self._tag = node_names.draw_suffix()  # node ids: <host>-<tag>.<incarnation>
@@ -216,6 +218,9 @@ class EtcdRendezvousHandler(RendezvousHandler):
 
     def drain(self) -> EtcdDrain:
         return self._drain
+
+    def progress(self) -> EtcdProgress:
+        return self._progress
 
     def request_restart(self, reason: str, failure: FailureInfo | None = None) -> bool:
         running = self.view.running()

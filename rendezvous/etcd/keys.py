@@ -130,10 +130,20 @@ class RunKeys:
     def kept(self, n: int) -> str:
         return f"{self.kept_rounds}{n:0{_ROUND_DIGITS}d}"
 
+    @property
+    def paces(self) -> str:
+        """Each node's published pace (rendezvous/etcd/stragglers.py), on its session lease:
+        at most one write per node per 5 s. Outside rounds/: the leader watches it apart.
+        """
+        return self.root + "progress/"
+
+    def pace(self, node_id: str) -> str:
+        return self.paces + node_id
+
     def parse(self, key: bytes | str) -> tuple[str, int | None, str | None]:
         """Classify a key of this run: ("agent", None, node) | ("round", None, None) |
         ("join", n, node) | ("hint", n, None) | ("barrier", n, node) | ("cooldown", None,
-        node name) | ("kept", n, None) | ("other", None, None).
+        node name) | ("kept", n, None) | ("progress", None, node) | ("other", None, None).
         """
         k = key.decode() if isinstance(key, bytes) else key
         if k == self.round:
@@ -144,6 +154,8 @@ class RunKeys:
             return "cooldown", None, k[len(self.cooldowns) :]
         if k.startswith(self.kept_rounds) and k[len(self.kept_rounds) :].isdigit():
             return "kept", int(k[len(self.kept_rounds) :]), None
+        if k.startswith(self.paces):
+            return "progress", None, k[len(self.paces) :]
         if k.startswith(self.rounds):
             parts = k[len(self.rounds) :].split("/")
             if parts == [parts[0], "hint"] and parts[0].isdigit():

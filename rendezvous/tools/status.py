@@ -26,6 +26,7 @@ from etcdrun.rendezvous.errors import RendezvousError
 from etcdrun.rendezvous.etcd import codec
 from etcdrun.rendezvous.etcd.keys import RunKeys
 from etcdrun.rendezvous.etcd.node import cooldown
+from etcdrun.rendezvous.etcd.stragglers import Pace, judge
 
 SCHEMA = 1
 
@@ -55,6 +56,20 @@ class Cooldown:
     until_unix: float  # the node's clock: when its current or last cooldown ends
     seconds_left: float  # resting: until_unix less this reader's clock, at least 0
     why: str  # the last failure charged to it
+
+
+@dataclass(frozen=True)
+class NodePace:
+    """A node's published pace (rendezvous/etcd/stragglers.py) and how it compares."""
+
+    node_id: str
+    round: int  # the round it was measured in
+    step: int  # its slowest worker's last step
+    step_rate: float  # steps per wall second
+    rate: float  # steps per CPU-second of its slowest worker: what names a straggler
+    lag: int  # the newest step of the round's nodes less this node's
+    straggler: bool  # rate below straggler_fraction of the round's median
+    age_s: float  # since it was measured (the node's clock against the reader's)
 
 
 @dataclass(frozen=True)
@@ -105,6 +120,9 @@ class RunStatus:
     unreadable: tuple[str, ...] = ()  # keys of the run that do not decode (reported, skipped)
     cooldowns: tuple[Cooldown, ...] = ()  # nodes charged with worker failures, resting or not
     kept_rounds: tuple[KeptRound, ...] = ()  # the last rounds taken in place, oldest first
+    paces: tuple[NodePace, ...] = ()  # each node's published pace, by node id
+    median_rate: float | None = None  # of the current round's paces (None: fewer than 3)
+    straggler_fraction: float = 0.5  # the reader's setting (--rdzv-conf straggler_fraction)
     read_unix_ms: int = field(default_factory=lambda: int(time.time() * 1000))
 
     def to_json(self) -> dict[str, Any]:
@@ -113,8 +131,11 @@ class RunStatus:
         return out
 
 
-def read(client: EtcdClient, keys: RunKeys, *, ttls: bool = True) -> RunStatus:
-    """The run's state in one transaction (plus one LeaseTimeToLive per agent with ``ttls``)."""
+def read(
+    client: EtcdClient, keys: RunKeys, *, ttls: bool = True, fraction: float = 0.5
+) -> RunStatus:
+    """The run's state in one transaction (plus one LeaseTimeToLive per agent with ``ttls``);
+    ``fraction`` is the straggler rule's (the job's ``straggler_fraction``)."""
     res = client.txn(
         [],
         [
@@ -123,6 +144,7 @@ def read(client: EtcdClient, keys: RunKeys, *, ttls: bool = True) -> RunStatus:
             t.get(keys.rounds, prefix=True),
             t.get(keys.cooldowns, prefix=True),
             t.get(keys.kept_rounds, prefix=True),
+            t.get(keys.paces, prefix=True),
         ],
     )
     kvs = [r.response_range.kvs for r in res.responses]
@@ -130,7 +152,19 @@ def read(client: EtcdClient, keys: RunKeys, *, ttls: bool = True) -> RunStatus:
     bad: list[str] = []
     cooled = _cooldowns(keys, kvs[3], bad, time.time())
     kept = _kept(kvs[4], bad)
-    return replace(got, cooldowns=cooled, kept_rounds=kept, unreadable=(*got.unreadable, *bad))
+    paces = {kv.key.decode(errors="replace"): Pace.decode(kv.value) for kv in kvs[5]}
+    bad += [key for key, p in paces.items() if p is None]
+    known = [p for p in paces.values() if p is not None]
+    rows, median = _paces(known, got.round, fraction, time.time())
+    return replace(
+        got,
+        cooldowns=cooled,
+        kept_rounds=kept,
+        unreadable=(*got.unreadable, *bad),
+        paces=rows,
+        median_rate=median,
+        straggler_fraction=fraction,
+    )
 
 
 def _kept(kvs, unreadable: list[str]) -> tuple[KeptRound, ...]:
@@ -143,6 +177,31 @@ def _kept(kvs, unreadable: list[str]) -> tuple[KeptRound, ...]:
         except (ValueError, TypeError):
             unreadable.append(kv.key.decode(errors="replace"))
     return tuple(out)
+
+
+def _paces(
+    paces: list[Pace], number: int | None, fraction: float, now: float
+) -> tuple[tuple[NodePace, ...], float | None]:
+    """Each pace, judged among the current round's (design.md §4d: the leader's rule); a
+    record of an earlier round (a node that has not published in this one) is shown, with its
+    lag behind the current round's newest step, and judged with no one."""
+    current = [p for p in paces if number is None or p.round == number]
+    verdict = judge(current, fraction)
+    newest = max((p.step for p in current), default=0)
+    rows = tuple(
+        NodePace(
+            p.node,
+            p.round,
+            p.step,
+            p.step_rate,
+            p.rate,
+            verdict.lag.get(p.node, max(0, newest - p.step)),
+            p.node in verdict.stragglers,
+            round(max(0.0, now - p.at_unix_ms / 1000), 1),
+        )
+        for p in sorted(paces, key=lambda p: p.node)
+    )
+    return rows, verdict.median
 
 
 def _cooldowns(keys: RunKeys, kvs, unreadable: list[str], now: float) -> tuple[Cooldown, ...]:

@@ -581,3 +581,11 @@ def test_restart_grace_is_its_own_setting_beside_the_stop_grace():
     assert parse_args(["t.py"])[0].restart_grace is None  # agent/grace.py's default: 3 s
     with pytest.raises(UsageError, match=r"restart_grace \(-1.0\) must be non-negative"):
         parse_args(["--restart-grace", "-1", "t.py"])
+
+
+def test_evict_stragglers_is_off_by_default_and_on_by_flag_or_pet_variable(monkeypatch):
+    """docs/hangs.md, "Stragglers": the leader evicts only when asked."""
+    assert parse_args(["t.py"])[0].evict_stragglers is False
+    assert parse_args(["--evict-stragglers", "t.py"])[0].evict_stragglers is True
+    monkeypatch.setenv("PET_EVICT_STRAGGLERS", "1")
+    assert parse_args(["t.py"])[0].evict_stragglers is True

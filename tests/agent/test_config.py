@@ -55,6 +55,7 @@ TORCH_213_FIELDS = [
 LATER_FIELDS = [
     ("hang_timeout", None),
     ("on_sigterm", "drain"),  # docs/drain.md
+    ("evict_stragglers", False),  # docs/hangs.md, "Stragglers"
 ]
 
 

@@ -201,12 +201,15 @@ def test_the_flag_and_its_variable_reach_the_config(monkeypatch):
 
 
 def test_workers_get_a_beat_page_and_a_stack_file_only_with_the_watchdog_on(tmp_path):
+    """The page also comes with a backend that shares the node's pace (design.md §4d); the
+    stack file only with the watchdog."""
     from etcdrun.agent.worker.group import _hang_env
     from etcdrun.agent.worker.logdir import WorkerFiles
 
     files = WorkerFiles.under(str(tmp_path), 3)
-    assert _hang_env(WorkerSpec(), files) == {}
-    on = _hang_env(WorkerSpec(hang_timeout=5), files)
+    assert _hang_env(WorkerSpec(), files, False) == {}
+    assert _hang_env(WorkerSpec(), files, True) == {beat.VAR: files.progress}
+    on = _hang_env(WorkerSpec(hang_timeout=5), files, False)
     assert on[beat.VAR] == files.progress
     assert on[stacks.VAR] == f"{int(stacks.SIGNAL)}:{files.stacks}"
     assert Path(files.stacks).parent == Path(files.error_file).parent

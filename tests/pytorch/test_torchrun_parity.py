@@ -17,6 +17,8 @@ The intended differences, and why:
 - ``TORCHELASTIC_RUN_ID``: the ``--rdzv-id`` under both; with ``--standalone`` a fresh uuid4
   under both (not the same one).
 - ``ETCDRUN_ROUND``: etcdrun's own (the round the worker runs in).
+- ``ETCDRUN_PROGRESS_FILE``: etcdrun's own, under the etcd backend (the page that
+  ``etcdrun.elastic.progress`` writes, for the straggler report: design.md §4d).
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ DIFFERENT = {  # set by both, other values (see the module docstring)
 # the round; the warden's tag (agent/fencing/warden.py)
 # The in-place channel's name and how long a worker awaits its verdict (docs/in-place.md) too.
 OURS_ONLY = {"ETCDRUN_ROUND", "ETCDRUN_NODE_TAG", "ETCDRUN_CONTROL", "ETCDRUN_PEER_WAIT"}
+OURS_ONLY |= {"ETCDRUN_PROGRESS_FILE"}  # the etcd backend's: the page progress() writes
 
 
 def base_env() -> dict[str, str]:

@@ -34,6 +34,7 @@ from etcdrun.rendezvous.etcd import codec, transitions
 from etcdrun.rendezvous.etcd.context import RunContext
 from etcdrun.rendezvous.etcd.leader import departures, last_call, repair
 from etcdrun.rendezvous.etcd.leader.status import LeaderStatus
+from etcdrun.rendezvous.etcd.leader.stragglers import Stragglers
 from etcdrun.rendezvous.etcd.node import cooldown, lifecycle
 from etcdrun.rendezvous.etcd.node.node_names import node_name
 from etcdrun.rendezvous.etcd.node.session import Session
@@ -83,6 +84,7 @@ class Leader:
         self.resting: set[str] = set()  # node names cooled down now (cooldown/, node/cooldown.py)
         self._watches: list[Watch] = []
         self._last_call = last_call.LastCall()
+        self._stragglers = Stragglers(ctx, session)  # progress/: the straggler rule
         self.departures = departures.Departures(departed)  # seeded by what the election saw
         self._failures = 0  # etcd errors in a row: the policy's backoff index
         self._invalid: dict[bytes, int] = {}  # key under agents/ that is no agent -> mod_revision
@@ -90,10 +92,12 @@ class Leader:
 
     # ---- caches -----------------------------------------------------------------------------
     def start(self) -> None:
-        """Snapshot agents/, rounds/ and cooldown/ at one revision, then watch them from
-        revision + 1 (cooldown/ changes only when a node starts or ends a cooldown).
+        """Snapshot agents/, rounds/, cooldown/ and progress/ at one revision, then watch them
+        from revision + 1 (cooldown/ changes only when a node starts or ends a cooldown;
+        progress/ at most once per node per 5 s, and only while its workers report progress).
         """
-        prefixes = (self._keys.agents, self._keys.rounds, self._keys.cooldowns)
+        keys = self._keys
+        prefixes = (keys.agents, keys.rounds, keys.cooldowns, keys.paces)
         res = self._client.txn([], [t.get(p, prefix=True) for p in prefixes])
         for resp in res.responses:
             for kv in resp.response_range.kvs:
@@ -143,6 +147,11 @@ class Leader:
             self.agents[node] = Agent(
                 info.node_id, kv.create_revision, info.local_world_size, info.addr
             )
+        elif kind == "progress" and node:
+            if deleted:
+                self._stragglers.remove(node)
+            else:
+                self._stragglers.put(node, kv.value)
         elif kind == "cooldown" and node:
             if not deleted and cooldown.decode(kv.key, kv.value, rid).resting:
                 self.resting.add(node)
@@ -164,8 +173,17 @@ class Leader:
     # ---- decisions --------------------------------------------------------------------------
     def act(self, now: float) -> float | None:
         """Decide and apply until the decision is to wait; return when to decide again (a
-        leader-local monotonic time) or None (at the next event).
+        leader-local monotonic time) or None (at the next event). Then the straggler rule,
+        after the rounds' decisions and apart from them: its failure never holds a round.
         """
+        wake_at = self._decide(now)
+        try:
+            self._stragglers.act(self._view.current())
+        except (EtcdError, RendezvousError) as e:  # judged again at the next pace
+            log.warning("leader %s: the straggler rule failed: %s", self._session.node_id, e)
+        return wake_at
+
+    def _decide(self, now: float) -> float | None:
         try:
             self._sweep()
         except EtcdError as e:
