@@ -57,3 +57,40 @@ def test_a_release_ends_a_group_whose_store_is_being_built(torch_available):
     assert len(lines) == 3 and all("released after" in ln for ln in lines), out.stderr[-2000:]
     for line in lines:  # the release at 0.5 s and one STORE_TRY; never FORM_TIMEOUT
         assert float(line.split("released after ")[1].split()[0]) < 5.0, line
+
+
+MEET = """
+import sys
+import torch.distributed as dist
+from etcdrun.elastic.group import Group
+
+if sys.argv[1] == "fresh":
+    dist.init_process_group("gloo")  # env://: its rank 0 store waits for every rank's count
+else:
+    Group().form("gloo")
+dist.barrier()
+print("formed")
+"""
+
+
+def test_a_kept_rank_meets_a_fresh_rank_0_formed_through_env(torch_available):
+    """A survivor's store client counts itself in, as a fresh rank 0's env:// store waits
+    for every rank to (chaos seed 1010 hung there when it did not)."""
+    port = _unused_port()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", MEET, how],
+            env=clean_env(RANK=rank, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for how, rank in (("fresh", "0"), ("kept", "1"))
+    ]
+    try:
+        outs = [p.communicate(timeout=90) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    for out, err in outs:
+        assert "formed" in out, err[-2000:]

@@ -128,7 +128,10 @@ class Group:
         the others retry their connect — for FORM_TIMEOUT (chaos seed 92: a round that ended
         while a fresh rank was still starting held the survivors 30 minutes). So rank 0 does
         not wait for the others (gloo's own exchange then waits on the store's socket, which a
-        release shuts), and the others try STORE_TRY at a time until the round ends."""
+        release shuts), and the others try STORE_TRY at a time until the round ends. The others
+        still count themselves in the store (``wait_for_workers``: a client only adds one to
+        the count, never waits), as a fresh rank 0's env:// store waits for every rank's count
+        (chaos seed 1010 hung there when they did not)."""
         import torch.distributed as dist
 
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -141,8 +144,8 @@ class Group:
                     world,
                     rank == 0,
                     timeout=FORM_TIMEOUT if rank == 0 else STORE_TRY,
-                    wait_for_workers=False,
-                    multi_tenant=True,
+                    wait_for_workers=rank != 0,  # a client only counts itself in: a fresh
+                    multi_tenant=True,  # rank 0's env:// store waits for that count
                 )
             except RuntimeError:  # torch's DistNetworkError and DistStoreError among them
                 with self._lock:
