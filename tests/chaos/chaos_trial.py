@@ -91,6 +91,7 @@ class Recorder:
 
 class Trial:
     START_S = 60  # for the first full round: agents and workers started on loaded cores
+    END_S = 90  # for every agent not killed to exit, once the faults are over
 
     def __init__(self, schedule: Schedule, etcd_bin: str, root: Path) -> None:
         self.s = schedule
@@ -190,7 +191,7 @@ class Trial:
         t0 = time.monotonic()
         ex.run(self.s.faults, t0)
         killed = self._killed(ex)
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + self.END_S
         for i, a in enumerate(job.agents):
             if i not in killed:
                 try:
