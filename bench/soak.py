@@ -3,6 +3,8 @@
 S..S+N-1; tests/chaos/: a real 3-member etcd, 3-5 real agents, short real workers, random
 faults) and prints trials, violations, jobs lost, and p50/p99 recovery. A failing trial prints
 its seed, schedule and the command that replays it: ``python -m bench.soak --replay SEED``.
+About a third of the seeds are in-place trials (workers that opt in through etcdrun.elastic,
+tests/chaos/chaos_inplace.py); ``--in-place`` runs only those.
 
 Why seeds and not a fixed list: each seed is one schedule (tests/chaos/chaos_schedule.py, pure),
 so a long soak explores, and any trial it fails replays exactly (the schedule, not the timing: the
@@ -36,8 +38,22 @@ from etcdrun.rendezvous.localetcd import find_etcd
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 sys.path += [str(TESTS), str(TESTS / "chaos")]  # the chaos trial, from tests/ (see the docstring)
 
-from chaos_schedule import generate  # noqa: E402
-from chaos_trial import Result, Trial  # noqa: E402
+from chaos_inplace import trial  # noqa: E402
+from chaos_schedule import generate, in_place  # noqa: E402
+from chaos_trial import Result  # noqa: E402
+
+
+def pick(first: int, trials: int, only_in_place: bool) -> list[int]:
+    """The seeds to run: ``trials`` seeds from ``first`` on, or the first ``trials`` of them
+    whose schedule is an in-place trial (chaos_schedule.in_place: about a third)."""
+    if not only_in_place:
+        return list(range(first, first + trials))
+    seeds: list[int] = []
+    seed = first
+    while len(seeds) < trials:
+        seeds += [seed] if in_place(seed) else []
+        seed += 1
+    return seeds
 
 
 def run_one(seed: int, etcd_bin: str, keep: bool = False) -> Result:
@@ -47,7 +63,7 @@ def run_one(seed: int, etcd_bin: str, keep: bool = False) -> Result:
     root = Path(tempfile.mkdtemp(prefix=f"etcdrun-soak-{seed}-"))
     r = Result(generate(seed))
     try:
-        r = Trial(generate(seed), etcd_bin, root).run()
+        r = trial(generate(seed), etcd_bin, root).run()
     except Exception as e:  # the harness's own failure is a failed trial, never a pass
         load = " ".join(f"{x:.1f}" for x in os.getloadavg())
         r.violations.append(f"trial crashed (load average {load}): {type(e).__name__}: {e}"[:2000])
@@ -103,13 +119,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--replay", type=int, help="run this one seed, verbosely, keeping its files")
     ap.add_argument("--json", type=Path, help="also write the figures (and failures) here")
     ap.add_argument("--pause-file", type=Path, help="wait between trials while this file exists")
+    ap.add_argument(
+        "--in-place",
+        action="store_true",
+        help="run only in-place trials: the first N seeds from --seed that draw one",
+    )
     args = ap.parse_args(argv)
     etcd_bin = find_etcd()
     if etcd_bin is None:
         print("soak: etcd not found (set ETCD_BIN or apt-get install etcd-server)", file=sys.stderr)
         return 2
     become_subreaper()
-    seeds = [args.replay] if args.replay is not None else range(args.seed, args.seed + args.trials)
+    if args.replay is not None:
+        seeds = [args.replay]
+    else:
+        seeds = pick(args.seed, args.trials, args.in_place)
     results: list[Result] = []
     for seed in seeds:
         while args.pause_file is not None and args.pause_file.exists():

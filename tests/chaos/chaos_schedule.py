@@ -12,12 +12,19 @@ values, network cuts) must cost at most new rounds, never the job.
 
 The schedules changed on 2026-12-01 (network cuts added): a seed names another schedule than it
 did before; the soak figures in README say which set they ran.
+
+In-place trials (issue 29): about a third of the seeds (drawn apart, ``in_place(seed)``, so that
+the other seeds keep the schedules they had) run workers that opt in through ``etcdrun.elastic``
+(chaos_elastic_worker.py) under the faults that in-place rounds answer: kill -9 of a whole node
+and of the node holding RANK 0 then, kill -9 of the agent alone, SIGSTOP of the agent and of the
+whole node within and past the TTL, and a newcomer arriving. Fewer agents and processes (3-4 x
+1-2) than restart trials: every worker imports torch.
 """
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 TTL = 2  # lease_ttl of every trial: short, so that many trials fit
 
@@ -42,6 +49,18 @@ TARGETED = {"agent_kill", "agent_stop_short", "agent_stop_long", "node_stop_shor
 TARGETED |= {"node_stop_long", "worker_kill", "corrupt_agent", "net_cut_short", "net_cut_long"}
 MAX_RESTARTS = 3  # >= the worker kills a schedule holds
 
+# The in-place trials' faults (chaos_inplace.py carries out the three new kinds).
+IN_PLACE_FAULTS: dict[str, tuple[int, tuple[float, float] | None]] = {
+    "node_kill": (3, None),  # kill -9 of every process of the node: agent, warden, workers
+    "rank0_kill": (2, None),  # ... of the node whose worker holds RANK 0 at that moment
+    "agent_kill": (2, None),  # the agent alone: its warden fences the opted-in workers
+    **{k: FAULTS[k] for k in FAULTS if k.startswith(("agent_stop", "node_stop"))},
+    "newcomer": (2, None),  # one more agent starts: the kept workers take it in
+}
+IN_PLACE_TARGETED = {"node_kill", "agent_kill"} | {k for k in IN_PLACE_FAULTS if "stop" in k}
+KILLS = ("agent_kill", "node_kill", "rank0_kill")  # each costs the job a node for good
+IN_PLACE_SHARE = 0.3
+
 
 @dataclass(frozen=True)
 class Fault:
@@ -64,22 +83,33 @@ class Schedule:
     nproc: int
     busy: bool  # every core saturated by other processes for the whole trial
     faults: tuple[Fault, ...]
+    in_place: bool = False  # the workers opt in through etcdrun.elastic (chaos_inplace.py)
 
     @property
     def max_nodes(self) -> int:
-        return self.agents
+        return self.agents + sum(f.kind == "newcomer" for f in self.faults)
 
     def killed(self) -> set[int]:
-        return {f.target for f in self.faults if f.kind == "agent_kill"}
+        """The agents killed by index (a rank-0 kill's node is known only when it happens)."""
+        return {f.target for f in self.faults if f.kind in KILLS and f.target >= 0}
 
     def describe(self) -> str:
         head = f"seed {self.seed}: {self.agents} agents (min {self.min_nodes}) x {self.nproc}"
+        head += ", in place" if self.in_place else ""
         busy = ", cores saturated" if self.busy else ""
         return f"{head}{busy}; " + "; ".join(f.describe() for f in self.faults)
 
 
+def in_place(seed: int) -> bool:
+    """Whether seed's trial runs in place: drawn from its own stream, so that the restart
+    seeds' schedules are the ones they were before in-place trials came."""
+    return random.Random(f"in-place {seed}").random() < IN_PLACE_SHARE
+
+
 def generate(seed: int) -> Schedule:
     """The schedule of trial ``seed``: 1-3 faults within the first 2 s of the running job."""
+    if in_place(seed):
+        return _generate_in_place(seed)
     rng = random.Random(seed)
     agents = rng.randint(3, 5)
     min_nodes = 2
@@ -104,9 +134,38 @@ def generate(seed: int) -> Schedule:
     return Schedule(seed, agents, min_nodes, rng.choice((1, 2)), rng.random() < 0.2, tuple(faults))
 
 
-def _target(rng: random.Random, kind: str, agents: int, earlier: list[Fault]) -> int:
+def _generate_in_place(seed: int) -> Schedule:
+    """An in-place trial's schedule: 1-3 faults of IN_PLACE_FAULTS within the first 2 s; at
+    most ``agents - min_nodes`` kills; a newcomer is the next agent by index, in start order
+    (the trial's agents are listed in the order they started)."""
+    rng = random.Random(seed)
+    agents = rng.randint(3, 4)
+    kinds = list(IN_PLACE_FAULTS)
+    weights = [IN_PLACE_FAULTS[k][0] for k in kinds]
+    faults: list[Fault] = []
+    kills_left, newcomers = agents - 2, 0
+    for _ in range(rng.randint(1, 3)):
+        kind = rng.choices(kinds, weights)[0]
+        if kind in KILLS and kills_left == 0:
+            kind = "node_stop_long"
+        kills_left -= kind in KILLS
+        span = IN_PLACE_FAULTS[kind][1]
+        duration = round(rng.uniform(*span), 2) if span else 0.0
+        target = _target(rng, kind, agents, faults, IN_PLACE_TARGETED)
+        faults.append(Fault(round(rng.uniform(0.0, 2.0), 2), kind, target, duration))
+    faults.sort(key=lambda f: f.at)
+    for n, f in enumerate(faults):  # newcomers numbered in the order they start
+        if f.kind == "newcomer":
+            faults[n], newcomers = replace(f, target=agents + newcomers), newcomers + 1
+    nproc = 1 if agents == 4 else rng.choice((1, 2))
+    return Schedule(seed, agents, 2, nproc, rng.random() < 0.1, tuple(faults), in_place=True)
+
+
+def _target(
+    rng: random.Random, kind: str, agents: int, earlier: list[Fault], targeted: set[str] = TARGETED
+) -> int:
     """A targeted fault's agent; never one already killed (a kill -9 happens once)."""
-    if kind not in TARGETED:
+    if kind not in targeted:
         return -1
-    dead = {f.target for f in earlier if f.kind == "agent_kill"}
+    dead = {f.target for f in earlier if f.kind in KILLS}
     return rng.choice([i for i in range(agents) if i not in dead])

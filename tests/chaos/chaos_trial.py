@@ -44,6 +44,7 @@ from etcdrun.rendezvous.tools import checker
 WORKER = str(Path(__file__).with_name("chaos_worker.py"))
 WORK_S = 3.0  # how long each worker runs: a round that lasts this long ends the job
 DISRUPTIVE = ("agent_kill", "agent_stop_long", "node_stop_long", "worker_kill", "net_cut_long")
+DISRUPTIVE += ("node_kill", "rank0_kill")  # in-place trials' (chaos_inplace.py)
 
 
 @dataclass
@@ -89,6 +90,9 @@ class Recorder:
 
 
 class Trial:
+    START_S = 60  # for the first full round: agents and workers started on loaded cores
+    END_S = 90  # for every agent not killed to exit, once the faults are over
+
     def __init__(self, schedule: Schedule, etcd_bin: str, root: Path) -> None:
         self.s = schedule
         self.etcd_bin = etcd_bin
@@ -110,21 +114,38 @@ class Trial:
             etcd = stack.enter_context(LocalEtcd(3, etcd_bin=self.etcd_bin))
             rec = Recorder(etcd.endpoints, self.keys)
             stack.callback(rec.close)
-            sampler = stack.enter_context(RankSampler(self.tag, running_only=True))
+            sampler = stack.enter_context(self._sampler())
             if self.s.busy:
                 stack.enter_context(Busy(clean_env()))
             job = self._job(etcd, cuts)
             stack.callback(self._teardown, job)
-            ex = Executor(etcd, job.agents, self.tag, self.keys.root, rec.resume_revision, cuts)
+            ex = self._executor(etcd, job, rec, cuts)
             codes = self._play(job, ex)
             etcd.wait_healthy(30)  # every fault is over: a member down is restarted
             self._check(etcd, job, rec, codes)
+            self._check_workers(job, ex)
         self._overlaps(sampler, ex)
         self.result.violations += [f"left behind: {x}" for x in netcut_leftovers(self.tag)]
         self.result.violations += rec.errors
         self.result.log += [f"{t:.3f} {what}" for t, what in ex.log]
         self.result.seconds = time.monotonic() - t_begin
         return self.result
+
+    # ---- what an in-place trial (chaos_inplace.py) changes ------------------------------------
+    def _sampler(self) -> RankSampler:
+        return RankSampler(self.tag, running_only=True)
+
+    def _executor(self, etcd: LocalEtcd, job: Job, rec: Recorder, cuts: dict) -> Executor:
+        return Executor(etcd, job.agents, self.tag, self.keys.root, rec.resume_revision, cuts)
+
+    def _worker_args(self, job: Job) -> tuple[str, ...]:
+        return (WORKER, str(job.out), str(WORK_S))
+
+    def _killed(self, ex: Executor) -> set[int]:
+        return self.s.killed()
+
+    def _check_workers(self, job: Job, ex: Executor) -> None:
+        """More checks of what the workers left (none for restart trials)."""
 
     def _overlaps(self, sampler: RankSampler, ex: Executor) -> None:
         """Two running workers with one RANK: a violation, except in the known window right
@@ -152,28 +173,25 @@ class Trial:
             run_id=self.tag,
         )
         for i in range(s.agents):
-            env = clean_env(ETCDRUN_TEST_JOB=self.tag, **{NODE_VAR: f"{self.tag}-{i}"})
-            logs = self.root / f"logs{i}"
-            wrap = cuts[i].wrap if i in cuts else ()  # a node to cut starts in its group
-            job.start(
-                WORKER,
-                str(job.out),
-                str(WORK_S),
-                env=env,
-                extra=("--log-dir", str(logs)),
-                wrap=wrap,
-            )
+            self._start_agent(job, i, cuts)
         return job
+
+    def _start_agent(self, job: Job, i: int, cuts: dict[int, NetCut]) -> None:
+        """Agent ``i`` (a node tagged ``<tag>-<i>``), logging to ``logs<i>``."""
+        env = clean_env(ETCDRUN_TEST_JOB=self.tag, **{NODE_VAR: f"{self.tag}-{i}"})
+        logs = self.root / f"logs{i}"
+        wrap = cuts[i].wrap if i in cuts else ()  # a node to cut starts in its group
+        job.start(*self._worker_args(job), env=env, extra=("--log-dir", str(logs)), wrap=wrap)
 
     def _play(self, job: Job, ex: Executor) -> list[int | None]:
         """The first full round, the faults, and every agent's exit code (None: killed)."""
         world = self.s.agents * self.s.nproc
-        job.wait_round(world, timeout=60)
+        job.wait_round(world, timeout=self.START_S)
         (job.out / "go").touch()  # the workers' work starts now (tests/chaos/chaos_worker.py)
         t0 = time.monotonic()
         ex.run(self.s.faults, t0)
-        killed = self.s.killed()
-        deadline = time.monotonic() + 90
+        killed = self._killed(ex)
+        deadline = time.monotonic() + self.END_S
         for i, a in enumerate(job.agents):
             if i not in killed:
                 try:

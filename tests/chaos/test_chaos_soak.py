@@ -7,6 +7,10 @@ duplicate ranks in /proc, the job's completion and leftovers. A failure names it
 command replaying it. The long soak is ``python bench/soak.py --trials 500 --seed 1000``
 (README, 'Chaos and soak').
 
+No in-place trial (chaos_inplace.py) is among them: every worker imports torch, and one trial
+takes longer than the suite can give a seed (bench/results.md, 'Chaos soak'); the in-place soak
+is ``python -m bench.soak --in-place --trials 200 --seed 1000``.
+
 Measured here: 7-18 s a trial on 2 shared cores; six seeds took 50-80 s (load average 3-18).
 """
 

@@ -27,10 +27,12 @@ from __future__ import annotations
 import os
 import socket
 import threading
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 FORM_TIMEOUT = timedelta(minutes=30)  # torch's default; an abort ends a wait sooner
+STORE_TRY = timedelta(seconds=1)  # one try to reach the round's store; a release ends the tries
 
 
 class RoundMismatch(RuntimeError):
@@ -87,20 +89,25 @@ class Group:
         with self._lock:
             self._fds, self._released = _connected_tcp(_sockets(), port), False
 
-    def form(self, backend: str) -> None:
+    def form(self, backend: str, ended: Callable[[], bool] = lambda: False) -> None:
         """The default group of the round in ``os.environ``: the store as env:// makes it (so a
         newcomer's own ``init_process_group`` meets the survivors there), then the group.
         Raises when ``release()`` cut it short. The caller then re-wraps DDP and checks the
-        round, in the order a newcomer's script and ``elastic.run`` do."""
+        round, in the order a newcomer's script and ``elastic.run`` do.
+
+        ``ended()`` says whether the round being formed is over already: a release that came
+        before this call (the notice can follow the round's hand-over at once) is not lost to
+        the reset of ``_released`` here (chaos seed 92: a survivor tried forever to reach the
+        store of a round that had ended before it began to form it)."""
         import torch.distributed as dist
 
         before = _sockets()
         with self._lock:
             self._released = False
-        store, rank, world = next(dist.rendezvous("env://", timeout=FORM_TIMEOUT))
+        store, rank, world = self._store(ended)
         with self._lock:  # the store's own socket, so that a release ends a wait on it too
             self._fds = _connected_tcp(_sockets() - before, None)
-        if self._released:
+        if self._released or ended():  # a release from now on shuts the store's socket
             raise ConnectionAbortedError("the round ended while its group was formed")
         dist.init_process_group(
             backend,
@@ -113,6 +120,40 @@ class Group:
             self._fds = _connected_tcp(_sockets() - before, None)
             if self._released:  # came while gloo connected: its new sockets are cut now
                 self._shut(self._fds)
+
+    def _store(self, ended: Callable[[], bool]) -> tuple[Any, int, int]:
+        """The round's store where env:// has it (rank 0 serves it at MASTER_PORT), built so
+        that a release ends the wait. Why not ``dist.rendezvous("env://")``: its TCPStore
+        cannot be released while it is built — rank 0 waits there for every rank to connect,
+        the others retry their connect — for FORM_TIMEOUT (chaos seed 92: a round that ended
+        while a fresh rank was still starting held the survivors 30 minutes). So rank 0 does
+        not wait for the others (gloo's own exchange then waits on the store's socket, which a
+        release shuts), and the others try STORE_TRY at a time until the round ends. The others
+        still count themselves in the store (``wait_for_workers``: a client only adds one to
+        the count, never waits), as a fresh rank 0's env:// store waits for every rank's count
+        (chaos seed 1010 hung there when they did not)."""
+        import torch.distributed as dist
+
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+        while True:
+            try:
+                store = dist.TCPStore(
+                    addr,
+                    port,
+                    world,
+                    rank == 0,
+                    timeout=FORM_TIMEOUT if rank == 0 else STORE_TRY,
+                    wait_for_workers=rank != 0,  # a client only counts itself in: a fresh
+                    multi_tenant=True,  # rank 0's env:// store waits for that count
+                )
+            except RuntimeError:  # torch's DistNetworkError and DistStoreError among them
+                with self._lock:
+                    if rank == 0 or self._released or ended():
+                        raise
+                continue
+            store.set_timeout(FORM_TIMEOUT)
+            return store, rank, world
 
     def check_round(self) -> None:
         """Every rank runs the round this worker runs in (the fencing token), or raise."""

@@ -90,7 +90,7 @@ def _reform(state: State, group: Group, link: AgentLink, backend: str) -> None:
         group.drop()
         started = time.monotonic()
         try:
-            group.form(backend)
+            group.form(backend, link.interrupted)
             state.rewrap()
             group.check_round()
             sync_bytes = state.sync()

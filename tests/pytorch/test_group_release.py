@@ -1,0 +1,96 @@
+"""A kept worker forming the next round's group is released when that round ends too, also while
+the round's store is being built (etcdrun.elastic.group, design.md §4a).
+
+Why: chaos seed 92 (tests/chaos/chaos_inplace.py) froze two nodes past their TTL and sent a
+newcomer; rounds followed one another while the fenced nodes' fresh workers were still starting,
+and the survivors stayed in torch's TCPStore constructor — rank 0 waiting for every rank to
+connect, the others retrying their connect — which no release reached, for 30 minutes; and a
+survivor whose round ended before it began to form it tried that round's store forever. Here one
+rank forms a world of two whose other rank never comes, and is released 0.5 s later, or was told
+before it began that the round is over.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+
+from agent_helpers import clean_env
+
+FORM = """
+import os, sys, threading, time
+import torch.distributed  # imported before any timer starts: form() must be under way
+from etcdrun.elastic.group import Group
+
+# nobody serves rank 1's store, rank 0 serves its own; the last: the round ended before the form
+for rank, port, early in zip((1, 0, 1), sys.argv[1:], (False, False, True), strict=True):
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    group = Group()
+    if not early:
+        threading.Timer(0.5, group.release).start()
+    began = time.monotonic()
+    try:
+        group.form("gloo", ended=lambda: early)
+    except Exception as e:
+        print(f"rank {rank} released after {time.monotonic() - began:.2f} s: {type(e).__name__}")
+    else:
+        print(f"rank {rank} formed")
+"""
+
+
+def _unused_port() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
+
+
+def test_a_release_ends_a_group_whose_store_is_being_built(torch_available):
+    out = subprocess.run(
+        [sys.executable, "-c", FORM, *(_unused_port() for _ in range(3))],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("rank ")]
+    assert len(lines) == 3 and all("released after" in ln for ln in lines), out.stderr[-2000:]
+    for line in lines:  # the release at 0.5 s and one STORE_TRY; never FORM_TIMEOUT
+        assert float(line.split("released after ")[1].split()[0]) < 5.0, line
+
+
+MEET = """
+import sys
+import torch.distributed as dist
+from etcdrun.elastic.group import Group
+
+if sys.argv[1] == "fresh":
+    dist.init_process_group("gloo")  # env://: its rank 0 store waits for every rank's count
+else:
+    Group().form("gloo")
+dist.barrier()
+print("formed")
+"""
+
+
+def test_a_kept_rank_meets_a_fresh_rank_0_formed_through_env(torch_available):
+    """A survivor's store client counts itself in, as a fresh rank 0's env:// store waits
+    for every rank to (chaos seed 1010 hung there when it did not)."""
+    port = _unused_port()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", MEET, how],
+            env=clean_env(RANK=rank, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for how, rank in (("fresh", "0"), ("kept", "1"))
+    ]
+    try:
+        outs = [p.communicate(timeout=90) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    for out, err in outs:
+        assert "formed" in out, err[-2000:]
