@@ -44,6 +44,7 @@ import uuid
 from collections.abc import Callable
 
 from bench.scale_args import parse
+from bench.scale_keepalive import combine, keep_up
 from bench.scale_metrics import (
     check_infos,
     delta,
@@ -72,6 +73,7 @@ def run_one(n: int, members: int, procs: int, args: argparse.Namespace) -> dict:
     conf = {"last_call_timeout": 600, "join_timeout": args.timeout, "lease_ttl": args.lease_ttl}
     res: dict = {"n": n, "members": members, "procs": p, "counts": counts, "problems": []}
     res["arrive_over"], res["per_client"] = args.arrive_over, args.per_client
+    res["keepalive"] = args.keepalive
     pprof = ["--enable-pprof"] if args.etcd_pprof else []
     with LocalEtcd(members, log_to=args.etcd_log, extra_args=pprof) as etcd:
         urls = [f"http://{ep}/metrics" for ep in etcd.endpoint_list]
@@ -87,6 +89,7 @@ def run_one(n: int, members: int, procs: int, args: argparse.Namespace) -> dict:
             "arrive_over": args.arrive_over,
             "per_client": args.per_client,
             "worker_cpus": args.worker_cpus,
+            "keepalive": args.keepalive,
         }
         res["etcd_cpus"], res["worker_cpus"] = args.etcd_cpus, args.worker_cpus
         if args.etcd_cpus:
@@ -133,6 +136,7 @@ def join_round(
     participants' infos and the events seen so far.
     """
     every = list(range(res["procs"]))
+    ka0 = ka_reading(pool, every)
     m0 = snap()
     t_go = time.time()
     for i in every:
@@ -150,6 +154,7 @@ def join_round(
         )
     evs, res["warnings"] = collect(pool, every)
     d = delta(m0, m1)
+    ka = ka_since(pool, every, ka0, args.lease_ttl)
     res["round1"] = {
         "go_to_registered": since(t_go, last(evs, "session_opened")),
         "go_to_last_join": since(t_go, last(evs, "node_joined", 1)),
@@ -161,8 +166,27 @@ def join_round(
         **gc_pauses(done),
         **d,
         "leader": leader_cpu(evs, 1, {}, threads(pool, every), d["proc_cpu"], res["counts"]),
+        "keepalive": ka,
     }
     return r1, evs
+
+
+def ka_reading(pool: Pool, which: list[int]) -> dict:
+    """The workers' keep-alive counters now, combined (scale_keepalive.py)."""
+    for i in which:
+        pool.send(i, "keepalive")
+    return combine([got[0] for got in pool.expect("keepalive", which, 60).values()])
+
+
+def ka_since(pool: Pool, which: list[int], before: dict, ttl: int) -> dict:
+    """Whether the simulation kept up since ``before``: read again once at least two keep-alive
+    intervals have passed (a round can be shorter than one, and a rate over it is noise).
+    """
+    from etcdrun.rendezvous.client import RetryPolicy
+
+    interval = RetryPolicy().keepalive_interval(ttl)
+    time.sleep(max(0.0, before["t"] + 2 * interval - time.monotonic()))
+    return keep_up(before, ka_reading(pool, which), interval)
 
 
 def threads(pool: Pool, which: list[int]) -> dict[int, dict]:
@@ -224,6 +248,7 @@ def leave_round(
         pool.send(i, "arm", leaving)
     pool.expect("armed", every, 60)
     th2 = threads(pool, every)
+    ka2 = ka_reading(pool, every)
     m2 = snap()
     pool.send(owner, "leave", leaving)
     t_leave, t_left, ok = pool.expect("left", [owner], 30)[owner]
@@ -232,6 +257,7 @@ def leave_round(
     r2 = [x for i in done for x in done[i][1]]
     evs, _ = collect(pool, every)
     d = delta(m2, m3)
+    ka = ka_since(pool, every, ka2, args.lease_ttl)
     counts = [len(xs) for _, xs in sorted(r1.items())]
     out = {
         "left": "leader" if leaving == leader else "member",
@@ -247,6 +273,7 @@ def leave_round(
         **d,
         "leader": leader_cpu(evs, 2, th2, threads(pool, every), d["proc_cpu"], counts),
         "problems": check_infos(r2, n - 1, 2),
+        "keepalive": ka,
     }
     if len(done) < len(every):
         out["problems"].append(

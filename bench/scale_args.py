@@ -32,6 +32,13 @@ def _round_options(ap: argparse.ArgumentParser) -> None:
         "client per process)",
     )
     ap.add_argument(
+        "--keepalive",
+        choices=("relay", "in-process"),
+        default="relay",
+        help="who sends the simulated nodes' keep-alives: a relay process per worker (default), "
+        "or each worker's clients themselves, as a real agent does",
+    )
+    ap.add_argument(
         "--leave",
         choices=("member", "leader"),
         default="member",

@@ -30,6 +30,8 @@ METRICS = {
     # that expired on the server (each takes its agent key and join record with it)
     "slow_applies": "etcd_server_slow_apply_total",
     "leases_expired": "etcd_debugging_server_lease_expired_total",
+    # keep-alives etcd renewed (the leader's count): beside what the keepers sent and got answered
+    "renewals": "etcd_debugging_lease_renewed_total",
 }
 
 
