@@ -33,6 +33,7 @@ checker (rendezvous/tools/checker.py) vets each run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -60,6 +61,7 @@ from bench.scale_metrics import (
 )
 from bench.scale_plot import fit_lines, write_svg
 from bench.scale_pool import Pool
+from bench.scale_proxy import GrpcProxy
 from bench.scale_report import busy_notes, details, table, target_lines
 
 
@@ -75,13 +77,17 @@ def run_one(n: int, members: int, procs: int, args: argparse.Namespace) -> dict:
     res["arrive_over"], res["per_client"] = args.arrive_over, args.per_client
     res["keepalive"] = args.keepalive
     pprof = ["--enable-pprof"] if args.etcd_pprof else []
-    with LocalEtcd(members, log_to=args.etcd_log, extra_args=pprof) as etcd:
+    with contextlib.ExitStack() as stack:
+        etcd = stack.enter_context(LocalEtcd(members, log_to=args.etcd_log, extra_args=pprof))
+        proxy = stack.enter_context(GrpcProxy(etcd.endpoint_list)) if args.grpc_proxy else None
+        res["grpc_proxy"] = proxy is not None
         urls = [f"http://{ep}/metrics" for ep in etcd.endpoint_list]
         if members > 1:  # every client prefers the first endpoint: is that the raft leader?
             res["preferred"] = 0
             res["etcd_leader"] = etcd.members.index(etcd.wait_leader())
         cfg = {
-            "endpoints": etcd.endpoints,
+            "endpoints": proxy.endpoint if proxy else etcd.endpoints,
+            "relay_endpoints": etcd.endpoints,  # scale_proxy.py: keep-alives pass the proxy by
             "run_id": run_id,
             "min_nodes": max(1, n - 1),
             "max_nodes": n,
@@ -95,7 +101,7 @@ def run_one(n: int, members: int, procs: int, args: argparse.Namespace) -> dict:
         if args.etcd_cpus:
             pin(etcd.pids, args.etcd_cpus)
         pool = Pool(counts, cfg)
-        snap = functools.partial(snapshot, urls, etcd.pids, pool.pids)
+        snap = functools.partial(snapshot, urls, etcd.pids, pool.pids, pool.relay_pids, proxy)
         spies: list[subprocess.Popen] = []
         try:
             pool.expect("ready", list(range(p)), 120)
@@ -105,7 +111,7 @@ def run_one(n: int, members: int, procs: int, args: argparse.Namespace) -> dict:
             r1, evs = join_round(pool, res, n, args, snap)
             if n >= 2 and not res["problems"]:
                 res["round2"] = leave_round(pool, evs, r1, n, args, snap)
-            check_run(pool, etcd.endpoints, cfg, res)
+            check_run(pool, cfg["endpoints"], cfg, res)
         except (TimeoutError, RuntimeError) as e:
             res["problems"].append(str(e))
         finally:
@@ -206,9 +212,10 @@ def check_run(pool: Pool, endpoints: str, cfg: dict, res: dict) -> None:
     with EtcdClient(endpoints) as c:
         evs, res["warnings"] = collect(pool, every)
         accepted = [e for e in evs if e["event"] == "round_accepted"]
-        res["problems"] += checker.check_run(
-            c, RunKeys("/etcdrun", cfg["run_id"]), cfg["min_nodes"], res["n"], accepted
-        )
+        keys = RunKeys("/etcdrun", cfg["run_id"])
+        res["problems"] += checker.check_run(c, keys, cfg["min_nodes"], res["n"], accepted)
+        kv = c.get(keys.round)  # the last frozen round: what each of its N watchers received
+        res["round_bytes"] = len(kv.value) if kv is not None else None
     pool.send(0, "close")
     pool.expect("closed", [0], 30)
 

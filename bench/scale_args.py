@@ -78,6 +78,12 @@ def _machine_options(ap: argparse.ArgumentParser) -> None:
         metavar="LIST",
         help="pin the processes hosting the handlers to these CPUs, e.g. 1 (default: not pinned)",
     )
+    ap.add_argument(
+        "--grpc-proxy",
+        action="store_true",
+        help="put an `etcd grpc-proxy` (it coalesces identical watches) between the simulated "
+        "nodes and the members",
+    )
     ap.add_argument("--etcd-log", metavar="DIR", help="keep each etcd member's log in DIR")
     ap.add_argument(
         "--etcd-pprof",
@@ -113,6 +119,9 @@ def parse(
         or args.timeout <= 0
         or args.arrive_over < 0
     )
+    if args.grpc_proxy and args.keepalive != "relay":
+        print("--grpc-proxy needs --keepalive relay (scale_proxy.py says why)", file=sys.stderr)
+        return None
     if bad_counts or bad_numbers:
         print(
             f"bad arguments: --n {args.n!r} and --members {args.members!r} must list integers "

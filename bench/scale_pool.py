@@ -259,7 +259,7 @@ class Pool:
     def _relay(self, ctx, cfg: dict) -> mpc.Connection:
         """Start a worker's keep-alive relay (pinned with the workers); its pipe's worker end."""
         worker_end, relay_end = ctx.Pipe()
-        p = ctx.Process(target=relay_main, args=(relay_end, cfg["endpoints"]), daemon=True)
+        p = ctx.Process(target=relay_main, args=(relay_end, cfg["relay_endpoints"]), daemon=True)
         p.start()
         relay_end.close()
         if cfg.get("worker_cpus"):

@@ -123,15 +123,18 @@ OPS = (
     "writes {writes}, revisions {revisions}, puts {puts}, deletes {deletes}, ranges {ranges}, "
     "watch events {watch_events} (by member {watch_events_by_member}), watch msgs {watch_msgs}, "
     "etcd sent {sent_bytes} B, slow applies {slow_applies}, leases expired {leases_expired}"
-    "\n    CPU s: etcd {etcd_cpu} (by member {etcd_cpu_by_member}), "
-    "workers {workers_cpu}, other programs {other_cpu} in {t} s wall; GC pauses {gc_s} s ({gc2} "
+    "\n    CPU s: etcd {etcd_cpu} (by member {etcd_cpu_by_member}), workers {workers_cpu}, "
+    "keep-alive relays {relay_cpu}, grpc-proxy {proxy_cpu} (events coalesced {proxy_coalesced}), "
+    "other programs {other_cpu} in {t} s wall; GC pauses {gc_s} s ({gc2} "
     "gen-2); sessions opened {opened}, lost {lost} {lost_why}"
 )
 
 
 def _ops(r: dict) -> str:
     # results from before lost_why (or the slow applies) have none
-    return OPS.format(**{"lost_why": "", "slow_applies": "?", "leases_expired": "?", **r})
+    older = {"lost_why": "", "slow_applies": "?", "leases_expired": "?", "relay_cpu": "?"}
+    older |= {"proxy_cpu": "?", "proxy_coalesced": "?"}
+    return OPS.format(**{**older, **r})
 
 
 def _keepalive_line(r: dict) -> str:
@@ -163,6 +166,8 @@ def _leader_line(r: dict) -> str:
 def details(res: dict) -> str:
     r1, r2 = res.get("round1", {}), res.get("round2", {})
     out = [f"N={res['n']} on {res.get('members', 1)} etcd member(s), {res['procs']} processes"]
+    out[0] += f", keep-alives {res.get('keepalive', 'in-process')}"
+    out[0] += ", through an etcd grpc-proxy" if res.get("grpc_proxy") else ""
     if res.get("arrive_over"):
         out[0] += f", arrivals spread over {res['arrive_over']:g} s"
     if "busy_before" in res:
@@ -190,6 +195,13 @@ def details(res: dict) -> str:
             _keepalive_line(r2),
             _leader_line(r2),
         ]
+    if res.get("round_bytes") and r1.get("sent_bytes") is not None:
+        n, v = res["n"], res["round_bytes"]
+        out.append(
+            f"  round key value {v} B (the last frozen round); etcd sent per participant: "
+            f"round 1 {r1['sent_bytes'] / n:.0f} B, round 2 {r2.get('sent_bytes', 0) / n:.0f} B; "
+            f"N x value {n * v / 1e6:.1f} MB"
+        )
     for p in res["problems"] + r2.get("problems", []):
         out.append(f"  PROBLEM: {p}")
     for w, info in res.get("warnings", {}).items():
