@@ -5,7 +5,11 @@ Why: design.md L5 promises O(N) etcd writes and watch events per round; issue 14
 4096 on one member and on a 3-member cluster (where every write goes through raft). This runs the
 real EtcdRendezvousHandler code (no fakes): N handlers spread over P worker processes, each
 process sharing one EtcdClient among its handlers (one gRPC channel, one watch stream, one
-keep-alive thread per process), a caller thread per handler as an agent would have.
+keep-alive thread per process), a caller thread per handler as an agent would have. The
+keep-alives of a process's leases go, a batch per stream, through a relay process of its own
+(scale_keepalive.py: in-process, the handler threads starve them of the GIL), and each round's
+row counts only when the simulation kept up: no lease over 1.5 keep-alive intervals without an
+answer, none given up (the keep-alive rate achieved against the rate due is printed beside it).
 
 Per (cluster size, N), on a fresh etcd (LocalEtcd, fast raft timings, random ports):
 - round 1: every handler registers and joins at once (min = N-1, max = N, so the freeze comes
@@ -18,13 +22,16 @@ they share one clock. Writes are raft proposals applied (every Put/Txn/DeleteRan
 LeaseRevoke, failed-compare Txns included; keep-alives are not proposals in etcd 3.4), read from
 etcd's /metrics before and after the round (the most any member applied); watch events are
 ``etcd_debugging_mvcc_events_total`` (events delivered to watchers, one per watcher per event),
-summed over members and shown per member. Writes of round 1 include registration (lease grant +
-agent key per participant). CPU: etcd's from /proc (utime+stime, summed over members); the
-leader's (the node that froze the round) as its driver thread's and its whole process's.
+summed over members and shown per member; bytes are ``etcd_network_client_grpc_sent_bytes_total``
+(what the members sent their clients), beside the last round key's size (N watchers get it).
+Writes of round 1 include registration (lease grant + agent key per participant). CPU: etcd's
+from /proc (utime+stime, summed over members); the leader's (the node that froze the round) as
+its driver thread's and its whole process's.
 Figures and the commands that produced them: bench/results.md, 'Rendezvous at scale'.
 
 Usage: ``python -m bench.rendezvous_scale [--n 10,100,1000] [--members 1,3] [--procs 4]
-[--per-client K] [--leave member] [--lease-ttl 5] [--timeout 120] [--quiet-wait 120]
+[--per-client K] [--keepalive relay|in-process] [--grpc-proxy] [--leave member]
+[--lease-ttl 5] [--timeout 120] [--quiet-wait 120]
 [--json out.json] [--svg plot.svg] [--py-spy DIR] [--etcd-log DIR] [--etcd-pprof]
 [--etcd-cpus LIST] [--worker-cpus LIST]``. Exits 1 on a miss with ``--check``. The invariant
 checker (rendezvous/tools/checker.py) vets each run.

@@ -256,6 +256,10 @@ def test_scale_row_counts_only_when_the_simulation_kept_up():
     assert not ok and "NO 0.50/2.4" in text and "PASS (<=3)" in text  # fast, but not valid
     res["round2"]["keepalive"] = good
     assert sr.table([res])[1]
+    from bench import scale_plot as sp
+
+    res["round2"]["keepalive"] = starved  # an invalid row is no point of the curve
+    assert sp.series([res]) == {("round1", 1): [(1000, 0.5)]}
 
 
 def test_scale_fit_tells_linear_from_quadratic(tmp_path):
