@@ -5,7 +5,11 @@ Why: design.md L5 promises O(N) etcd writes and watch events per round; issue 14
 4096 on one member and on a 3-member cluster (where every write goes through raft). This runs the
 real EtcdRendezvousHandler code (no fakes): N handlers spread over P worker processes, each
 process sharing one EtcdClient among its handlers (one gRPC channel, one watch stream, one
-keep-alive thread per process), a caller thread per handler as an agent would have.
+keep-alive thread per process), a caller thread per handler as an agent would have. The
+keep-alives of a process's leases go, a batch per stream, through a relay process of its own
+(scale_keepalive.py: in-process, the handler threads starve them of the GIL), and each round's
+row counts only when the simulation kept up: no lease over 1.5 keep-alive intervals without an
+answer, none given up (the keep-alive rate achieved against the rate due is printed beside it).
 
 Per (cluster size, N), on a fresh etcd (LocalEtcd, fast raft timings, random ports):
 - round 1: every handler registers and joins at once (min = N-1, max = N, so the freeze comes
@@ -18,13 +22,16 @@ they share one clock. Writes are raft proposals applied (every Put/Txn/DeleteRan
 LeaseRevoke, failed-compare Txns included; keep-alives are not proposals in etcd 3.4), read from
 etcd's /metrics before and after the round (the most any member applied); watch events are
 ``etcd_debugging_mvcc_events_total`` (events delivered to watchers, one per watcher per event),
-summed over members and shown per member. Writes of round 1 include registration (lease grant +
-agent key per participant). CPU: etcd's from /proc (utime+stime, summed over members); the
-leader's (the node that froze the round) as its driver thread's and its whole process's.
+summed over members and shown per member; bytes are ``etcd_network_client_grpc_sent_bytes_total``
+(what the members sent their clients), beside the last round key's size (N watchers get it).
+Writes of round 1 include registration (lease grant + agent key per participant). CPU: etcd's
+from /proc (utime+stime, summed over members); the leader's (the node that froze the round) as
+its driver thread's and its whole process's.
 Figures and the commands that produced them: bench/results.md, 'Rendezvous at scale'.
 
 Usage: ``python -m bench.rendezvous_scale [--n 10,100,1000] [--members 1,3] [--procs 4]
-[--per-client K] [--leave member] [--lease-ttl 5] [--timeout 120] [--quiet-wait 120]
+[--per-client K] [--keepalive relay|in-process] [--grpc-proxy] [--leave member]
+[--lease-ttl 5] [--timeout 120] [--quiet-wait 120]
 [--json out.json] [--svg plot.svg] [--py-spy DIR] [--etcd-log DIR] [--etcd-pprof]
 [--etcd-cpus LIST] [--worker-cpus LIST]``. Exits 1 on a miss with ``--check``. The invariant
 checker (rendezvous/tools/checker.py) vets each run.
@@ -33,6 +40,7 @@ checker (rendezvous/tools/checker.py) vets each run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -44,6 +52,7 @@ import uuid
 from collections.abc import Callable
 
 from bench.scale_args import parse
+from bench.scale_keepalive import combine, keep_up
 from bench.scale_metrics import (
     check_infos,
     delta,
@@ -59,6 +68,7 @@ from bench.scale_metrics import (
 )
 from bench.scale_plot import fit_lines, write_svg
 from bench.scale_pool import Pool
+from bench.scale_proxy import GrpcProxy
 from bench.scale_report import busy_notes, details, table, target_lines
 
 
@@ -72,14 +82,19 @@ def run_one(n: int, members: int, procs: int, args: argparse.Namespace) -> dict:
     conf = {"last_call_timeout": 600, "join_timeout": args.timeout, "lease_ttl": args.lease_ttl}
     res: dict = {"n": n, "members": members, "procs": p, "counts": counts, "problems": []}
     res["arrive_over"], res["per_client"] = args.arrive_over, args.per_client
+    res["keepalive"] = args.keepalive
     pprof = ["--enable-pprof"] if args.etcd_pprof else []
-    with LocalEtcd(members, log_to=args.etcd_log, extra_args=pprof) as etcd:
+    with contextlib.ExitStack() as stack:
+        etcd = stack.enter_context(LocalEtcd(members, log_to=args.etcd_log, extra_args=pprof))
+        proxy = stack.enter_context(GrpcProxy(etcd.endpoint_list)) if args.grpc_proxy else None
+        res["grpc_proxy"] = proxy is not None
         urls = [f"http://{ep}/metrics" for ep in etcd.endpoint_list]
         if members > 1:  # every client prefers the first endpoint: is that the raft leader?
             res["preferred"] = 0
             res["etcd_leader"] = etcd.members.index(etcd.wait_leader())
         cfg = {
-            "endpoints": etcd.endpoints,
+            "endpoints": proxy.endpoint if proxy else etcd.endpoints,
+            "relay_endpoints": etcd.endpoints,  # scale_proxy.py: keep-alives pass the proxy by
             "run_id": run_id,
             "min_nodes": max(1, n - 1),
             "max_nodes": n,
@@ -87,12 +102,13 @@ def run_one(n: int, members: int, procs: int, args: argparse.Namespace) -> dict:
             "arrive_over": args.arrive_over,
             "per_client": args.per_client,
             "worker_cpus": args.worker_cpus,
+            "keepalive": args.keepalive,
         }
         res["etcd_cpus"], res["worker_cpus"] = args.etcd_cpus, args.worker_cpus
         if args.etcd_cpus:
             pin(etcd.pids, args.etcd_cpus)
         pool = Pool(counts, cfg)
-        snap = functools.partial(snapshot, urls, etcd.pids, pool.pids)
+        snap = functools.partial(snapshot, urls, etcd.pids, pool.pids, pool.relay_pids, proxy)
         spies: list[subprocess.Popen] = []
         try:
             pool.expect("ready", list(range(p)), 120)
@@ -102,7 +118,7 @@ def run_one(n: int, members: int, procs: int, args: argparse.Namespace) -> dict:
             r1, evs = join_round(pool, res, n, args, snap)
             if n >= 2 and not res["problems"]:
                 res["round2"] = leave_round(pool, evs, r1, n, args, snap)
-            check_run(pool, etcd.endpoints, cfg, res)
+            check_run(pool, cfg["endpoints"], cfg, res)
         except (TimeoutError, RuntimeError) as e:
             res["problems"].append(str(e))
         finally:
@@ -133,6 +149,7 @@ def join_round(
     participants' infos and the events seen so far.
     """
     every = list(range(res["procs"]))
+    ka0 = ka_reading(pool, every)
     m0 = snap()
     t_go = time.time()
     for i in every:
@@ -150,6 +167,7 @@ def join_round(
         )
     evs, res["warnings"] = collect(pool, every)
     d = delta(m0, m1)
+    ka = ka_since(pool, every, ka0, args.lease_ttl)
     res["round1"] = {
         "go_to_registered": since(t_go, last(evs, "session_opened")),
         "go_to_last_join": since(t_go, last(evs, "node_joined", 1)),
@@ -161,8 +179,27 @@ def join_round(
         **gc_pauses(done),
         **d,
         "leader": leader_cpu(evs, 1, {}, threads(pool, every), d["proc_cpu"], res["counts"]),
+        "keepalive": ka,
     }
     return r1, evs
+
+
+def ka_reading(pool: Pool, which: list[int]) -> dict:
+    """The workers' keep-alive counters now, combined (scale_keepalive.py)."""
+    for i in which:
+        pool.send(i, "keepalive")
+    return combine([got[0] for got in pool.expect("keepalive", which, 60).values()])
+
+
+def ka_since(pool: Pool, which: list[int], before: dict, ttl: int) -> dict:
+    """Whether the simulation kept up since ``before``: read again once at least two keep-alive
+    intervals have passed (a round can be shorter than one, and a rate over it is noise).
+    """
+    from etcdrun.rendezvous.client import RetryPolicy
+
+    interval = RetryPolicy().keepalive_interval(ttl)
+    time.sleep(max(0.0, before["t"] + 2 * interval - time.monotonic()))
+    return keep_up(before, ka_reading(pool, which), interval)
 
 
 def threads(pool: Pool, which: list[int]) -> dict[int, dict]:
@@ -182,9 +219,10 @@ def check_run(pool: Pool, endpoints: str, cfg: dict, res: dict) -> None:
     with EtcdClient(endpoints) as c:
         evs, res["warnings"] = collect(pool, every)
         accepted = [e for e in evs if e["event"] == "round_accepted"]
-        res["problems"] += checker.check_run(
-            c, RunKeys("/etcdrun", cfg["run_id"]), cfg["min_nodes"], res["n"], accepted
-        )
+        keys = RunKeys("/etcdrun", cfg["run_id"])
+        res["problems"] += checker.check_run(c, keys, cfg["min_nodes"], res["n"], accepted)
+        kv = c.get(keys.round)  # the last frozen round: what each of its N watchers received
+        res["round_bytes"] = len(kv.value) if kv is not None else None
     pool.send(0, "close")
     pool.expect("closed", [0], 30)
 
@@ -224,6 +262,7 @@ def leave_round(
         pool.send(i, "arm", leaving)
     pool.expect("armed", every, 60)
     th2 = threads(pool, every)
+    ka2 = ka_reading(pool, every)
     m2 = snap()
     pool.send(owner, "leave", leaving)
     t_leave, t_left, ok = pool.expect("left", [owner], 30)[owner]
@@ -232,6 +271,7 @@ def leave_round(
     r2 = [x for i in done for x in done[i][1]]
     evs, _ = collect(pool, every)
     d = delta(m2, m3)
+    ka = ka_since(pool, every, ka2, args.lease_ttl)
     counts = [len(xs) for _, xs in sorted(r1.items())]
     out = {
         "left": "leader" if leaving == leader else "member",
@@ -247,6 +287,7 @@ def leave_round(
         **d,
         "leader": leader_cpu(evs, 2, th2, threads(pool, every), d["proc_cpu"], counts),
         "problems": check_infos(r2, n - 1, 2),
+        "keepalive": ka,
     }
     if len(done) < len(every):
         out["problems"].append(

@@ -32,6 +32,13 @@ def _round_options(ap: argparse.ArgumentParser) -> None:
         "client per process)",
     )
     ap.add_argument(
+        "--keepalive",
+        choices=("relay", "in-process"),
+        default="relay",
+        help="who sends the simulated nodes' keep-alives: a relay process per worker (default), "
+        "or each worker's clients themselves, as a real agent does",
+    )
+    ap.add_argument(
         "--leave",
         choices=("member", "leader"),
         default="member",
@@ -71,6 +78,12 @@ def _machine_options(ap: argparse.ArgumentParser) -> None:
         metavar="LIST",
         help="pin the processes hosting the handlers to these CPUs, e.g. 1 (default: not pinned)",
     )
+    ap.add_argument(
+        "--grpc-proxy",
+        action="store_true",
+        help="put an `etcd grpc-proxy` (it coalesces identical watches) between the simulated "
+        "nodes and the members",
+    )
     ap.add_argument("--etcd-log", metavar="DIR", help="keep each etcd member's log in DIR")
     ap.add_argument(
         "--etcd-pprof",
@@ -106,6 +119,9 @@ def parse(
         or args.timeout <= 0
         or args.arrive_over < 0
     )
+    if args.grpc_proxy and args.keepalive != "relay":
+        print("--grpc-proxy needs --keepalive relay (scale_proxy.py says why)", file=sys.stderr)
+        return None
     if bad_counts or bad_numbers:
         print(
             f"bad arguments: --n {args.n!r} and --members {args.members!r} must list integers "

@@ -30,6 +30,8 @@ METRICS = {
     # that expired on the server (each takes its agent key and join record with it)
     "slow_applies": "etcd_server_slow_apply_total",
     "leases_expired": "etcd_debugging_server_lease_expired_total",
+    # keep-alives etcd renewed (the leader's count): beside what the keepers sent and got answered
+    "renewals": "etcd_debugging_lease_renewed_total",
 }
 
 
@@ -131,12 +133,22 @@ def wait_quiet_machine(max_wait: float, window: float = 2.0) -> tuple[float, flo
 SUMMED = ("ranges", "watch_events", "watch_msgs", "sent_bytes", "slow_applies")
 
 
-def snapshot(urls: list[str], etcd_pids: list[int], worker_pids: list[int]) -> dict:
+def snapshot(
+    urls: list[str],
+    etcd_pids: list[int],
+    worker_pids: list[int],
+    relay_pids: list[int] = (),  # type: ignore[assignment]
+    proxy=None,  # scale_proxy.GrpcProxy, when the clients talk to etcd through one
+) -> dict:
     """Every figure a round's delta is taken of: etcd's metrics over its members, CPU of etcd
-    (summed and per member), of each worker process, of the whole machine.
+    (summed and per member), of each worker process, of the keep-alive relays and the gRPC
+    proxy, of the whole machine; the proxy's bytes sent to the clients.
     """
     per = [scrape(u) for u in urls]
     return {
+        "relay_cpu": cpu_seconds(list(relay_pids)),
+        "proxy_cpu": cpu_seconds([proxy.pid]) if proxy is not None else 0.0,
+        "proxy_coalesced": proxy.coalesced() if proxy is not None else 0,
         **{k: (sum if k in SUMMED else max)(p[k] for p in per) for k in METRICS},
         "watch_events_by_member": [p["watch_events"] for p in per],
         "etcd_cpu": cpu_seconds(etcd_pids),
@@ -166,7 +178,8 @@ def _diff(k: str, a: object, b: object) -> object:
 
 def delta(a: dict, b: dict) -> dict:
     d = {k: _diff(k.replace("_by_member", ""), a[k], b[k]) for k in a}
-    d["other_cpu"] = round(d.pop("machine_cpu") - d["etcd_cpu"] - d["workers_cpu"], 2)
+    ours = d["etcd_cpu"] + d["workers_cpu"] + d["relay_cpu"] + d["proxy_cpu"]
+    d["other_cpu"] = round(d.pop("machine_cpu") - ours, 2)
     return d
 
 

@@ -2,10 +2,11 @@
 """The shape of bench/rendezvous_scale.py's curve: power-law fits of round time vs N, and a plot.
 
 Why: L5 (design.md) promises O(N) per round; a table of four N cannot show whether the cost grows
-as N or as N^2 on the way to 4096. The fit is least squares of log(time) on log(N) over N >= 100
-(below that a round is a few ms of fixed round trips, not per-node work), so the exponent b in
-time ~ a * N^b says it: 1 is linear, 2 quadratic. Each step's local exponent (between adjacent
-N) shows where it bends. The plot is hand-built SVG: no plotting library is a dependency.
+as N or as N^2 on the way to 4096 or 8192. The fit is least squares of log(time) on log(N) over
+N >= 100 (below that a round is a few ms of fixed round trips, not per-node work), so the
+exponent b in time ~ a * N^b says it: 1 is linear, 2 quadratic. Each step's local exponent
+(between adjacent N) shows where it bends. Only rounds whose simulation kept up are points.
+The plot is hand-built SVG: no plotting library is a dependency.
 
 Usage: ``python -m bench.scale_plot RESULTS.json [MORE.json ...] --svg bench/rendezvous_scale.svg``
 (the JSON of ``rendezvous_scale.py --json``; several files are merged, a later one winning for
@@ -26,12 +27,15 @@ W, H, LEFT, RIGHT, TOP, BOTTOM = 760, 460, 70, 230, 30, 50
 
 
 def series(results: list[dict]) -> dict[tuple[str, int], list[tuple[int, float]]]:
-    """(round, members) -> sorted (N, time) points that have a time."""
+    """(round, members) -> sorted (N, time) points that have a time, from rounds whose
+    simulation kept up (scale_keepalive.py; results from before that rule count).
+    """
     got: dict[tuple[str, int], dict[int, float]] = {}
     for res in results:
         for name in ROUNDS:
-            t = (res.get(name) or {}).get("time")
-            if t is not None and t > 0:
+            r = res.get(name) or {}
+            t, valid = r.get("time"), r.get("keepalive", {}).get("kept_up", True)
+            if t is not None and t > 0 and valid:
                 got.setdefault((name, res.get("members", 1)), {})[res["n"]] = t
     return {k: sorted(v.items()) for k, v in sorted(got.items())}
 

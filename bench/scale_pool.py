@@ -15,6 +15,7 @@ import os
 import threading
 import time
 
+from bench.scale_keepalive import LeaseClock, RelayPort, relay_main
 from bench.scale_metrics import thread_cpu
 
 EVENTS = (
@@ -74,10 +75,11 @@ def _info_tuple(info) -> tuple:
 
 class _Host:
     """One worker process: ``count`` handlers sharing one client (or one per ``per_client``),
-    obeying commands.
+    obeying commands. With a ``relay`` pipe, the clients' keep-alives go through the worker's
+    relay process (scale_keepalive.py says why).
     """
 
-    def __init__(self, conn: mpc.Connection, cfg: dict) -> None:
+    def __init__(self, conn: mpc.Connection, cfg: dict, relay: mpc.Connection | None) -> None:
         from etcdrun.rendezvous.api import RendezvousParameters
         from etcdrun.rendezvous.client import EtcdClient
         from etcdrun.rendezvous.etcd.handler import EtcdRendezvousHandler
@@ -93,9 +95,14 @@ class _Host:
         # channel with one watch stream, and etcd gives a watch stream one 128-slot buffer
         # whatever its watcher count (a real agent has 2-3 watches on its stream)
         per = cfg.get("per_client") or cfg["count"]
-        self.clients = [EtcdClient(cfg["endpoints"]) for _ in range(-(-cfg["count"] // per))]
+        self.relay = RelayPort(relay) if relay is not None else None
+        self.clients = [
+            EtcdClient(cfg["endpoints"], keepalive_relay=self.relay)
+            for _ in range(-(-cfg["count"] // per))
+        ]
         for c in self.clients:
             c.status()  # open the channel before any clock starts, as a running agent has
+        self.clock = LeaseClock(self.clients)
         params = RendezvousParameters(
             "etcd",
             cfg["endpoints"],
@@ -175,6 +182,9 @@ class _Host:
             h.shutdown()
         for c in self.clients:
             c.close()
+        self.clock.stop()
+        if self.relay is not None:
+            self.relay.close()
         end = time.monotonic() + 3.0
         while True:
             extra = [
@@ -197,6 +207,8 @@ class _Host:
             self.leave(arg[0])
         elif cmd == "threads":
             self.send("threads", thread_cpu())
+        elif cmd == "keepalive":
+            self.send("keepalive", self.clock.reading())
         elif cmd == "events":
             self.send("events", list(self.seen), self.tally.count, self.tally.first)
         elif cmd == "close":
@@ -208,11 +220,11 @@ class _Host:
         return True
 
 
-def worker(conn: mpc.Connection, cfg: dict) -> None:
+def worker(conn: mpc.Connection, cfg: dict, relay: mpc.Connection | None = None) -> None:
     """Host ``cfg['count']`` handlers sharing one client; obey the main process's commands."""
     if cfg.get("worker_cpus"):  # before any thread starts: they inherit it
         os.sched_setaffinity(0, cfg["worker_cpus"])
-    host = _Host(conn, cfg)
+    host = _Host(conn, cfg, relay)
     try:
         host.send("ready", os.getpid())
         while True:
@@ -228,17 +240,32 @@ class Pool:
 
     def __init__(self, counts: list[int], cfg: dict) -> None:
         ctx = mp.get_context("spawn")  # never fork a process that may hold a gRPC channel
-        self.conns, self.procs = [], []
+        self.conns, self.procs, self.relays = [], [], []
         for i, c in enumerate(counts):
             parent, child = ctx.Pipe()
             mine = {**cfg, "count": c, "phase": i / len(counts)}
-            p = ctx.Process(target=worker, args=(child, mine), daemon=True)
+            relay = self._relay(ctx, cfg) if cfg.get("keepalive") == "relay" else None
+            p = ctx.Process(target=worker, args=(child, mine, relay), daemon=True)
             p.start()
             child.close()
+            if relay is not None:
+                relay.close()
             self.conns.append(parent)
             self.procs.append(p)
         self.pids = [p.pid for p in self.procs]
+        self.relay_pids = [p.pid for p in self.relays]
         self.inbox: list[list[tuple]] = [[] for _ in self.procs]
+
+    def _relay(self, ctx, cfg: dict) -> mpc.Connection:
+        """Start a worker's keep-alive relay (pinned with the workers); its pipe's worker end."""
+        worker_end, relay_end = ctx.Pipe()
+        p = ctx.Process(target=relay_main, args=(relay_end, cfg["relay_endpoints"]), daemon=True)
+        p.start()
+        relay_end.close()
+        if cfg.get("worker_cpus"):
+            os.sched_setaffinity(p.pid, cfg["worker_cpus"])
+        self.relays.append(p)
+        return worker_end
 
     def send(self, i: int, *msg: object) -> None:
         self.conns[i].send(msg)
@@ -289,7 +316,7 @@ class Pool:
                 extra += [f"worker {i}: {n}" for n in names]
         except (TimeoutError, RuntimeError, OSError) as e:
             extra.append(f"stop: {e}")
-        for p in self.procs:
+        for p in self.procs + self.relays:  # a relay ends when its worker closes the pipe
             p.join(timeout=5)
             if p.is_alive():
                 p.kill()

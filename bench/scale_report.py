@@ -9,6 +9,7 @@ round's own start/freeze/run lease, not anything per node).
 
 from __future__ import annotations
 
+from bench.scale_keepalive import GAP_INTERVALS, kept_up_text
 from bench.scale_metrics import QUIET_BUSY
 
 # (N, etcd members) -> (seconds, the rounds it applies to)
@@ -27,10 +28,12 @@ HEADER = (
     "time s",
     "writes/N",
     "ev/N",
+    "MB sent",
     "etcd CPU s",
     "leader CPU s",
     "time",
     f"writes<={WRITES_PER_N}N+{WRITES_CONST}",
+    "kept up",
 )
 
 
@@ -75,7 +78,7 @@ def table_row(res: dict, name: str) -> tuple[tuple[str, ...], bool] | None:
         return None  # nobody can leave a round of one
     head = (str(n), str(m), str(res["procs"]))
     if r is None:
-        return (*head, name, *["-"] * 5, "MISS (not run)", "MISS"), False
+        return (*head, name, *["-"] * 6, "MISS (not run)", "MISS", "-"), False
     w = res.get("arrive_over") or 0
     join = f"1: join over {w:g}s" if w else "1: all join"
     label = join if name == "round1" else f"2: {r['left']} left"
@@ -86,12 +89,19 @@ def table_row(res: dict, name: str) -> tuple[tuple[str, ...], bool] | None:
         _f(r.get("time")),
         f"{r['writes'] / n:.3f}",
         f"{r['watch_events'] / n:.2f}",
+        _mb(r.get("sent_bytes")),
         _f(r.get("etcd_cpu"), 2),
         leader_cpu_text(r),
         tv,
         wv,
+        kept_up_text(r.get("keepalive")),
     )
-    return row, "MISS" not in tv and wv == "PASS"
+    valid = r.get("keepalive", {}).get("kept_up", True)  # older results have no figures
+    return row, "MISS" not in tv and wv == "PASS" and valid
+
+
+def _mb(v: float | None) -> str:
+    return "-" if v is None else f"{v / 1e6:.1f}"
 
 
 def table(results: list[dict]) -> tuple[str, bool]:
@@ -113,15 +123,32 @@ OPS = (
     "writes {writes}, revisions {revisions}, puts {puts}, deletes {deletes}, ranges {ranges}, "
     "watch events {watch_events} (by member {watch_events_by_member}), watch msgs {watch_msgs}, "
     "etcd sent {sent_bytes} B, slow applies {slow_applies}, leases expired {leases_expired}"
-    "\n    CPU s: etcd {etcd_cpu} (by member {etcd_cpu_by_member}), "
-    "workers {workers_cpu}, other programs {other_cpu} in {t} s wall; GC pauses {gc_s} s ({gc2} "
+    "\n    CPU s: etcd {etcd_cpu} (by member {etcd_cpu_by_member}), workers {workers_cpu}, "
+    "keep-alive relays {relay_cpu}, grpc-proxy {proxy_cpu} (events coalesced {proxy_coalesced}), "
+    "other programs {other_cpu} in {t} s wall; GC pauses {gc_s} s ({gc2} "
     "gen-2); sessions opened {opened}, lost {lost} {lost_why}"
 )
 
 
 def _ops(r: dict) -> str:
     # results from before lost_why (or the slow applies) have none
-    return OPS.format(**{"lost_why": "", "slow_applies": "?", "leases_expired": "?", **r})
+    older = {"lost_why": "", "slow_applies": "?", "leases_expired": "?", "relay_cpu": "?"}
+    older |= {"proxy_cpu": "?", "proxy_coalesced": "?"}
+    return OPS.format(**{**older, **r})
+
+
+def _keepalive_line(r: dict) -> str:
+    ka = r.get("keepalive")
+    if not ka:
+        return "    keep-alives: no figures"
+    return (
+        f"    keep-alives over {ka['window_s']} s: due {ka['due']} ({ka['due_per_s']}/s), sent "
+        f"{ka['sent']} ({ka['sent_per_s']}/s) in {ka['ticks']} ticks, answered {ka['acked']} "
+        f"({ka['acked_per_s']}/s), etcd renewed {r.get('renewals', '?')} in the round; latest "
+        f"tick {ka['late_max']} s late, longest gap {ka['gap_max']} intervals, "
+        f"{ka.get('lapsed', 0)} lapsed: kept up "
+        f"{kept_up_text(ka)}"
+    )
 
 
 def _leader_line(r: dict) -> str:
@@ -139,6 +166,8 @@ def _leader_line(r: dict) -> str:
 def details(res: dict) -> str:
     r1, r2 = res.get("round1", {}), res.get("round2", {})
     out = [f"N={res['n']} on {res.get('members', 1)} etcd member(s), {res['procs']} processes"]
+    out[0] += f", keep-alives {res.get('keepalive', 'in-process')}"
+    out[0] += ", through an etcd grpc-proxy" if res.get("grpc_proxy") else ""
     if res.get("arrive_over"):
         out[0] += f", arrivals spread over {res['arrive_over']:g} s"
     if "busy_before" in res:
@@ -154,6 +183,7 @@ def details(res: dict) -> str:
             f"{_f(r1['go_to_last_join'])}s, last join->frozen {_f(r1['join_to_frozen'])}s, "
             f"go->all accepted {_f(r1['go_to_all'])}s",
             f"    frozen->last accepted, per process: {r1['fanout']} s; " + _ops(r1),
+            _keepalive_line(r1),
             _leader_line(r1),
         ]
     if r2:
@@ -162,8 +192,16 @@ def details(res: dict) -> str:
             f"leave->round started {_f(r2['leave_to_started'])}s, ->last join "
             f"{_f(r2['leave_to_last_join'])}s, ->frozen {_f(r2['leave_to_frozen'])}s",
             f"    frozen->last accepted, per process: {r2['fanout']} s; " + _ops(r2),
+            _keepalive_line(r2),
             _leader_line(r2),
         ]
+    if res.get("round_bytes") and r1.get("sent_bytes") is not None:
+        n, v = res["n"], res["round_bytes"]
+        out.append(
+            f"  round key value {v} B (the last frozen round); etcd sent per participant: "
+            f"round 1 {r1['sent_bytes'] / n:.0f} B, round 2 {r2.get('sent_bytes', 0) / n:.0f} B; "
+            f"N x value {n * v / 1e6:.1f} MB"
+        )
     for p in res["problems"] + r2.get("problems", []):
         out.append(f"  PROBLEM: {p}")
     for w, info in res.get("warnings", {}).items():
@@ -201,5 +239,8 @@ def target_lines() -> list[str]:
     return [
         "time targets: " + "; ".join(out) + " (round 1: last join -> all accepted; round 2: "
         "leave -> all survivors accepted). writes: raft proposals. leader CPU: its driver "
-        "thread / its whole process."
+        "thread / its whole process.",
+        "kept up (a row counts only then; shown: keep-alives answered/due, the longest gap in "
+        f"intervals): over the round and at least two keep-alive intervals, no lease over "
+        f"{GAP_INTERVALS:g} intervals without an answer, none given up.",
     ]

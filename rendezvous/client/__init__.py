@@ -32,6 +32,7 @@ _WHERE = {
     "EtcdPermissionError": "errors",
     "EtcdRequestError": "errors",
     "EtcdTokenExpiredError": "errors",
+    "KeepAliveStats": "lease",
     "Lease": "lease",
     "RetryPolicy": "policy",
     "Watch": "watch",

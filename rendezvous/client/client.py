@@ -20,7 +20,7 @@ from typing import NamedTuple
 from etcdrun.proto import etcd_api_pb2 as pb
 from etcdrun.rendezvous.client import txn as t
 from etcdrun.rendezvous.client.config import ClientConfig
-from etcdrun.rendezvous.client.lease import Lease, LeaseKeeper
+from etcdrun.rendezvous.client.lease import KeepAliveRelay, KeepAliveStats, Lease, LeaseKeeper
 from etcdrun.rendezvous.client.policy import RetryPolicy
 from etcdrun.rendezvous.client.transport import Transport
 from etcdrun.rendezvous.client.watch import Watch, WatchBatch, WatchManager
@@ -44,7 +44,13 @@ class TxnResult(NamedTuple):
 class EtcdClient:
     """A thread-safe client for one etcd cluster (any number of endpoints)."""
 
-    def __init__(self, endpoints: str | Sequence[str] | ClientConfig, **kw) -> None:
+    def __init__(
+        self,
+        endpoints: str | Sequence[str] | ClientConfig,
+        *,
+        keepalive_relay: KeepAliveRelay | None = None,
+        **kw,
+    ) -> None:
         config = (
             endpoints
             if isinstance(endpoints, ClientConfig)
@@ -52,7 +58,7 @@ class EtcdClient:
         )
         self.config = config
         self._t = Transport(config)
-        self._leases = LeaseKeeper(self._t)
+        self._leases = LeaseKeeper(self._t, keepalive_relay)
         self._watches = WatchManager(self._t)
         self._pid = os.getpid()
 
@@ -159,6 +165,10 @@ class EtcdClient:
 
     def lease_ttl(self, lease: int | Lease) -> pb.LeaseTimeToLiveResponse:
         return self._t.call("LeaseTimeToLive", pb.LeaseTimeToLiveRequest(ID=_lid(lease)))
+
+    def keepalive_stats(self, reset: bool = False) -> KeepAliveStats:
+        """This client's keep-alive counters (``reset``: start a new window for the maxima)."""
+        return self._leases.stats(reset)
 
     def leases(self) -> list[int]:
         """IDs of every lease on the server (all clients)."""

@@ -28,6 +28,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 import grpc
 
@@ -192,16 +193,92 @@ class Lease:
         return f"Lease(id={self.id:x}, ttl={self.ttl}, lost={self.lost.is_set()})"
 
 
-class LeaseKeeper:
-    """Keeps every lease of one client alive from a single daemon thread (started lazily)."""
+class KeepAliveStats(NamedTuple):
+    """What one client's keeper has done so far. Why: a client keeping many leases (the scale
+    bench's simulated nodes) must show it kept up before its figures count; ``late_max`` says how
+    far behind it ran, ``sent`` against the leases' due rate how often it renewed.
+    """
 
-    def __init__(self, transport: Transport) -> None:
+    leases: int  # kept alive now
+    sent: int  # keep-alive requests sent
+    acked: int  # answered with TTL > 0
+    ticks: int  # keep-alive streams opened
+    late_max: float  # most seconds a tick started after its first lease was due (since reset)
+    # most time between two answered keep-alives of one lease, in its keep-alive intervals
+    # (since reset); and since the last answer, the most among the leases kept now
+    gap_max: float
+    stale_max: float
+    lapsed: int  # leases given up for want of an answer (etcd could have expired them)
+
+
+def send_keepalives(
+    transport: Transport, ids: list[int], index: int, timeout: float, acked: dict[int, int]
+) -> None:
+    """One keep-alive stream on endpoint ``index``: a request per lease id, their answers (TTL)
+    into ``acked`` as they come; raises grpc.RpcError when the stream fails (``acked`` keeps
+    what came before).
+    """
+    call = transport.stream(
+        "LeaseKeepAlive",
+        iter([pb.LeaseKeepAliveRequest(ID=i) for i in ids]),
+        index,
+        timeout=timeout,
+    )
+    for resp in call:
+        acked[resp.ID] = resp.TTL
+        if len(acked) == len(ids):
+            call.cancel()
+            break
+
+
+KeepAliveRelay = Callable[[list[int], float], dict[int, int]]
+"""``relay(lease_ids, timeout)``: send one keep-alive per id, return ``{id: TTL}`` for those
+etcd answered within ``timeout`` seconds (raise or leave out the rest). Why a port: many
+simulated nodes in one Python process (bench/rendezvous_scale.py) starve their keeper's
+per-message gRPC work of the GIL; a relay in a process of its own sends their keep-alives, at
+two pipe messages a batch here. The keeper still decides every lease's fate (fencing: ``sent``
+is taken here, before the relay's request can reach etcd), so its owner's contract is unchanged.
+"""
+
+
+class LeaseKeeper:
+    """Keeps every lease of one client alive from a single daemon thread (started lazily).
+    A tick sends every lease due within the policy's batch window on one stream (or one
+    ``relay`` call).
+    """
+
+    def __init__(self, transport: Transport, relay: KeepAliveRelay | None = None) -> None:
         self._t = transport
+        self._relay = relay
         self._leases: dict[int, Lease] = {}
         self._stale: set[int] = set()  # presumed lost, to revoke when etcd answers again
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self._sent = self._acked = self._ticks = self._lapsed = 0
+        self._late_max = self._gap_max = 0.0
+
+    def stats(self, reset: bool = False) -> KeepAliveStats:
+        """The counters so far; ``reset`` starts a new window for the two maxima."""
+        with self._cv:
+            now = time.monotonic()
+            stale = max(
+                ((now - ls._acked_sent_at) / ls._interval for ls in self._leases.values()),
+                default=0.0,
+            )
+            out = KeepAliveStats(
+                len(self._leases),
+                self._sent,
+                self._acked,
+                self._ticks,
+                self._late_max,
+                self._gap_max,
+                stale,
+                self._lapsed,
+            )
+            if reset:
+                self._late_max = self._gap_max = 0.0
+        return out
 
     def grant(self, ttl: int, keepalive: bool = True) -> Lease:
         sent = time.monotonic()
@@ -289,13 +366,25 @@ class LeaseKeeper:
                     self._cv.wait()
                 if self._stopping:
                     return
-                now = time.monotonic()
-                due = [ls for ls in self._leases.values() if ls._next_at <= now]
+                due, wait = self._pick(time.monotonic())
                 if not due:
-                    wake = min(ls._next_at for ls in self._leases.values())
-                    self._cv.wait(timeout=max(0.0, wake - now))
+                    self._cv.wait(timeout=wait)
                     continue
             self._tick(due)
+
+    def _pick(self, now: float) -> tuple[list[Lease], float]:
+        """The leases to renew now — once the first is due, every one due within the batch
+        window goes along — or none and how long to wait. The caller holds the lock.
+        """
+        first = min(ls._next_at for ls in self._leases.values())
+        if first > now:
+            return [], first - now
+        window = self._t.policy.keepalive_batch_window
+        due = [ls for ls in self._leases.values() if ls._next_at <= now + window(ls.ttl)]
+        self._late_max = max(self._late_max, now - first)
+        self._ticks += 1
+        self._sent += len(due)
+        return due, 0.0
 
     def _tick(self, due: list[Lease]) -> None:
         idx = self._t.preferred()
@@ -304,8 +393,11 @@ class LeaseKeeper:
         timeout = self._t.policy.keepalive_timeout(min(ls.ttl for ls in due), until_lost)
         acked: dict[int, int] = {}
         try:
-            with GATE.call():  # a fork waits for the tick (bounded by its timeout)
-                self._exchange(due, idx, timeout, acked)
+            if self._relay is not None:
+                acked.update(self._relay([ls.id for ls in due], timeout))
+            else:
+                with GATE.call():  # a fork waits for the tick (bounded by its timeout)
+                    send_keepalives(self._t, [ls.id for ls in due], idx, timeout, acked)
         except grpc.RpcError as e:
             if e.code() != grpc.StatusCode.CANCELLED or len(acked) < len(due):
                 self._t.on_stream_error(e, idx)
@@ -313,20 +405,6 @@ class LeaseKeeper:
         except Exception as e:  # closed channel, fork, ...
             log.debug("lease keep-alive failed: %r", e)
         self._settle(due, acked, sent)
-
-    def _exchange(self, due: list[Lease], idx: int, timeout: float, acked: dict[int, int]) -> None:
-        """One keep-alive stream: a request per due lease, their answers into ``acked``."""
-        call = self._t.stream(
-            "LeaseKeepAlive",
-            iter([pb.LeaseKeepAliveRequest(ID=ls.id) for ls in due]),
-            idx,
-            timeout=timeout,
-        )
-        for resp in call:
-            acked[resp.ID] = resp.TTL
-            if len(acked) == len(due):
-                call.cancel()
-                break
 
     def _settle(self, due: list[Lease], acked: dict[int, int], sent: float) -> None:
         """Book one tick's answers: refreshed, expired on the server, presumed lost, or retry."""
@@ -339,6 +417,8 @@ class LeaseKeeper:
                 self.forget(ls)
                 ls._mark_lost("expired on the server")
             elif ttl is not None:
+                self._acked += 1  # the keeper thread alone writes these counters
+                self._gap_max = max(self._gap_max, (sent - ls._acked_sent_at) / ls._interval)
                 ls._acked_sent_at = sent
                 ls.keepalives += 1
                 ls._failures = 0
@@ -349,6 +429,7 @@ class LeaseKeeper:
                 ls._run_callbacks(ls._refreshed)
             elif now >= ls.expires_no_earlier_than:
                 self.forget(ls)
+                self._lapsed += 1
                 ls._presumed = True  # etcd may still hold it: revoke() defers to revoke_later
                 ls._mark_lost(f"no keep-alive acknowledged for {now - (ls._acked_sent_at):.1f}s")
             else:

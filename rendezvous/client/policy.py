@@ -105,6 +105,14 @@ class RetryPolicy:
         """A lease is refreshed every TTL/3: two ticks may fail before it is in danger."""
         return ttl / 3.0
 
+    def keepalive_batch_window(self, ttl: float) -> float:
+        """When a tick is due, leases due within this much later go along on the same stream
+        (refreshed early, never late): a client keeping many leases (bench/rendezvous_scale.py's
+        simulated nodes) then sends a few batches per interval instead of a stream per lease,
+        and in-process contention for the GIL is paid per batch.
+        """
+        return self.keepalive_interval(ttl) / 4.0
+
     def keepalive_timeout(self, ttl: float, until_presumed_lost: float) -> float:
         """One keep-alive tick never outlasts the moment its lease must be presumed lost: the
         check after it has to happen on time, or fencing eats into the margin it exists for.

@@ -222,6 +222,46 @@ def test_scale_targets_per_cluster_size_and_round():
     assert not ok and "MISS (>2)" in text
 
 
+def test_scale_row_counts_only_when_the_simulation_kept_up():
+    """The validity rule (bench/scale_keepalive.py): a lease unanswered for more than 1.5 of
+    its intervals, or given up, makes the round's row invalid, and the run not ok."""
+    from bench import scale_keepalive as ka
+    from bench import scale_report as sr
+
+    def reading(t, lease_s, sent, acked, gap=1.0, stale=0.5, lapsed=0):
+        return {"t": t, "lease_seconds": lease_s, "leases": 100, "sent": sent, "acked": acked} | {
+            "ticks": 4,
+            "late_max": 0.01,
+            "gap_max": gap,
+            "stale_max": stale,
+            "lapsed": lapsed,
+        }
+
+    a = ka.combine([reading(10.0, 0.0, 0, 0), reading(10.2, 0.0, 0, 0)])
+    assert a["t"] == 10.2 and a["leases"] == 200
+    good = ka.keep_up(a, reading(20.2, 1000.0, 598, 597), 5 / 3)
+    assert good["due"] == 600 and good["acked_per_s"] == 59.7 and good["kept_up"]
+    assert ka.kept_up_text(good) == "yes 0.99/1.0"
+    for bad in (
+        reading(20.2, 1000.0, 598, 597, gap=1.6),  # one answer came 1.6 intervals after the last
+        reading(20.2, 1000.0, 598, 597, stale=1.7),  # one lease unanswered for 1.7 intervals now
+        reading(20.2, 1000.0, 598, 590, lapsed=1),  # one given up
+    ):
+        assert not ka.keep_up(a, bad, 5 / 3)["kept_up"]
+    starved = ka.keep_up(a, reading(20.2, 1000.0, 598, 300, gap=2.4), 5 / 3)
+    assert ka.kept_up_text(starved) == "NO 0.50/2.4"
+    res = _scale_res(1000, 1, 0.5, 3010)
+    res["round2"]["keepalive"] = starved
+    text, ok = sr.table([res])
+    assert not ok and "NO 0.50/2.4" in text and "PASS (<=3)" in text  # fast, but not valid
+    res["round2"]["keepalive"] = good
+    assert sr.table([res])[1]
+    from bench import scale_plot as sp
+
+    res["round2"]["keepalive"] = starved  # an invalid row is no point of the curve
+    assert sp.series([res]) == {("round1", 1): [(1000, 0.5)]}
+
+
 def test_scale_fit_tells_linear_from_quadratic(tmp_path):
     from bench import scale_plot as sp
 
@@ -249,7 +289,7 @@ def test_rendezvous_scale_small_real_run(etcd_bin, tmp_path):
 
     out = tmp_path / "scale.json"
     cmd = [sys.executable, "-m", "bench.rendezvous_scale", "--n", "6", "--members", "1,3"]
-    cmd += ["--procs", "2", "--per-client", "2", "--timeout", "30"]
+    cmd += ["--procs", "2", "--per-client", "2", "--timeout", "30", "--quiet-wait", "0"]
     cmd += ["--etcd-cpus", "0", "--worker-cpus", "0"]  # both on one CPU: every machine has it
     cmd += ["--json", str(out), "--svg", str(tmp_path / "s.svg")]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=110, cwd=ROOT)
@@ -262,6 +302,9 @@ def test_rendezvous_scale_small_real_run(etcd_bin, tmp_path):
         r1 = r["round1"]
         assert 3 * 6 <= r1["writes"] <= 3 * 6 + 10 and r1["watch_events"] >= 6
         assert r1["slow_applies"] >= 0 and r1["leases_expired"] == 0  # scraped, and calm
+        for k in (r1["keepalive"], r["round2"]["keepalive"]):  # the relay's keep-alives came
+            assert k["window_s"] >= 2 * k["interval_s"] - 0.01  # both rounded
+            assert k["acked"] > 0 and k["lapsed"] == 0
         assert len(r1["watch_events_by_member"]) == len(r1["etcd_cpu_by_member"]) == r["members"]
         assert r1["leader"]["worker"] in (0, 1) and r1["leader"]["thread_cpu"] is not None
         assert r["round2"]["leader"]["node"] == r1["leader"]["node"]  # a member left
