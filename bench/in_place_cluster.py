@@ -12,7 +12,9 @@ Settings, each side as its users would set it:
   as shipped (heartbeat timeout 5000 ms, join timeout 60000 ms) and its Manager's 60 s timeout;
 - tuned: etcdrun ``lease_ttl=2,last_call_timeout=1``; torchrun bench/launchers.py's best;
   torchft heartbeat timeout 2000 ms (the lease), join timeout 1000 ms (the last call) and a 2 s
-  Manager and process-group timeout (what notices a frozen peer, as the lease does here).
+  Manager and process-group timeout (what notices a frozen peer, as the lease does here);
+- tuned-hb (kill -9 only): torchft tuned but its join timeout at its default, so that the
+  table shows which of its two timers its tuned recovery comes from.
 """
 
 from __future__ import annotations
@@ -52,6 +54,9 @@ class TorchftSetting:
 TORCHFT = {
     "default": TorchftSetting(5000, 60000, 60.0),
     "tuned": TorchftSetting(2000, 1000, 2.0),
+    # only the lease's counterpart tuned: without the 1 s join timeout, torchft waits for the
+    # dead replica's heartbeat to time out, as etcdrun waits for its lease
+    "tuned-hb": TorchftSetting(2000, 60000, 2.0),
 }
 
 
@@ -68,6 +73,13 @@ class Column:
 
 
 def columns(setting: str) -> list[Column]:
+    """The columns of a setting; ``tuned-hb`` is torchft alone, its join timeout at default."""
+    if setting == "tuned-hb":
+        return [
+            Column(
+                "torchft", "torchft 0.2.0, join timeout at default", "torchft", ft=TORCHFT[setting]
+            )
+        ]
     tuned = setting == "tuned"
     er = LAUNCHERS["etcdrun-tuned" if tuned else "etcdrun"]
     tr = LAUNCHERS["c10d-tuned" if tuned else "c10d"]

@@ -38,6 +38,7 @@ HERE = Path(__file__).resolve().parent
 PLAN = (
     ("kill", "default"),
     ("kill", "tuned"),
+    ("kill", "tuned-hb"),
     ("sigstop", "tuned"),
     ("scale", "tuned"),
     ("rank0", "tuned"),
@@ -104,7 +105,7 @@ def _event(cl, scenario: str, n0: int) -> tuple[float, list[str], int, str]:
 
 def trial(ctx: Ctx, col, scenario: str, name: str) -> dict:
     from bench.in_place_cluster import Cluster
-    from bench.step_metrics import measure, resumed
+    from bench.step_metrics import measure, newcomer_start, resumed
 
     n0 = 3 if scenario == "scale" else 4
     with Cluster(ctx, col, name) as cl:
@@ -123,11 +124,12 @@ def trial(ctx: Ctx, col, scenario: str, name: str) -> dict:
             )
         except Failed as f:
             raise Failed(f.outcome, f"{who}: {f.note}") from None
-        return {
-            "outcome": "ok",
-            "note": who,
-            **measure(cl.records(), survivors, t, world).to_json(),
-        }
+        recs = cl.records()
+        m = measure(recs, survivors, t, world)
+        extra = {}
+        if scenario == "scale":  # where the stall goes
+            extra = newcomer_start(recs, cl.nodes[-1].name, t, t + m.recovery_s - m.pause_s)
+        return {"outcome": "ok", "note": who, **m.to_json(), **extra}
 
 
 def _run_trial(ctx: Ctx, col, scenario: str, name: str) -> dict:

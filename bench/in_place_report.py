@@ -15,6 +15,11 @@ SCENARIOS = {
     "scale": "scale-up 3 -> 4 (a newcomer starts)",
     "rank0": "kill -9 of the rank-0 node, 4 -> 3",
 }
+SETTINGS = {
+    "default": "defaults",
+    "tuned": "tuned",
+    "tuned-hb": "tuned, torchft's join timeout at its default",
+}
 TARGET_RECOVERY_S = 2.3  # in place, kill -9 at lease_ttl 2: the lease's expiry + 0.3 s
 TARGET_WORK_LOST = 1
 TARGET_SCALE_PAUSE_S = 0.3  # plus the state transfer
@@ -58,7 +63,7 @@ def table(res: dict, scenario: str, setting: str) -> list[str]:
     if not rows:
         return []
     out = [
-        f"#### {SCENARIOS[scenario]}, {setting}",
+        f"#### {SCENARIOS[scenario]}, {SETTINGS[setting]}",
         "",
         "| column | recovery (s) | pause (s) | work lost (steps) | checkpoint read | ok | "
         "other trials |",
@@ -97,16 +102,17 @@ def targets(res: dict) -> list[tuple[str, str, str]]:
     s = find(res, "scale", "tuned", "etcdrun-inplace")
     if s is not None:
         rows.append(_scale_target(s))
-    for setting in ("default", "tuned"):
+    for setting, ft_setting in (("default", "default"), ("tuned", "tuned"), ("tuned", "tuned-hb")):
         ours = find(res, "kill", setting, "etcdrun-inplace")
-        ft = find(res, "kill", setting, "torchft")
+        ft = find(res, "kill", ft_setting, "torchft")
         if ours is None or ft is None:
             continue
         a, b = median(ours, "recovery_s"), median(ft, "recovery_s")
         ok = None if a is None else (b is None or a < b)
         rows.append(
             (
-                f"ahead of torchft on recovery, kill -9, each at its {setting}s",
+                f"ahead of torchft on recovery, kill -9: etcdrun {SETTINGS[setting]}, "
+                f"torchft {SETTINGS[ft_setting]}",
                 _verdict(ok),
                 f"in place {cell(ours, 'recovery_s')} s, torchft {cell(ft, 'recovery_s')} s"
                 + (f" ({failures(ft)})" if b is None else ""),
@@ -122,11 +128,18 @@ def _scale_target(s: dict) -> tuple[str, str, str]:
     rate = f"{statistics.median(mb):.1f} MB/s" if mb else "no transfer seen"
     size = median(s, "sync_bytes")
     ok = None if pause is None else pause <= TARGET_SCALE_PAUSE_S + sync_s
+    why = ""
+    if median(s, "newcomer_to_sync_s") is not None:
+        why = (
+            f"; in the stall, the newcomer's script started after "
+            f"{cell(s, 'newcomer_start_s')} s and reached the sync "
+            f"{cell(s, 'newcomer_to_sync_s')} s later"
+        )
     return (
         f"scale-up pause ≤ {TARGET_SCALE_PAUSE_S} s + the state transfer",
         _verdict(ok),
         f"pause {cell(s, 'pause_s')} s; transfer {sync_s:.3f} s of "
-        f"{(size or 0) / 1e6:.2f} MB, {rate}",
+        f"{(size or 0) / 1e6:.2f} MB, {rate}{why}",
     )
 
 
@@ -139,7 +152,7 @@ def markdown(res: dict) -> str:
         "",
     ]
     for scenario in SCENARIOS:
-        for setting in ("default", "tuned"):
+        for setting in SETTINGS:
             out += table(res, scenario, setting)
     out += ["#### Targets", "", "| target | verdict | measured |", "|---|---|---|"]
     out += [f"| {t} | {v} | {m} |" for t, v, m in targets(res)]

@@ -301,7 +301,7 @@ def test_step_metrics_in_place_kill_and_restart_from_a_checkpoint():
 
 
 def test_step_metrics_scale_up_pause_is_the_stall_not_the_newcomers_start():
-    from bench.step_metrics import measure
+    from bench.step_metrics import measure, newcomer_start
 
     # survivors train on in a world of 3 until t=4.0 while the newcomer starts (event t=1.0)
     recs = _log("a", range(1, 41), 3, 0.1) + _log("a", range(41, 45), 4, 4.25)
@@ -310,6 +310,9 @@ def test_step_metrics_scale_up_pause_is_the_stall_not_the_newcomers_start():
     assert m.pause_s == pytest.approx(4.25 - 4.0)
     assert m.recovery_s == pytest.approx(3.25)
     assert m.work_lost == 0 and m.sync_mb_s == pytest.approx(100.0)
+    recs.append({"k": "start", "node": "n", "pid": 9, "t": 4.05})  # handed the round
+    got = newcomer_start(sorted(recs, key=lambda r: r["t"]), "n", 1.0, 4.0)
+    assert got == {"newcomer_start_s": 0.05, "newcomer_to_sync_s": 0.15}
 
 
 def _series(scenario, setting, column, trials):
