@@ -130,10 +130,15 @@ def _scale_target(s: dict) -> tuple[str, str, str]:
     ok = None if pause is None else pause <= TARGET_SCALE_PAUSE_S + sync_s
     why = ""
     if median(s, "newcomer_to_sync_s") is not None:
+        steps = [
+            f"{what} {cell(s, f'newcomer_to_{key}_s')} s"
+            for key, what in (("group", "process group up"), ("wrapped", "DDP built"))
+            if median(s, f"newcomer_to_{key}_s") is not None
+        ]
         why = (
             f"; in the stall, the newcomer's script started after "
-            f"{cell(s, 'newcomer_start_s')} s and reached the sync "
-            f"{cell(s, 'newcomer_to_sync_s')} s later"
+            f"{cell(s, 'newcomer_start_s')} s; from there: "
+            + ", ".join([*steps, f"state received {cell(s, 'newcomer_to_sync_s')} s"])
         )
     return (
         f"scale-up pause ≤ {TARGET_SCALE_PAUSE_S} s + the state transfer",

@@ -68,8 +68,10 @@ def in_place(net, ddp, opt) -> None:
 
 def main() -> None:
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    LOG.write("group")  # where a newcomer's time goes before its first step
     net, opt = build()
     ddp = DistributedDataParallel(net)
+    LOG.write("wrapped")
     (in_place if MODE == "inplace" else restart)(net, ddp, opt)
 
 

@@ -105,21 +105,23 @@ def measure(recs: list[dict], survivors: list[str], t_event: float, world: int) 
 
 
 def newcomer_start(recs: list[dict], node: str, t_event: float, t_stall: float) -> dict:
-    """Where a scale-up's stall goes: the newcomer's script started (``start``, after its
-    standby was handed the round, or its cold start) ``start_s`` after the survivors' last
-    old-world step, and received the state (``sync``) ``to_sync_s`` after that."""
-    start = next(
-        (r for r in recs if r["k"] == "start" and r["node"] == node and r["t"] > t_event), None
-    )
-    sync = next(
-        (r for r in recs if r["k"] == "sync" and r["node"] == node and r["t"] > t_event), None
-    )
-    return {
-        "newcomer_start_s": None if start is None else round(start["t"] - t_stall, 3),
-        "newcomer_to_sync_s": None
-        if start is None or sync is None
-        else round(sync["t"] - start["t"], 3),
-    }
+    """Where a scale-up's stall goes: the newcomer's script started (``start``: its standby was
+    handed the round, or its cold start) ``newcomer_start_s`` after the survivors' last
+    old-world step; then, from that start, its process group was up (``group``), its DDP
+    wrapper built (``wrapped``) and the state received (``sync``)."""
+
+    def first(kind: str) -> dict | None:
+        return next(
+            (r for r in recs if r["k"] == kind and r["node"] == node and r["t"] > t_event), None
+        )
+
+    start = first("start")
+    out = {"newcomer_start_s": None if start is None else round(start["t"] - t_stall, 3)}
+    for kind in ("group", "wrapped", "sync"):
+        rec = first(kind)
+        ok = start is not None and rec is not None
+        out[f"newcomer_to_{kind}_s"] = round(rec["t"] - start["t"], 3) if ok else None
+    return out
 
 
 def last_ranks(recs: list[dict]) -> dict[str, int]:

@@ -9,8 +9,9 @@ Why a step log and not the launchers' logs: pause, work lost and recovery are re
 each step *completed*, by the same clock (``time.time()``; every process runs on this machine)
 and the same definitions for every launcher (bench/step_metrics.py). Each process appends
 JSON lines to ``OUT/steps_<pid>.jsonl``: ``start`` (before ``import torch``), ``load`` (a
-checkpoint was read, at which step), ``sync`` (state received in place: bytes, seconds) and
-``step`` (step number completed, world size, rank).
+checkpoint was read, at which step), ``group`` and ``wrapped`` (the process group is up, the
+DDP wrapper built), ``sync`` (state received in place: bytes, seconds) and ``step`` (step
+number completed, world size, rank).
 """
 
 from __future__ import annotations

@@ -312,7 +312,12 @@ def test_step_metrics_scale_up_pause_is_the_stall_not_the_newcomers_start():
     assert m.work_lost == 0 and m.sync_mb_s == pytest.approx(100.0)
     recs.append({"k": "start", "node": "n", "pid": 9, "t": 4.05})  # handed the round
     got = newcomer_start(sorted(recs, key=lambda r: r["t"]), "n", 1.0, 4.0)
-    assert got == {"newcomer_start_s": 0.05, "newcomer_to_sync_s": 0.15}
+    assert got == {
+        "newcomer_start_s": 0.05,
+        "newcomer_to_group_s": None,
+        "newcomer_to_wrapped_s": None,
+        "newcomer_to_sync_s": 0.15,
+    }
 
 
 def _series(scenario, setting, column, trials):
