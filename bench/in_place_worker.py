@@ -45,7 +45,13 @@ def in_place(net, ddp, opt) -> None:
     from etcdrun import elastic
 
     class TimedState(elastic.TorchState):
-        """Logs each state transfer (bytes, seconds): the scale-up's MB/s."""
+        """Logs each state transfer (bytes, seconds: the scale-up's MB/s) and each DDP re-wrap
+        (seconds): with the agent's ``form_s`` they say where a re-form's time goes."""
+
+        def rewrap(self) -> None:
+            t = time.perf_counter()
+            super().rewrap()
+            LOG.write("rewrap", secs=time.perf_counter() - t)
 
         def sync(self) -> int:
             t = time.perf_counter()

@@ -10,8 +10,8 @@ each step *completed*, by the same clock (``time.time()``; every process runs on
 and the same definitions for every launcher (bench/step_metrics.py). Each process appends
 JSON lines to ``OUT/steps_<pid>.jsonl``: ``start`` (before ``import torch``), ``load`` (a
 checkpoint was read, at which step), ``group`` and ``wrapped`` (the process group is up, the
-DDP wrapper built), ``sync`` (state received in place: bytes, seconds) and ``step`` (step
-number completed, world size, rank).
+DDP wrapper built), ``rewrap`` and ``sync`` (in place: the DDP wrapper rebuilt, the state
+received; seconds, bytes) and ``step`` (step number completed, world size, rank).
 """
 
 from __future__ import annotations
