@@ -20,6 +20,7 @@ Settings, each side as its users would set it:
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -28,7 +29,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.launchers import LAUNCHERS, Launcher
+from bench.launchers import ETCDRUN, LAUNCHERS, Launcher
 from bench.procs import TAG_VAR, Agent, descendants, kill_pids, listener_pid, sweep
 from bench.step_metrics import last_ranks, read_log
 
@@ -175,13 +176,25 @@ class Cluster:
         t = 0.0
         for _ in range(n):
             name = f"node{len(self.nodes)}"
-            a = Agent(name, self._node_cmd(), self._env(BENCH_NODE=name), self.dir / f"{name}.log")
+            env = self._env(BENCH_NODE=name)
+            if self.col.launcher is not None and self.col.launcher.kind == ETCDRUN:
+                env["PET_LOG_DIR"] = str(self.dir / f"logs-{name}")  # its events.jsonl
+            a = Agent(name, self._node_cmd(), env, self.dir / f"{name}.log")
             self.nodes.append(a)
             t = a.start()
         return t
 
     def records(self) -> list[dict]:
         return read_log(self.steps_dir)
+
+    def events(self, nodes: list[str]) -> list[dict]:
+        """etcdrun's events of these nodes' agents (none for the other launchers)."""
+        out = []
+        for name in nodes:
+            path = self.dir / f"logs-{name}" / "events.jsonl"
+            if path.exists():
+                out += [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+        return out
 
     def victim(self, which: str) -> tuple[Agent, str]:
         """The node to kill or freeze: rank 0's, or the highest rank that does not host

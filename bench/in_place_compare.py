@@ -105,7 +105,7 @@ def _event(cl, scenario: str, n0: int) -> tuple[float, list[str], int, str]:
 
 def trial(ctx: Ctx, col, scenario: str, name: str) -> dict:
     from bench.in_place_cluster import Cluster
-    from bench.step_metrics import measure, newcomer_start, resumed
+    from bench.step_metrics import agent_figures, measure, newcomer_start, resumed
 
     n0 = 3 if scenario == "scale" else 4
     with Cluster(ctx, col, name) as cl:
@@ -126,9 +126,9 @@ def trial(ctx: Ctx, col, scenario: str, name: str) -> dict:
             raise Failed(f.outcome, f"{who}: {f.note}") from None
         recs = cl.records()
         m = measure(recs, survivors, t, world)
-        extra = {}
+        extra = {"t_event": t, **agent_figures(cl.events(survivors), t)}
         if scenario == "scale":  # where the stall goes
-            extra = newcomer_start(recs, cl.nodes[-1].name, t, t + m.recovery_s - m.pause_s)
+            extra |= newcomer_start(recs, cl.nodes[-1].name, t, t + m.recovery_s - m.pause_s)
         return {"outcome": "ok", "note": who, **m.to_json(), **extra}
 
 

@@ -96,7 +96,14 @@ def targets(res: dict) -> list[tuple[str, str, str]]:
                 f"in place, kill -9 at lease_ttl 2: recovery ≤ {TARGET_RECOVERY_S} s, "
                 f"work lost ≤ {TARGET_WORK_LOST}",
                 _verdict(ok),
-                f"recovery {cell(s, 'recovery_s')} s, work lost {cell(s, 'work_lost', '{:.0f}')}",
+                f"recovery {cell(s, 'recovery_s')} s, work lost {cell(s, 'work_lost', '{:.0f}')}"
+                + (
+                    f"; of it, the agents learned of the loss (lease expired) after "
+                    f"{cell(s, 'notice_s')} s, and the kept workers' re-form (group, DDP, state) "
+                    f"took {cell(s, 'form_s')} s"
+                    if median(s, "notice_s") is not None
+                    else ""
+                ),
             )
         )
     s = find(res, "scale", "tuned", "etcdrun-inplace")

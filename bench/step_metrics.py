@@ -124,6 +124,18 @@ def newcomer_start(recs: list[dict], node: str, t_event: float, t_stall: float) 
     return out
 
 
+def agent_figures(events: list[dict], t_event: float) -> dict:
+    """From etcdrun's events.jsonl (the survivors' agents): when the first agent learned of the
+    change (``round_superseded``) after the event, and the longest re-form a kept worker
+    reported (``worker_resumed``'s ``form_s``: new group, DDP re-wrap, state transfer)."""
+    seen = [e["time"] for e in events if e["event"] == "round_superseded" and e["time"] > t_event]
+    forms = [e["form_s"] for e in events if e["event"] == "worker_resumed" and e.get("form_s")]
+    return {
+        "notice_s": round(min(seen) - t_event, 3) if seen else None,
+        "form_s": max(forms) if forms else None,
+    }
+
+
 def last_ranks(recs: list[dict]) -> dict[str, int]:
     """Each node's rank in its newest step (who is rank 0 now)."""
     out = {}

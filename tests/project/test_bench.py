@@ -355,3 +355,17 @@ def test_in_place_report_verdicts():
     assert "10.0 MB/s" in markdown(res)
     res["series"][0] = _series("kill", "tuned", "etcdrun-inplace", [slow, slow])  # 2.6 > 2.3
     assert targets(res)[0][1] == "MISS"
+
+
+def test_agent_figures_from_etcdruns_events():
+    from bench.step_metrics import agent_figures
+
+    events = [
+        {"event": "round_superseded", "time": 9.0},  # an earlier round: before the event
+        {"event": "round_superseded", "time": 11.5},
+        {"event": "round_superseded", "time": 11.6},
+        {"event": "worker_resumed", "time": 12.0, "form_s": 0.2},
+        {"event": "worker_resumed", "time": 12.1, "form_s": 0.7},
+    ]
+    assert agent_figures(events, 10.0) == {"notice_s": 1.5, "form_s": 0.7}
+    assert agent_figures([], 10.0) == {"notice_s": None, "form_s": None}
