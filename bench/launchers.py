@@ -11,6 +11,7 @@ the job would simply end, and neither launcher would show a recovery.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,8 +49,16 @@ class Launcher:
         )
 
     def command(
-        self, bindir: Path, nnodes: str, endpoint: str, run_id: str, mode: str
+        self,
+        bindir: Path,
+        nnodes: str,
+        endpoint: str,
+        run_id: str,
+        mode: str,
+        worker: Sequence[str] = (),
     ) -> list[str]:
+        """The agent's command line; ``worker`` (script and its argv) replaces compare's
+        ``compare_worker.py MODE``."""
         cmd = [
             str(bindir / self.kind),
             "--nnodes",
@@ -69,7 +78,7 @@ class Launcher:
         ]
         if self.conf:
             cmd += ["--rdzv-conf", self.conf]
-        return [*cmd, str(WORKER), mode]
+        return [*cmd, *(worker or (str(WORKER), mode))]
 
 
 _ETCDRUN_TUNED = "lease_ttl=2,last_call_timeout=1"

@@ -310,3 +310,105 @@ def test_rendezvous_scale_small_real_run(etcd_bin, tmp_path):
         assert r["round2"]["leader"]["node"] == r1["leader"]["node"]  # a member left
     assert "fit join round" not in p.stdout  # N < 100: nothing to fit
     assert (tmp_path / "s.svg").read_text().startswith("<svg")
+
+
+# ---- bench/in_place_compare.py: its figures from a step log, and its verdicts ---------------
+
+
+def _log(node, steps, world, t0, dt=0.1, pid=1):
+    return [
+        {"k": "step", "node": node, "pid": pid, "t": t0 + i * dt, "s": s, "w": world, "r": 0}
+        for i, s in enumerate(steps)
+    ]
+
+
+def test_step_metrics_in_place_kill_and_restart_from_a_checkpoint():
+    from bench.step_metrics import measure
+
+    # in place: steps 1-30 in a world of 4, a kill at t=3.05, steps 31.. in a world of 3 at t=5
+    recs = _log("a", range(1, 31), 4, 0.1) + _log("a", range(31, 35), 3, 5.0)
+    recs += _log("b", range(1, 31), 4, 0.12) + _log("b", range(31, 35), 3, 5.2)
+    m = measure(sorted(recs, key=lambda r: r["t"]), ["a", "b"], 3.05, 3)
+    assert m.recovery_s == pytest.approx(5.2 - 3.05)
+    assert m.pause_s == pytest.approx(5.2 - 3.02)  # b's last old step to b's first new one
+    assert m.work_lost == 0 and not m.loaded_checkpoint
+    # a restart: a new process on node "a" reads the checkpoint of step 20 and does 21.. again
+    recs = _log("a", range(1, 31), 4, 0.1)
+    recs += [{"k": "load", "node": "a", "pid": 2, "t": 6.0, "s": 20}]
+    recs += _log("a", range(21, 25), 3, 6.5, pid=2)
+    m = measure(recs, ["a"], 3.05, 3)
+    assert m.work_lost == 10 and m.loaded_checkpoint
+    assert m.recovery_s == pytest.approx(6.5 - 3.05)
+    with pytest.raises(ValueError, match="no step with world 2"):
+        measure(recs, ["a"], 3.05, 2)
+
+
+def test_step_metrics_scale_up_pause_is_the_stall_not_the_newcomers_start():
+    from bench.step_metrics import measure, newcomer_start
+
+    # survivors train on in a world of 3 until t=4.0 while the newcomer starts (event t=1.0)
+    recs = _log("a", range(1, 41), 3, 0.1) + _log("a", range(41, 45), 4, 4.25)
+    recs += [{"k": "sync", "node": "n", "pid": 9, "t": 4.2, "bytes": 2_000_000, "secs": 0.02}]
+    m = measure(sorted(recs, key=lambda r: r["t"]), ["a"], 1.0, 4)
+    assert m.pause_s == pytest.approx(4.25 - 4.0)
+    assert m.recovery_s == pytest.approx(3.25)
+    assert m.work_lost == 0 and m.sync_mb_s == pytest.approx(100.0)
+    recs.append({"k": "start", "node": "n", "pid": 9, "t": 4.05})  # handed the round
+    got = newcomer_start(sorted(recs, key=lambda r: r["t"]), "n", 1.0, 4.0)
+    assert got == {
+        "newcomer_start_s": 0.05,
+        "newcomer_to_group_s": None,
+        "newcomer_to_wrapped_s": None,
+        "newcomer_to_sync_s": 0.15,
+    }
+
+
+def _series(scenario, setting, column, trials):
+    return {
+        "scenario": scenario,
+        "setting": setting,
+        "column": column,
+        "label": column,
+        "trials": [{"outcome": "ok", "note": "", **t} for t in trials],
+    }
+
+
+def test_in_place_report_verdicts():
+    from bench.in_place_report import markdown, targets
+
+    fast = {"recovery_s": 2.0, "pause_s": 2.1, "work_lost": 0}
+    slow = {"recovery_s": 2.6, "pause_s": 2.7, "work_lost": 0}
+    res = {
+        "series": [
+            _series("kill", "tuned", "etcdrun-inplace", [fast, slow, fast]),
+            _series("kill", "tuned", "torchft", [slow, slow]),
+            _series("kill", "default", "etcdrun-inplace", [slow]),
+            _series("kill", "default", "torchft", [fast]),
+            _series(
+                "scale",
+                "tuned",
+                "etcdrun-inplace",
+                [{**fast, "pause_s": 0.35, "sync_bytes": 1_000_000, "sync_s": 0.1}],
+            ),
+        ],
+        "meta": {"cpus": 2, "load_before": 1.0, "settings": {}},
+    }
+    got = {t: v for t, v, _ in targets(res)}
+    assert list(got.values()) == ["PASS", "PASS", "MISS", "PASS"], got
+    assert "10.0 MB/s" in markdown(res)
+    res["series"][0] = _series("kill", "tuned", "etcdrun-inplace", [slow, slow])  # 2.6 > 2.3
+    assert targets(res)[0][1] == "MISS"
+
+
+def test_agent_figures_from_etcdruns_events():
+    from bench.step_metrics import agent_figures
+
+    events = [
+        {"event": "round_superseded", "time": 9.0},  # an earlier round: before the event
+        {"event": "round_superseded", "time": 11.5},
+        {"event": "round_superseded", "time": 11.6},
+        {"event": "worker_resumed", "time": 12.0, "form_s": 0.2},
+        {"event": "worker_resumed", "time": 12.1, "form_s": 0.7},
+    ]
+    assert agent_figures(events, 10.0) == {"notice_s": 1.5, "form_s": 0.7}
+    assert agent_figures([], 10.0) == {"notice_s": None, "form_s": None}
