@@ -320,7 +320,8 @@ def _carry(
     rank0 = agents[members[0].node_id]
     if not rank0.spare_port:
         return None
-    if rank0.spare_port == r.master_port:  # consumed by ``r``: rank 0 draws another (§3a)
+    same = r.members[0].node_id == rank0.node_id  # else its port is on another node's host
+    if same and rank0.spare_port == r.master_port:  # ran ``r``: rank 0 draws another (§3a)
         return Wait(f"waiting for rank 0 ({rank0.node_id}) to draw its next master port")
     arrived = tuple(a.node_id for a in comers)
     what = [f"node(s) left: {', '.join(gone)}"] if gone else []

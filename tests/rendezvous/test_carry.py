@@ -137,6 +137,14 @@ def test_rank_0_whose_spare_port_ran_the_round_is_waited_for():
     assert isinstance(c, Carry) and c.master_port == 30000
 
 
+def test_a_new_rank_0_is_not_held_to_its_predecessors_port_number():
+    """The replaced round's port was on the departed rank 0's host: the same number drawn on
+    another node's host is no reuse, and waiting for a redraw would never end."""
+    r = frozen("a", "b", "c", port=PORT["c"])
+    c = decide(View(r, agents("b", "c")), S, 0.0)
+    assert isinstance(c, Carry) and c.members[0].node_id == "c" and c.master_port == PORT["c"]
+
+
 def test_a_node_that_moved_keeps_its_old_ranks_until_a_round_gathers():
     """d moved from 6-7 to 2-3 (its old workers may still hold 6-7). A newcomer must not get
     6-7 in a carried round while d lives; once d is gone they are free."""
