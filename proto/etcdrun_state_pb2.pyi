@@ -29,7 +29,7 @@ FAILED: Outcome
 ABORTED: Outcome
 
 class AgentInfo(_message.Message):
-    __slots__ = ("schema_version", "node_id", "host", "addr", "pid", "local_world_size", "version", "started_unix_ms", "lease_id", "min_nodes", "max_nodes", "max_restarts", "leaving")
+    __slots__ = ("schema_version", "node_id", "host", "addr", "pid", "local_world_size", "version", "started_unix_ms", "lease_id", "min_nodes", "max_nodes", "max_restarts", "leaving", "protocol", "spare_port")
     SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
@@ -43,6 +43,8 @@ class AgentInfo(_message.Message):
     MAX_NODES_FIELD_NUMBER: _ClassVar[int]
     MAX_RESTARTS_FIELD_NUMBER: _ClassVar[int]
     LEAVING_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_FIELD_NUMBER: _ClassVar[int]
+    SPARE_PORT_FIELD_NUMBER: _ClassVar[int]
     schema_version: int
     node_id: str
     host: str
@@ -56,7 +58,9 @@ class AgentInfo(_message.Message):
     max_nodes: int
     max_restarts: int
     leaving: str
-    def __init__(self, schema_version: _Optional[int] = ..., node_id: _Optional[str] = ..., host: _Optional[str] = ..., addr: _Optional[str] = ..., pid: _Optional[int] = ..., local_world_size: _Optional[int] = ..., version: _Optional[str] = ..., started_unix_ms: _Optional[int] = ..., lease_id: _Optional[int] = ..., min_nodes: _Optional[int] = ..., max_nodes: _Optional[int] = ..., max_restarts: _Optional[int] = ..., leaving: _Optional[str] = ...) -> None: ...
+    protocol: int
+    spare_port: int
+    def __init__(self, schema_version: _Optional[int] = ..., node_id: _Optional[str] = ..., host: _Optional[str] = ..., addr: _Optional[str] = ..., pid: _Optional[int] = ..., local_world_size: _Optional[int] = ..., version: _Optional[str] = ..., started_unix_ms: _Optional[int] = ..., lease_id: _Optional[int] = ..., min_nodes: _Optional[int] = ..., max_nodes: _Optional[int] = ..., max_restarts: _Optional[int] = ..., leaving: _Optional[str] = ..., protocol: _Optional[int] = ..., spare_port: _Optional[int] = ...) -> None: ...
 
 class JoinRecord(_message.Message):
     __slots__ = ("schema_version", "node_id", "addr", "local_world_size", "master_port", "agent_create_revision", "host", "pid")
@@ -79,7 +83,7 @@ class JoinRecord(_message.Message):
     def __init__(self, schema_version: _Optional[int] = ..., node_id: _Optional[str] = ..., addr: _Optional[str] = ..., local_world_size: _Optional[int] = ..., master_port: _Optional[int] = ..., agent_create_revision: _Optional[int] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ...) -> None: ...
 
 class Participant(_message.Message):
-    __slots__ = ("node_id", "node_rank", "local_world_size", "addr", "first_global_rank", "host", "pid")
+    __slots__ = ("node_id", "node_rank", "local_world_size", "addr", "first_global_rank", "host", "pid", "held_from")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_RANK_FIELD_NUMBER: _ClassVar[int]
     LOCAL_WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -87,6 +91,7 @@ class Participant(_message.Message):
     FIRST_GLOBAL_RANK_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
+    HELD_FROM_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     node_rank: int
     local_world_size: int
@@ -94,7 +99,8 @@ class Participant(_message.Message):
     first_global_rank: int
     host: str
     pid: int
-    def __init__(self, node_id: _Optional[str] = ..., node_rank: _Optional[int] = ..., local_world_size: _Optional[int] = ..., addr: _Optional[str] = ..., first_global_rank: _Optional[int] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ...) -> None: ...
+    held_from: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, node_id: _Optional[str] = ..., node_rank: _Optional[int] = ..., local_world_size: _Optional[int] = ..., addr: _Optional[str] = ..., first_global_rank: _Optional[int] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., held_from: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ParticipantList(_message.Message):
     __slots__ = ("participants",)
@@ -129,7 +135,7 @@ class Failure(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., host: _Optional[str] = ..., global_rank: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal_name: _Optional[str] = ..., message: _Optional[str] = ..., timestamp_ms: _Optional[int] = ..., traceback: _Optional[str] = ..., local_rank: _Optional[int] = ..., pid: _Optional[int] = ..., stderr_tail: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RoundState(_message.Message):
-    __slots__ = ("schema_version", "number", "phase", "participants", "master_addr", "master_port", "restart_count", "last_call_deadline_unix_ms", "reason", "decided_by", "outcome", "failure", "world_size", "closed_unix_ms", "run_lease", "departed", "arrived", "departed_cause", "last_call_joined", "participants_zlib")
+    __slots__ = ("schema_version", "number", "phase", "participants", "master_addr", "master_port", "restart_count", "last_call_deadline_unix_ms", "reason", "decided_by", "outcome", "failure", "world_size", "closed_unix_ms", "run_lease", "departed", "arrived", "departed_cause", "last_call_joined", "participants_zlib", "carried", "protocol")
     SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
     NUMBER_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
@@ -150,6 +156,8 @@ class RoundState(_message.Message):
     DEPARTED_CAUSE_FIELD_NUMBER: _ClassVar[int]
     LAST_CALL_JOINED_FIELD_NUMBER: _ClassVar[int]
     PARTICIPANTS_ZLIB_FIELD_NUMBER: _ClassVar[int]
+    CARRIED_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_FIELD_NUMBER: _ClassVar[int]
     schema_version: int
     number: int
     phase: Phase
@@ -170,7 +178,9 @@ class RoundState(_message.Message):
     departed_cause: _containers.RepeatedScalarFieldContainer[str]
     last_call_joined: int
     participants_zlib: bytes
-    def __init__(self, schema_version: _Optional[int] = ..., number: _Optional[int] = ..., phase: _Optional[_Union[Phase, str]] = ..., participants: _Optional[_Iterable[_Union[Participant, _Mapping]]] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., restart_count: _Optional[int] = ..., last_call_deadline_unix_ms: _Optional[int] = ..., reason: _Optional[str] = ..., decided_by: _Optional[str] = ..., outcome: _Optional[_Union[Outcome, str]] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ..., world_size: _Optional[int] = ..., closed_unix_ms: _Optional[int] = ..., run_lease: _Optional[int] = ..., departed: _Optional[_Iterable[str]] = ..., arrived: _Optional[_Iterable[str]] = ..., departed_cause: _Optional[_Iterable[str]] = ..., last_call_joined: _Optional[int] = ..., participants_zlib: _Optional[bytes] = ...) -> None: ...
+    carried: bool
+    protocol: int
+    def __init__(self, schema_version: _Optional[int] = ..., number: _Optional[int] = ..., phase: _Optional[_Union[Phase, str]] = ..., participants: _Optional[_Iterable[_Union[Participant, _Mapping]]] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., restart_count: _Optional[int] = ..., last_call_deadline_unix_ms: _Optional[int] = ..., reason: _Optional[str] = ..., decided_by: _Optional[str] = ..., outcome: _Optional[_Union[Outcome, str]] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ..., world_size: _Optional[int] = ..., closed_unix_ms: _Optional[int] = ..., run_lease: _Optional[int] = ..., departed: _Optional[_Iterable[str]] = ..., arrived: _Optional[_Iterable[str]] = ..., departed_cause: _Optional[_Iterable[str]] = ..., last_call_joined: _Optional[int] = ..., participants_zlib: _Optional[bytes] = ..., carried: bool = ..., protocol: _Optional[int] = ...) -> None: ...
 
 class DrainRequest(_message.Message):
     __slots__ = ("schema_version", "node_id", "by", "requested_unix_ms", "forced")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 
@@ -53,6 +54,55 @@ def rendezvous(
         if isinstance(o, BaseException):
             raise o
     return out
+
+
+def settle(handlers: Sequence[EtcdRendezvousHandler], timeout: float = 30) -> list[RendezvousInfo]:
+    """Every handler as an agent runs them: next_rendezvous(), and again whenever the round it
+    accepted is superseded, until each has accepted one round and that round is still the one
+    every handler's round view holds. What each accepted last.
+
+    Why: a carried round (design.md §3a) is frozen at once, so a node can accept a round that a
+    second change (a departure right after another, a newcomer) supersedes before its peers
+    catch up; an agent then simply joins again, and so must a test that waits for one round.
+    """
+    latest: list = [None] * len(handlers)
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def agent(k: int) -> None:
+        h = handlers[k]
+        try:
+            while not stop.is_set():
+                latest[k] = h.next_rendezvous()
+                while not stop.is_set() and not h.membership_changed.wait(0.05):
+                    pass
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    def settled() -> bool:
+        if any(i is None for i in latest) or len({i.round for i in latest}) != 1:
+            return False
+        views = [h.view.current() for h in handlers]
+        return all(v is not None and v.number == latest[0].round for v in views)
+
+    threads = [threading.Thread(target=agent, args=(k,)) for k in range(len(handlers))]
+    for th in threads:
+        th.start()
+    deadline = time.monotonic() + timeout
+    try:
+        while not errors and not settled():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the handlers never settled in one round: {latest}")
+            handlers[0].view.wait(
+                handlers[0].view.current(), time.monotonic() + 0.05, errors.__len__
+            )
+    finally:
+        stop.set()
+        for th in threads:
+            th.join(timeout)
+    if errors:
+        raise errors[0]
+    return latest
 
 
 def exit_barriers(handlers: Sequence[EtcdRendezvousHandler], timeout: float = 30) -> list:

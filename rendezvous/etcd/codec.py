@@ -137,6 +137,9 @@ def round_and_message(
         mod_revision,
         failure,
         msg.run_lease,
+        carried=msg.carried,
+        held=tuple((p.node_id, tuple(p.held_from)) for p in msg.participants if p.held_from),
+        protocol=msg.protocol,
     )
     with _round_cache_lock:
         if len(_round_cache) >= _ROUND_CACHE_SIZE:
@@ -278,9 +281,12 @@ def round_to(
                 first_global_rank=m.first_global_rank,
                 host=m.host,
                 pid=m.pid,
+                held_from=r.held_by(m.node_id),
             )
             for m in r.members
         ],
+        carried=r.carried,
+        protocol=r.protocol,
     )
     if failure is None and r.failure is not None:
         failure = failure_to(r.failure)
@@ -313,8 +319,21 @@ def agent_info(key: bytes | str, value: bytes, run_id: str | None, lease: int) -
 def agent_from(
     key: bytes | str, value: bytes, create_revision: int, run_id: str | None, lease: int
 ) -> Agent:
-    msg = agent_info(key, value, run_id, lease)
-    return Agent(msg.node_id, create_revision, msg.local_world_size, msg.addr)
+    return agent_of(agent_info(key, value, run_id, lease), create_revision)
+
+
+def agent_of(msg: st.AgentInfo, create_revision: int) -> Agent:
+    """What the protocol knows of a live agent, from its checked AgentInfo."""
+    return Agent(
+        msg.node_id,
+        create_revision,
+        msg.local_world_size,
+        msg.addr,
+        msg.host,
+        msg.pid,
+        msg.protocol,
+        msg.spare_port,
+    )
 
 
 def join_from(key: bytes | str, value: bytes, run_id: str | None, create_revision: int = 0) -> Join:

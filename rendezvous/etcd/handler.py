@@ -58,6 +58,7 @@ from etcdrun.rendezvous.etcd.node.liveness import SessionLiveness
 from etcdrun.rendezvous.etcd.node.progress import EtcdProgress
 from etcdrun.rendezvous.etcd.node.run_gate import RunGate
 from etcdrun.rendezvous.etcd.node.session import Session
+from etcdrun.rendezvous.etcd.node.spare_port import SparePort
 from etcdrun.rendezvous.etcd.protocol import Phase, Round, Settings
 from etcdrun.rendezvous.etcd.report import EtcdReport
 from etcdrun.rendezvous.etcd.round_view import RoundView
@@ -107,6 +108,7 @@ class EtcdRendezvousHandler(RendezvousHandler):
         self._drain = EtcdDrain(self.ctx, self._now)
         self._progress = EtcdProgress(self.ctx, self._now)
         self._cooldown = Cooldown(self.ctx)  # a bad host sits rounds out (node/cooldown.py)
+        self._spare = SparePort()  # MASTER_PORT of a carried round we lead off (design.md §3a)
         self._incarnation = 0
         self._tag = node_names.draw_suffix()  # node ids: <host>-<tag>.<incarnation>
         self._joined: int | None = None  # the round number this session has joined
@@ -201,6 +203,7 @@ class EtcdRendezvousHandler(RendezvousHandler):
         if not orphaned:
             self.events.emit("node_left")
         node_names.release_suffix(self._tag)
+        self._spare.close()
         return ok
 
     # ---- RendezvousHandler: membership, the restart contract, the ports ------------------------
@@ -304,6 +307,7 @@ class EtcdRendezvousHandler(RendezvousHandler):
                     continue  # joined: wait for the freeze; else wait for the newer round
             elif r is not None and r.phase is Phase.FROZEN and r.member(sess.node_id):
                 if self.view.is_fresh(r):
+                    self._spare.take(sess, r, self.events)  # rank 0 on its spare: redraw
                     return self._accept(sess, r)
             spare = r is not None and r.phase is Phase.FROZEN and not r.member(sess.node_id)
             if spare:  # a hot spare (or a newcomer about to be let in): join_timeout bounds a
@@ -363,6 +367,7 @@ class EtcdRendezvousHandler(RendezvousHandler):
             return sess
         self._drop_session()
         self._incarnation += 1
+        self._spare.draw()  # a new session offers a new port (node/spare_port.py)
         fold = joining.FoldedJoin(self.keys, self.addr, self.params.local_world_size)
         if self._cooldown.until() is not None:
             fold = None  # cooled down: it registers, but joins no round yet
@@ -387,7 +392,8 @@ class EtcdRendezvousHandler(RendezvousHandler):
 
     def _agent_info(self, node_id: str) -> st.AgentInfo:
         lws = self.params.local_world_size
-        return joining.agent_info(node_id, self.host, self.addr, lws, self.settings)
+        spare = self._spare.port
+        return joining.agent_info(node_id, self.host, self.addr, lws, self.settings, spare)
 
     def _on_superseded(self) -> None:
         """View listener (any thread): the round this node runs in is over — once per round."""

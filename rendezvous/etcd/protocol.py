@@ -5,7 +5,9 @@ exhaustively against a fake clock; etcd/handler.py only gathers the inputs from 
 and applies the one transaction an Action names, fenced on the round key's mod_revision.
 
 Only the leader (the oldest live agent) calls ``decide``; the other agents just join rounds and
-read the round key.
+read the round key. A membership change of a running round is *carried* when it can be
+(carry.py, design.md §3a): the next round is frozen at once from the live agent keys, and the
+survivors write nothing.
 """
 
 from __future__ import annotations
@@ -16,6 +18,11 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from etcdrun.rendezvous.api import FailureInfo, Participant, check_node_range
+from etcdrun.rendezvous.etcd import carry
+
+# The rendezvous protocol this code follows (AgentInfo.protocol, RoundState.protocol): 2 can be
+# carried into a round without writing (design.md §3a). An older agent publishes none (0).
+PROTOCOL = 2
 
 
 class Phase(Enum):
@@ -32,6 +39,16 @@ class Agent:
     create_revision: int
     local_world_size: int = 1
     addr: str = ""
+    host: str = ""
+    pid: int = 0
+    protocol: int = 0  # AgentInfo.protocol: below PROTOCOL it is never carried (§3a)
+    spare_port: int = 0  # its MASTER_PORT for the next carried round in which it is rank 0
+
+    def member(self) -> Participant:
+        """This agent as a newcomer to a carried round (its place and ranks set later)."""
+        return Participant(
+            self.node_id, 0, self.local_world_size, self.addr, 0, self.host, self.pid
+        )
 
 
 @dataclass(frozen=True)
@@ -67,9 +84,21 @@ class Round:
     # The lease of the round key and the hints (not of CLOSED: that has its marker), which the
     # leader keeps alive; 0 for a round written by an older etcdrun. Never part of a decision.
     run_lease: int = 0
+    # FROZEN straight from the previous FROZEN round (§3a), and for each member of such a round
+    # the first global ranks it held since the last gathered round besides its current ones.
+    carried: bool = False
+    held: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    protocol: int = 0  # the lowest agent protocol that can follow it (0: any)
 
     def member(self, node_id: str) -> Member | None:
         return self._by_node.get(node_id)
+
+    def held_by(self, node_id: str) -> tuple[int, ...]:
+        return self._held.get(node_id, ())
+
+    @functools.cached_property
+    def _held(self) -> dict[str, tuple[int, ...]]:
+        return dict(self.held)
 
     @functools.cached_property
     def _by_node(self) -> dict[str, Member]:
@@ -154,7 +183,24 @@ class CloseFailed:
     restart_count: int
 
 
-Action = Wait | StartRound | Freeze | CloseFailed
+@dataclass(frozen=True)
+class Carry:
+    """Freeze round ``number`` at once from the running round's live members (each keeps its
+    place, or fills a departed node's) and the newcomers: nobody writes a join record (§3a).
+    """
+
+    number: int
+    reason: str
+    members: tuple[Member, ...]
+    master_addr: str
+    master_port: int
+    restart_count: int
+    held: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    departed: tuple[str, ...] = ()
+    arrived: tuple[str, ...] = ()
+
+
+Action = Wait | StartRound | Freeze | CloseFailed | Carry
 
 
 def is_first_round(r: Round) -> bool:
@@ -195,6 +241,14 @@ def decide(view: View, settings: Settings, now: float) -> Action:
         return Wait("run closed")
     if r.phase is Phase.FROZEN:
         gone = [m.node_id for m in r.members if m.node_id not in agents]
+        waiting = sorted(
+            (a for a in agents.values() if r.member(a.node_id) is None and a.node_id not in rest),
+            key=lambda a: a.create_revision,
+        )
+        if gone or (waiting and len(r.members) < settings.max_nodes):
+            carried = _carry(r, agents, rest, waiting, tuple(gone), settings)
+            if carried is not None:
+                return carried
         if gone:
             survivors = tuple(m for m in r.members if m.node_id in agents)
             return StartRound(
@@ -204,10 +258,6 @@ def decide(view: View, settings: Settings, now: float) -> Action:
                 r.restart_count,
                 departed=tuple(gone),
             )
-        waiting = sorted(
-            (a for a in agents.values() if r.member(a.node_id) is None and a.node_id not in rest),
-            key=lambda a: a.create_revision,
-        )
         if waiting and len(r.members) < settings.max_nodes:
             return StartRound(
                 r.number + 1,
@@ -242,6 +292,51 @@ def decide(view: View, settings: Settings, now: float) -> Action:
                 return Wait(f"last call: {len(live)}/{settings.max_nodes} nodes", until=deadline)
         return _freeze(r, live, settings, agents)
     return Wait(f"{len(live)}/{max(settings.min_nodes, expected)} nodes joined")
+
+
+def _carry(
+    r: Round,
+    agents: Mapping[str, Agent],
+    rest: frozenset[str],
+    waiting: list[Agent],
+    gone: tuple[str, ...],
+    settings: Settings,
+) -> Carry | Wait | None:
+    """The carried round after the FROZEN ``r`` (design.md §3a), a wait for rank 0's next
+    master port, or None: the next round gathers as before (StartRound) — when no member is
+    left, a survivor is resting or speaks an older protocol, the round would be below min, or
+    the carried places would give a node a rank another live node may still hold (S4).
+    """
+    survivors = [m for m in r.members if m.node_id in agents]
+    comers = waiting[: max(0, settings.max_nodes - len(survivors))]
+    nodes = [agents[m.node_id] for m in survivors] + comers
+    if not survivors or any(m.node_id in rest for m in survivors):
+        return None
+    if len(nodes) < settings.min_nodes or any(a.protocol < PROTOCOL for a in nodes):
+        return None
+    members = carry.place(survivors, [a.member() for a in comers])
+    if not carry.handed_over_safely(carry.owned(survivors, r.held_by), members):
+        return None
+    rank0 = agents[members[0].node_id]
+    if not rank0.spare_port:
+        return None
+    same = r.members[0].node_id == rank0.node_id  # else its port is on another node's host
+    if same and rank0.spare_port == r.master_port:  # ran ``r``: rank 0 draws another (§3a)
+        return Wait(f"waiting for rank 0 ({rank0.node_id}) to draw its next master port")
+    arrived = tuple(a.node_id for a in comers)
+    what = [f"node(s) left: {', '.join(gone)}"] if gone else []
+    what += [f"node(s) joined: {', '.join(arrived)}"] if arrived else []
+    return Carry(
+        r.number + 1,
+        "; ".join(what),
+        members,
+        members[0].addr,
+        rank0.spare_port,
+        r.restart_count,
+        carry.held_after(survivors, r.held_by, members),
+        gone,
+        arrived,
+    )
 
 
 def charge(r: Round, agents: Mapping[str, Agent]) -> int:

@@ -67,6 +67,18 @@ def freeze(keys: RunKeys, current: Round, new: Round, why: st.RoundState | None,
     return [fence(keys, current)], [t.put(keys.round, value, new.run_lease)]
 
 
+def carry(keys: RunKeys, current: Round, new: Round, why: codec.Why, by: str) -> Txn:
+    """Freeze ``new`` (FROZEN, carried: design.md §3a) straight from the FROZEN ``current``,
+    fenced on it (S1), with why it opened; drop every older round's records in the same Txn,
+    as opening a round does. No hint: the leader places the members from ``current`` itself.
+    """
+    ops = [
+        t.put(keys.round, codec.round_to(new, why=why, decided_by=by), new.run_lease),
+        t.delete(keys.rounds, end=keys.round_dir(new.number)),
+    ]
+    return [fence(keys, current)], ops
+
+
 def close(
     keys: RunKeys,
     current: Round | None,

@@ -4,6 +4,12 @@ the protocol's safety properties (design.md §3, S1–S6).
 Why from etcd's history: it is the ground truth every agent acted on. Watching the round key from
 revision 1 replays each state it ever held, in commit order (tests do not compact). Agent-side
 facts (which node accepted which round) come from the ``round_accepted`` events the handlers emit.
+
+Carried rounds (design.md §3a: frozen straight from the previous frozen round, nobody joined)
+are checked for what they promise instead of a gathering: their members are the previous
+round's (less the departed) and the arrivals; survivors keep their places or fill departed
+ones; and no global rank goes to a node while another node listed in the new round held it
+since the last gathered round (its old workers may still run: S4).
 """
 
 from __future__ import annotations
@@ -73,6 +79,7 @@ def check(
     frozen: dict[int, st.RoundState] = {}
     prev: st.RoundState | None = None
     prev_frozen: st.RoundState | None = None
+    held: dict[str, set[int]] = {}  # node -> first global ranks held since a round gathered
     repairing = False  # the last version was unreadable: the next may restore the state before
     for v in history:
         s = v.state
@@ -98,8 +105,11 @@ def check(
                 errors.append(f"S1 {where}: frozen twice")
             frozen[s.number] = s
             errors += _check_frozen(s, where, min_nodes, max_nodes)
-            if prev_frozen is not None:
+            if s.carried:
+                errors += _check_carried(prev, s, where, held)
+            elif prev_frozen is not None:
                 errors += _check_stability(prev_frozen, s, where)
+            held = _held_after(s, held if s.carried else {})
             prev_frozen = s
         prev = s
     # S3/S4: a node starts workers only for a frozen round that lists it, once per round.
@@ -184,6 +194,53 @@ def _check_stability(a: st.RoundState, b: st.RoundState, where: str) -> list[str
     if order_a and order_a[0] in order_b and order_b[0] != order_a[0]:
         errors.append(f"S6 {where}: rank 0 moved from {order_a[0]} to {order_b[0]}")
     return errors
+
+
+def _check_carried(
+    a: st.RoundState | None, b: st.RoundState, where: str, held: Mapping[str, set[int]]
+) -> list[str]:
+    """A carried round ``b``: it follows the frozen round before it; its members are that
+    round's (less ``departed``) and ``arrived``; S6 as carried rounds keep it; S4's hand-over.
+    """
+    if a is None or a.phase != st.FROZEN or a.number != b.number - 1:
+        return [f"S1 {where}: carried, but not from frozen round {b.number - 1}"]
+    errors = []
+    before = {p.node_id: p for p in a.participants}
+    after = {p.node_id: p for p in b.participants}
+    strangers = sorted(set(after) - set(before) - set(b.arrived))
+    if strangers:
+        errors.append(f"S3 {where}: carried {strangers}, neither members before nor arrivals")
+    unnamed = sorted(set(before) - set(after) - set(b.departed))
+    if unnamed or set(b.departed) & set(after):
+        errors.append(f"S3 {where}: departures {list(b.departed)} do not match {unnamed}")
+    order_a = [p.node_id for p in a.participants]
+    if order_a and order_a[0] in after and after[order_a[0]].node_rank != 0:
+        errors.append(f"S6 {where}: rank 0 moved from {order_a[0]}")
+    for node in sorted(set(before) & set(after)):
+        old, new = before[node].node_rank, after[node].node_rank
+        freed = old >= len(after) and order_a[new] not in after
+        if old != new and not freed:
+            errors.append(f"S6 {where}: {node} moved from node rank {old} to {new}")
+    spans = sorted(
+        (f, f + after[n].local_world_size, n) for n, fs in held.items() if n in after for f in fs
+    )
+    for p in b.participants:
+        lo, hi = p.first_global_rank, p.first_global_rank + p.local_world_size
+        taken = [n for f, e, n in spans if f < hi and e > lo and n != p.node_id]
+        if taken:
+            errors.append(
+                f"S4 {where}: {p.node_id} given global ranks [{lo}, {hi}) that {taken[0]} "
+                "may still hold (it held them since the last gathered round and is listed)"
+            )
+    return errors
+
+
+def _held_after(s: st.RoundState, held: Mapping[str, set[int]]) -> dict[str, set[int]]:
+    """What each member of frozen round ``s`` may hold from here on: its ranks, and for a
+    carried round what it held before (a gathered round: every member stopped its old workers
+    before joining). Nodes not listed are gone: their workers were fenced (S4).
+    """
+    return {p.node_id: {p.first_global_rank, *held.get(p.node_id, ())} for p in s.participants}
 
 
 def check_run(

@@ -280,8 +280,9 @@ def test_d_kill_9_of_the_rank_0_agent_moves_master_addr(run_factory):
     )
     assert run.codes(survivors) == [0, 0], run.logs()
     assert host == addr_of[heir.name] and new.master != old_master, (old_master, new.master)
-    # S6: the survivor that held the lower node rank takes rank 0.
-    assert min(survivors, key=lambda a: node_ranks(a.stderr)[1]) is heir
+    # S6 in a carried round (design.md §3a): the survivor that held the last node rank fills
+    # the place rank 0 left; the other keeps its own.
+    assert max(survivors, key=lambda a: node_ranks(a.stderr)[1]) is heir
     # The store really moved: both survivors' workers are connected to the new MASTER_ADDR.
     assert len(connected) == 2, (connected, new.master)
     segs, v = run.check()

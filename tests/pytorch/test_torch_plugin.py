@@ -241,7 +241,8 @@ def test_spares_restarts_and_a_death_as_torchruns_agent_sees_them(etcd, torch_av
         print(f"[plugin] h1 saw the death {time.monotonic() - t_dead:.2f} s after it (lease_ttl 2)")
         a = _Call(h1)
         k1, k3 = a.get(), c.get()
-        assert (k1.rank, k3.rank) == (0, 1)  # the survivor first (S6), then the spare
+        # carried (design.md §3a): the survivor keeps its place, the spare takes the dead one's
+        assert (k1.rank, k3.rank) == (ranks[id(h1)], ranks[id(h2)])
         assert k1.world_size == 2
 
         assert h1.shutdown() and spare.is_closed()  # torchrun's shutdown closes the run

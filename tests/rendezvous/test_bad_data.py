@@ -19,6 +19,7 @@ from rdzv_helpers import (
     handler,
     new_run_id,
     rendezvous,
+    settle,
     shutdown_all,
     violations,
 )
@@ -71,7 +72,7 @@ def test_garbage_in_a_live_agents_key_never_blocks_a_round(etcd):
             survivors = [by_rank[0], tampered]
             for h in survivors:
                 assert h.membership_changed.wait(10)
-            again = rendezvous(survivors)
+            again = settle(survivors)
             assert [i.node_count for i in again] == [2, 2]
             assert tampered.node_id != old_id  # it registered anew, as a new node
             with EtcdClient(etcd.endpoints) as c:
@@ -125,7 +126,7 @@ def test_garbage_in_the_live_leaders_key_after_a_kill_never_blocks_a_round(etcd)
                 assert h.membership_changed.wait(10)
             with EtcdClient(etcd.endpoints) as c:  # while the next round gathers
                 c.put(leader.session.key, GARBAGE)
-            assert [i.node_count for i in rendezvous(survivors, timeout=20)] == [2, 2]
+            assert [i.node_count for i in settle(survivors, timeout=20)] == [2, 2]
         finally:
             shutdown_all(hs)
     assert violations(etcd.endpoints, run, 2, 3, acc) == []

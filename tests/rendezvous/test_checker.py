@@ -61,3 +61,76 @@ def test_the_earlier_failure_comes_with_its_reason_line_and_that_is_no_violation
     assert [
         e.split(" ")[0] for e in checker.check([history[0], checker.Version(2, moved)], 1, 2)
     ] == ["S5"]
+
+
+# ---- carried rounds (design.md §3a) ---------------------------------------------------------
+def frozen(n: int, nodes: list[str], carried: bool = False, **why) -> st.RoundState:
+    """Round n FROZEN with ``nodes`` in node-rank order, 2 workers each."""
+    ps = [
+        st.Participant(node_id=x, node_rank=i, local_world_size=2, addr=x, first_global_rank=2 * i)
+        for i, x in enumerate(nodes)
+    ]
+    return st.RoundState(
+        number=n,
+        phase=st.FROZEN,
+        participants=ps,
+        master_addr=nodes[0],
+        world_size=2 * len(nodes),
+        carried=carried,
+        departed=why.get("departed", []),
+        arrived=why.get("arrived", []),
+    )
+
+
+def history(*states: st.RoundState) -> list[checker.Version]:
+    return [checker.Version(i + 1, s) for i, s in enumerate(states)]
+
+
+def codes(errors: list[str]) -> list[str]:
+    return [e.split(" ")[0] for e in errors]
+
+
+GATHERED = [joining(1), frozen(1, ["a", "b", "c", "d"])]
+
+
+def test_carried_rounds_as_the_leader_writes_them_are_no_violation():
+    """b leaves: d fills its place (and may still hold 6-7); then d leaves and f takes its
+    place: 2-3 and 6-7 are free again, d being gone."""
+    ok = history(
+        *GATHERED,
+        frozen(2, ["a", "d", "c"], True, departed=["b"]),
+        frozen(3, ["a", "f", "c"], True, departed=["d"], arrived=["f"]),
+        frozen(4, ["a", "f", "c", "e"], True, arrived=["e"]),
+    )
+    assert checker.check(ok, 1, 4) == []
+
+
+def test_a_newcomer_given_ranks_a_moved_node_may_still_hold_is_a_violation():
+    """After d moved from 6-7 to 2-3, a newcomer appended in a carried round gets 6-7 while d
+    is listed: S4 (the leader gathers that round instead)."""
+    h = history(
+        *GATHERED,
+        frozen(2, ["a", "d", "c"], True, departed=["b"]),
+        frozen(3, ["a", "d", "c", "e"], True, arrived=["e"]),
+    )
+    assert codes(checker.check(h, 1, 4)) == ["S4"]
+    gathered = history(*[v.state for v in h[:3]], joining(3), frozen(3, ["a", "d", "c", "e"]))
+    assert checker.check(gathered, 1, 4) == []
+
+
+def test_a_carried_round_that_shifts_ranks_onto_a_live_nodes_is_a_violation():
+    """A gathered round may shift c into b's place (c stopped its workers before joining); a
+    carried one may not: c's old workers may still hold 4-5 when d is given them."""
+    shifted = history(*GATHERED, frozen(2, ["a", "c", "d"], True, departed=["b"]))
+    assert codes(checker.check(shifted, 1, 4)) == ["S6", "S6", "S4"]  # c and d moved
+    gathered = history(*GATHERED, joining(2), frozen(2, ["a", "c", "d"]))
+    assert checker.check(gathered, 1, 4) == []
+
+
+def test_carried_membership_must_match_its_departures_and_arrivals():
+    stranger = history(*GATHERED, frozen(2, ["a", "b", "c", "d", "x"], True))
+    assert codes(checker.check(stranger, 1, 5)) == ["S3"]
+    unnamed = history(*GATHERED, frozen(2, ["a", "b", "c"], True))
+    assert codes(checker.check(unnamed, 1, 4)) == ["S3"]
+    skipped = history(*GATHERED, frozen(3, ["a", "b", "c"], True, departed=["d"]))
+    assert codes(checker.check(skipped, 1, 4)) == ["S1"]

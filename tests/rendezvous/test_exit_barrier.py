@@ -65,7 +65,8 @@ def test_a_node_frozen_past_its_ttl_at_the_end_does_not_hang_the_job(etcd, tmp_p
             names = [e["event"] for e in events]
             assert names.count("node_left") == 1
             superseded = [e for e in events if e["event"] == "round_superseded"]
-            assert [e["phase"] for e in superseded] == ["JOINING"], superseded  # the departure's
+            # the departure's round: carried (design.md §3a), frozen at once without the victim
+            assert [e["phase"] for e in superseded] == ["FROZEN"], superseded
         t_thaw = time.monotonic()
         _signal_tree(frozen, signal.SIGCONT)
         frozen = []

@@ -66,8 +66,12 @@ def test_graceful_leave_after_freeze_starts_new_round_with_stable_ranks(etcd):
                 assert h.membership_changed.wait(5)
             infos2 = rendezvous(rest)
             assert {i.round for i in infos2} == {2}
-            assert [i.node_rank for i in infos2] == [0, 1, 2]  # order kept, rank 0 stays
+            # carried (design.md §3a): each survivor keeps its place, the last fills the one
+            # left, rank 0 stays; nobody wrote a join record for round 2
+            assert [i.node_rank for i in infos2] == [0, 2, 1]
             assert infos2[0].master_addr == infos[0].master_addr
+            assert infos2[0].master_port != infos[0].master_port  # a round's port is its own
+            assert not hs[0].client.get_prefix(hs[0].keys.joined(2)).kvs
         finally:
             shutdown_all(hs)
     assert violations(etcd.endpoints, run, 2, 4, acc) == []

@@ -140,8 +140,9 @@ def test_a_newer_schema_is_still_refused():
 
 
 def test_real_rounds_packed_from_two_nodes_on(etcd, monkeypatch):
-    """The whole path on a real etcd with every round packed: the join, a leave (its hint is
-    packed too), status, and the invariant checker replaying etcd's history."""
+    """The whole path on a real etcd with every round packed: the join, a carried leave (its
+    held ranks packed too), a restart (its hint packed), status, and the invariant checker
+    replaying etcd's history."""
     monkeypatch.setattr(codec, "PACK_AT", 2)
     run = new_run_id()
     keys = RunKeys("/etcdrun", run)
@@ -160,14 +161,23 @@ def test_real_rounds_packed_from_two_nodes_on(etcd, monkeypatch):
             rest = [by_rank[0], by_rank[2], by_rank[3]]
             for h in rest:
                 assert h.membership_changed.wait(5)
-            infos2 = rendezvous(rest)
-            assert [i.node_rank for i in infos2] == [0, 1, 2]
+            infos2 = rendezvous(rest)  # carried (design.md §3a): the last fills the place
+            assert [i.node_rank for i in infos2] == [0, 2, 1]
             assert {len(i.participants) for i in infos2} == {3}
             with EtcdClient(etcd.endpoints) as c:
-                hint = c.get(keys.hint(2)).value
+                raw = wire(c.get(keys.round).value)
+                assert raw.schema_version == 2 and raw.carried and not raw.participants
+                moved = codec.round_from(keys.round, c.get(keys.round).value, 1, run)
+                assert moved.held_by(by_rank[3].node_id) == (3,)  # its old rank, packed too
+            assert rest[0].request_restart("a worker failed")  # a restart gathers, with a hint
+            infos3 = rendezvous(rest)
+            assert {i.round for i in infos3} == {3}
+            with EtcdClient(etcd.endpoints) as c:
+                hint = c.get(keys.hint(3)).value
                 assert wire(hint).schema_version == 2
-                hint_ids = [m.node_id for m in codec.hint_from(keys.hint(2), hint, run)]
-                assert hint_ids == [i.node_id for i in infos2]  # the survivors, in order
+                hint_ids = [m.node_id for m in codec.hint_from(keys.hint(3), hint, run)]
+                by_rank2 = sorted(infos2, key=lambda i: i.node_rank)
+                assert hint_ids == [i.node_id for i in by_rank2]  # round 2's, in order
         finally:
             shutdown_all(hs)
     assert violations(etcd.endpoints, run, 2, 4, acc) == []

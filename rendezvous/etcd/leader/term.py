@@ -39,8 +39,10 @@ from etcdrun.rendezvous.etcd.node import cooldown, lifecycle
 from etcdrun.rendezvous.etcd.node.node_names import node_name
 from etcdrun.rendezvous.etcd.node.session import Session
 from etcdrun.rendezvous.etcd.protocol import (
+    PROTOCOL,
     Action,
     Agent,
+    Carry,
     CloseFailed,
     Freeze,
     Join,
@@ -144,9 +146,7 @@ class Leader:
                 self._invalid[kv.key] = kv.mod_revision  # removed at the next decision
                 raise
             self.departures.put(node, bool(info.leaving))
-            self.agents[node] = Agent(
-                info.node_id, kv.create_revision, info.local_world_size, info.addr
-            )
+            self.agents[node] = codec.agent_of(info, kv.create_revision)
         elif kind == "progress" and node:
             if deleted:
                 self._stragglers.remove(node)
@@ -302,17 +302,13 @@ class Leader:
             guard, ops = transitions.start_round(
                 self._keys, r, new, action.hint, self._why(action), me
             )
+        elif isinstance(action, Carry):
+            assert r is not None
+            new = _frozen(action, run_lease, carried=True, held=action.held, protocol=PROTOCOL)
+            guard, ops = transitions.carry(self._keys, r, new, self._why(action), me)
         else:
             assert isinstance(action, Freeze) and r is not None
-            new = Round(
-                r.number,
-                Phase.FROZEN,
-                action.members,
-                action.restart_count,
-                action.master_addr,
-                action.master_port,
-                run_lease=run_lease,
-            )
+            new = _frozen(action, run_lease)
             hint = self.hints.get(r.number, ())
             why = self.departures.why_frozen(self._view.message(), r.number, hint, self.agents)
             guard, ops = transitions.freeze(self._keys, r, new, why, me)
@@ -326,7 +322,7 @@ class Leader:
         self._applied(action, res.revision)
         return True
 
-    def _why(self, action: StartRound) -> codec.Why:
+    def _why(self, action: StartRound | Carry) -> codec.Why:
         """Why a round opens: each departure with how it went, and the arrivals."""
         causes = self.departures.causes(action.departed)
         reason = departures.reason(action.departed, causes) or action.reason
@@ -354,9 +350,14 @@ class Leader:
         )
         return True
 
-    def _applied(self, action: StartRound | Freeze, revision: int) -> None:
-        if isinstance(action, StartRound):
-            self.hints[action.number] = action.hint
+    def _applied(self, action: StartRound | Freeze | Carry, revision: int) -> None:
+        """The round's events. A carried round opens and freezes in one write (§3a): both
+        are said, each once, marked ``carried``, so every reader of either finds it.
+        """
+        carried = isinstance(action, Carry)
+        if isinstance(action, (StartRound, Carry)):
+            if isinstance(action, StartRound):
+                self.hints[action.number] = action.hint
             why = self._why(action)
             self._events.emit(
                 "round_started",
@@ -366,15 +367,17 @@ class Leader:
                 departed=list(why.departed),
                 departed_cause=list(why.departed_cause),
                 arrived=list(why.arrived),
+                carried=carried,
             )
-            return
-        self._events.emit(
-            "round_frozen",
-            round=action.number,
-            nodes=[m.node_id for m in action.members],
-            world_size=sum(m.local_world_size for m in action.members),
-            revision=revision,
-        )
+        if isinstance(action, (Freeze, Carry)):
+            self._events.emit(
+                "round_frozen",
+                round=action.number,
+                nodes=[m.node_id for m in action.members],
+                world_size=sum(m.local_world_size for m in action.members),
+                revision=revision,
+                carried=carried,
+            )
 
     def _publish(self, r: Round | None, decision: str) -> None:
         joined = self.joins.get(r.number, {}) if r is not None else {}
@@ -401,6 +404,20 @@ class Leader:
         if self._run_lease is not None:
             self._run_lease.orphan()
             self._run_lease = None
+
+
+def _frozen(action: Freeze | Carry, run_lease: int, **carried: object) -> Round:
+    """The FROZEN round ``action`` writes (``carried``: a carried round's fields, §3a)."""
+    return Round(
+        action.number,
+        Phase.FROZEN,
+        action.members,
+        action.restart_count,
+        action.master_addr,
+        action.master_port,
+        run_lease=run_lease,
+        **carried,  # type: ignore[arg-type]
+    )
 
 
 __all__ = ["Leader"]

@@ -20,7 +20,7 @@ from etcdrun.rendezvous.client import txn as t
 from etcdrun.rendezvous.etcd import codec
 from etcdrun.rendezvous.etcd.keys import RunKeys
 from etcdrun.rendezvous.etcd.node.session import Session
-from etcdrun.rendezvous.etcd.protocol import Round, Settings
+from etcdrun.rendezvous.etcd.protocol import PROTOCOL, Round, Settings
 from etcdrun.rendezvous.free_port import reserve_free_port
 
 
@@ -31,10 +31,19 @@ class Joined(enum.Enum):
 
 
 def agent_info(
-    node_id: str, host: str, addr: str, local_world_size: int, settings: Settings
+    node_id: str,
+    host: str,
+    addr: str,
+    local_world_size: int,
+    settings: Settings,
+    spare_port: int = 0,
 ) -> st.AgentInfo:
-    """What this node publishes in its agent key (the session adds the lease id)."""
+    """What this node publishes in its agent key (the session adds the lease id): with the
+    protocol it follows and its spare port, the leader may carry it into rounds (§3a).
+    """
     return st.AgentInfo(
+        protocol=PROTOCOL,
+        spare_port=spare_port,
         node_id=node_id,
         host=host,
         addr=addr,
@@ -114,6 +123,16 @@ class FoldedJoin:
         return self.round if done else None
 
 
+def publish_spare(sess: Session, port: int) -> bool:
+    """Rewrite our agent key with a new spare port (spare_port.py), fenced on our lease.
+    False when the key is not ours any more: the session's own-key watch ends it.
+    """
+    new = st.AgentInfo()
+    new.CopyFrom(sess.info)
+    new.spare_port = port
+    return sess.publish(new)
+
+
 def info(
     run_id: str, node_id: str, r: Round, max_restarts: int, cause: RoundCause | None = None
 ) -> RendezvousInfo:
@@ -138,4 +157,4 @@ def info(
     )
 
 
-__all__ = ["FoldedJoin", "Joined", "agent_info", "info", "join", "record"]
+__all__ = ["FoldedJoin", "Joined", "agent_info", "info", "join", "publish_spare", "record"]

@@ -193,8 +193,10 @@ def exit_barrier(ctx: RunContext, session: Session, running: Round, *, timeout: 
         if cur is not None and cur.number > running.number:
             # Opening the next round removed this round's directory, barrier keys and all: who
             # had arrived is read as it stood just before. Only the departure's own round can say
-            # (a round frozen since ran someone's workers: the run goes on).
-            if cur.number > running.number + 1 or cur.phase is not Phase.JOINING:
+            # (a round frozen since ran someone's workers: the run goes on) — gathering, or
+            # carried (design.md §3a: frozen at once; a member still working keeps the run open).
+            departure = cur.phase is Phase.JOINING or cur.carried
+            if cur.number > running.number + 1 or not departure:
                 return False
             return _close_if_the_rest_are_gone(ctx, session, running, cur.mod_revision - 1)
         if not view.wait(cur, deadline, stop=lambda: False):

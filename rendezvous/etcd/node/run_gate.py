@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import logging
 
+from etcdrun.rendezvous._version import __version__
 from etcdrun.rendezvous.errors import RendezvousClosedError, RendezvousStateError
 from etcdrun.rendezvous.etcd.context import RunContext
 from etcdrun.rendezvous.etcd.node import lifecycle
-from etcdrun.rendezvous.etcd.protocol import Phase, Round
+from etcdrun.rendezvous.etcd.protocol import PROTOCOL, Phase, Round
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +34,14 @@ class RunGate:
         failed run's id waits: the leader starts it afresh (protocol.py).
         """
         ctx = dict(run_id=self._keys.run_id, node=node)
+        if r is not None and r.protocol > PROTOCOL:  # a newer agent's round (design.md §3a)
+            raise RendezvousStateError(
+                f"round {r.number} needs rendezvous protocol {r.protocol}, and this agent "
+                f"(etcdrun {__version__}) follows protocol {PROTOCOL}: run one etcdrun version "
+                "on every node of the job",
+                round=r.number,
+                **ctx,
+            )
         if r is not None and r.phase is not Phase.CLOSED:
             self.saw_live = True
         elif r is None and self.saw_live:  # the run's state vanished while in it: aborted

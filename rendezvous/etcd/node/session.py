@@ -200,6 +200,16 @@ class Session:
         except EtcdError as e:
             log.debug("session %s: could not mark itself leaving: %s", self.node_id, e)
 
+    def publish(self, info: st.AgentInfo) -> bool:
+        """Rewrite our agent key with ``info``, under our lease and fenced on it (our own
+        rewrite: the own-key watch sees our lease and lets it be). False: the key is not ours.
+        """
+        put = t.put(self.key, codec.encode(info), self.lease_id)
+        if not self.client.txn([self.is_owner()], [put]).succeeded:
+            return False
+        self.info = info
+        return True
+
     def abandon(self, why: str) -> None:
         """Give our place up now, though the lease lives (our workers were fenced behind our
         back): ``lost`` is set; the owner's next ``close()`` revokes the lease.
