@@ -8,8 +8,8 @@ Leader, which decides (protocol.py) and applies. Membership changes reach the ag
 Who owns what: the handler owns the client (unless given one), the round view, the event log and
 the current incarnation (session and driver), and builds the RunContext the pieces borrow; each
 session has one Driver (the round watch, the election, the leader's term). The agent reaches the
-session through the two ports the handler gives (liveness.py, report.py); none holds the
-handler.
+session through the ports the handler gives (node/ports.py: liveness, report, hang, drain,
+progress); none holds the handler.
 
 Threads: the agent's own thread (next_rendezvous, joins, restarts, close), the client's watch and
 keep-alive threads (callbacks only update the view and post to the driver) and one driver thread
@@ -55,6 +55,7 @@ from etcdrun.rendezvous.etcd.node import joining, lifecycle, node_names
 from etcdrun.rendezvous.etcd.node.cooldown import Cooldown
 from etcdrun.rendezvous.etcd.node.drain import EtcdDrain
 from etcdrun.rendezvous.etcd.node.liveness import SessionLiveness
+from etcdrun.rendezvous.etcd.node.ports import NodePorts
 from etcdrun.rendezvous.etcd.node.progress import EtcdProgress
 from etcdrun.rendezvous.etcd.node.run_gate import RunGate
 from etcdrun.rendezvous.etcd.node.session import Session
@@ -102,11 +103,7 @@ class EtcdRendezvousHandler(RendezvousHandler):
         self.host = socket.gethostname()
         self.addr = params.local_addr or self.host
         self._now = Incarnation()
-        self._liveness = SessionLiveness(self._now)
-        self._report = EtcdReport(self.ctx, self._now)
-        self._hang = EtcdHang(self.ctx, self._now)
-        self._drain = EtcdDrain(self.ctx, self._now)
-        self._progress = EtcdProgress(self.ctx, self._now)
+        self._ports = NodePorts.build(self.ctx, self._now)  # what the agent talks to
         self._cooldown = Cooldown(self.ctx)  # a bad host sits rounds out (node/cooldown.py)
         self._spare = SparePort()  # MASTER_PORT of a carried round we lead off (design.md §3a)
         self._incarnation = 0
@@ -194,7 +191,7 @@ class EtcdRendezvousHandler(RendezvousHandler):
         if sess is not None and not orphaned and not sess.lost.is_set():
             sess.mark_leaving("left", self.policy.parting_timeout)  # "left", not "lost"
         ok = self._drop_session()  # the driver first: a leader must not reopen the round
-        self._hang.close()
+        self._ports.close()
         self.view.wake()  # a next_rendezvous() waiting in another thread ends now
         if not orphaned and self.client.reached:  # never reached: nothing of ours to remove
             lifecycle.clean_up_if_none_left(self.ctx)
@@ -211,19 +208,19 @@ class EtcdRendezvousHandler(RendezvousHandler):
         return self.view.listen(callback)
 
     def liveness(self) -> SessionLiveness:
-        return self._liveness
+        return self._ports.liveness
 
     def report(self) -> EtcdReport:
-        return self._report
+        return self._ports.report
 
     def hang(self) -> EtcdHang:
-        return self._hang
+        return self._ports.hang
 
     def drain(self) -> EtcdDrain:
-        return self._drain
+        return self._ports.drain
 
     def progress(self) -> EtcdProgress:
-        return self._progress
+        return self._ports.progress
 
     def request_restart(self, reason: str, failure: FailureInfo | None = None) -> bool:
         running = self.view.running()
@@ -290,9 +287,9 @@ class EtcdRendezvousHandler(RendezvousHandler):
             if sess.lost.is_set() or self._shutdown:
                 self._drop_session()
                 raise _Reopen()  # a new session, or "shut down"
-            if self._drain.requested is not None:  # asked to leave: wait for no round
+            if self._ports.drain.requested is not None:  # asked to leave: wait for no round
                 raise RendezvousClosedError(
-                    f"this node was asked to drain by {self._drain.requested.by}",
+                    f"this node was asked to drain by {self._ports.drain.requested.by}",
                     run_id=self.run_id,
                     round=r.number if r else None,
                     node=sess.node_id,
@@ -317,7 +314,7 @@ class EtcdRendezvousHandler(RendezvousHandler):
                     continue  # the job runs on without us: keep waiting for a place
                 raise RendezvousTimeoutError(
                     f"no round with this node completed within join_timeout="
-                    f"{self.cfg.join_timeout:g}s ({self._report.status()})",
+                    f"{self.cfg.join_timeout:g}s ({self._ports.report.status()})",
                     run_id=self.run_id,
                     round=r.number if r else None,
                     node=sess.node_id,
@@ -332,7 +329,7 @@ class EtcdRendezvousHandler(RendezvousHandler):
             self._cooldown.end(sess.node_id, self.view.current())
 
     def _stop_waiting(self, sess: Session) -> bool:
-        return sess.lost.is_set() or self._shutdown or self._drain.requested is not None
+        return sess.lost.is_set() or self._shutdown or self._ports.drain.requested is not None
 
     def _join(self, sess: Session, r: Round) -> bool:
         lws = self.params.local_world_size
@@ -378,8 +375,8 @@ class EtcdRendezvousHandler(RendezvousHandler):
         self.events.node = sess.node_id
         driver = Driver(self.ctx, sess)
         sess.on_lost(lambda s: self._on_lost(s, driver))
-        self._liveness.attach(sess)
-        self._drain.attach(sess)
+        self._ports.liveness.attach(sess)
+        self._ports.drain.attach(sess)
         self._now.driver = driver
         driver.start()
         rev, pid = sess.create_revision, os.getpid()
@@ -413,7 +410,7 @@ class EtcdRendezvousHandler(RendezvousHandler):
         )
 
     def _drop_session(self) -> bool:
-        self._drain.detach()
+        self._ports.drain.detach()
         driver, self._now.driver = self._now.driver, None
         if driver is not None:
             driver.stop()
