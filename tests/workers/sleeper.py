@@ -20,7 +20,10 @@ def on_term(signum, frame):
 
 if mode != "default":
     signal.signal(signal.SIGTERM, on_term)
-with open(os.path.join(marker_dir, f"ready_{rank}"), "w") as fp:
+# Written whole, then renamed: a reader that sees ready_<RANK> reads the pid, never an empty file.
+ready = os.path.join(marker_dir, f"ready_{rank}")
+with open(ready + ".tmp", "w") as fp:
     fp.write(str(os.getpid()))
+os.replace(ready + ".tmp", ready)
 for _ in range(1200):
     time.sleep(0.1)
