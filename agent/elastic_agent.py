@@ -262,7 +262,8 @@ class ElasticAgent:
 
     def _regroup(self, action: loop.Regroup) -> loop.Event:
         """The kept workers hear at once that their round is over (they release collectives
-        blocked on a lost peer and wait), then this node joins the next round."""
+        blocked on a lost peer and wait), then this node joins the next round.
+        """
         self._in_place.abort(action.round, self._spec.local_world_size)
         return self._join(loop.Join())
 

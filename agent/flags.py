@@ -35,7 +35,8 @@ class UsageError(ValueError):
 def check_hang_timeout(value: float | None) -> None:
     """``--hang-timeout``: off (None) or a positive number of seconds. Why a floor of one
     second: the watchdog reads the beats a few times a second, and a step shorter than its
-    own sampling would be judged by the sampling, not by the step."""
+    own sampling would be judged by the sampling, not by the step.
+    """
     if value is not None and not value >= 1:
         raise ValueError(f"hang_timeout ({value}) must be at least 1 second (or None: off)")
 

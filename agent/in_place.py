@@ -22,7 +22,8 @@ Resumed = Callable[[int, dict[str, Any]], None]
 class InPlace:
     """One per agent: ``start()`` → (``ready``, ``abort``, ``hand_over``)* → ``close()``.
     ``on_resumed(local_rank, msg)`` runs on the channel's thread when a kept worker trains
-    again (it must return at once)."""
+    again (it must return at once).
+    """
 
     def __init__(self, tag: str, on_resumed: Resumed) -> None:
         self._on_resumed = on_resumed
@@ -48,7 +49,8 @@ class InPlace:
 
     def abort(self, round_number: int, local_world_size: int) -> None:
         """Tell every kept worker at once that its round is over: it releases its collectives
-        and waits for the next round."""
+        and waits for the next round.
+        """
         for local_rank in range(local_world_size):
             self._server.send(local_rank, control.ABORT, round=round_number)
 
@@ -65,7 +67,8 @@ class InPlace:
     def peer_wait(liveness: LivenessPort) -> dict[str, str]:
         """How long a kept worker whose collective failed waits for the round's end before it
         takes the failure for its own: a lost peer is seen when its lease expires, so one lease
-        and a margin; 30 s without a lease."""
+        and a margin; 30 s without a lease.
+        """
         lease = liveness.read()
         if lease.time_left is None or lease.keepalive_age is None:
             return {PEER_WAIT_VAR: "30"}

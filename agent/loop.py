@@ -184,7 +184,8 @@ class Join(Action):
 @dataclass(frozen=True)
 class Regroup(Action):
     """Tell the kept workers their round is over (they release their collectives and wait),
-    then join the next round, as ``Join`` does."""
+    then join the next round, as ``Join`` does.
+    """
 
     round: int
 
@@ -197,7 +198,8 @@ class StartWorkers(Action):
 @dataclass(frozen=True)
 class HandOver(Action):
     """Give the kept workers ``info``'s round over the control channel, then wait for them as
-    after ``StartWorkers``."""
+    after ``StartWorkers``.
+    """
 
     info: RendezvousInfo
 
@@ -351,7 +353,8 @@ def _joining(state: State, event: Event) -> Step | None:
 def _joining_kept(state: State, event: Event) -> Step | None:
     """The workers ran on while this node joined the next round (in place, design.md §4a).
     The same node in the new round: hand it over. A new node (our place was lost meanwhile:
-    the warden fenced the workers) or a closed run: the kept workers stop first."""
+    the warden fenced the workers) or a closed run: the kept workers stop first.
+    """
     left = replace(state, kept=False)
     if isinstance(event, Joined):
         prev = state.info

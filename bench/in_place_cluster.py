@@ -100,7 +100,8 @@ def _free_port() -> int:
 
 def warden_pids(agent_pid: int) -> list[int]:
     """etcdrun's warden of this agent (agent/fencing/warden.py: started with the agent's pid,
-    outside its process tree)."""
+    outside its process tree).
+    """
     found = []
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
@@ -198,7 +199,8 @@ class Cluster:
 
     def victim(self, which: str) -> tuple[Agent, str]:
         """The node to kill or freeze: rank 0's, or the highest rank that does not host
-        torchrun's c10d store (killing that host is the rank-0 scenario for c10d)."""
+        torchrun's c10d store (killing that host is the rank-0 scenario for c10d).
+        """
         ranks = last_ranks(self.records())
         host = None
         la = self.col.launcher

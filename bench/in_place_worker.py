@@ -46,7 +46,8 @@ def in_place(net, ddp, opt) -> None:
 
     class TimedState(elastic.TorchState):
         """Logs each state transfer (bytes, seconds: the scale-up's MB/s) and each DDP re-wrap
-        (seconds): with the agent's ``form_s`` they say where a re-form's time goes."""
+        (seconds): with the agent's ``form_s`` they say where a re-form's time goes.
+        """
 
         def rewrap(self) -> None:
             t = time.perf_counter()

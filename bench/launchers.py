@@ -58,7 +58,8 @@ class Launcher:
         worker: Sequence[str] = (),
     ) -> list[str]:
         """The agent's command line; ``worker`` (script and its argv) replaces compare's
-        ``compare_worker.py MODE``."""
+        ``compare_worker.py MODE``.
+        """
         cmd = [
             str(bindir / self.kind),
             "--nnodes",

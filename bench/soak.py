@@ -45,7 +45,8 @@ from chaos_trial import Result  # noqa: E402
 
 def pick(first: int, trials: int, only_in_place: bool) -> list[int]:
     """The seeds to run: ``trials`` seeds from ``first`` on, or the first ``trials`` of them
-    whose schedule is an in-place trial (chaos_schedule.in_place: about a third)."""
+    whose schedule is an in-place trial (chaos_schedule.in_place: about a third).
+    """
     if not only_in_place:
         return list(range(first, first + trials))
     seeds: list[int] = []

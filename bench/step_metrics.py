@@ -48,7 +48,8 @@ class Recovery:
 
 def read_log(out: Path) -> list[dict]:
     """Every record of every ``steps_<pid>.jsonl`` under ``out``, in time order (a line cut
-    short by a kill is skipped)."""
+    short by a kill is skipped).
+    """
     recs = []
     for path in sorted(out.glob("steps_*.jsonl")):
         for line in path.read_text(errors="replace").splitlines():
@@ -75,7 +76,8 @@ def resumed(recs: list[dict], nodes: Iterable[str], t_event: float, world: int) 
 
 def measure(recs: list[dict], survivors: list[str], t_event: float, world: int) -> Recovery:
     """The figures of one event; raises ValueError if a survivor never resumed or never
-    completed a step before it."""
+    completed a step before it.
+    """
     new, old = {}, {}
     for node in survivors:
         first = first_new(recs, node, t_event, world)
@@ -108,7 +110,8 @@ def newcomer_start(recs: list[dict], node: str, t_event: float, t_stall: float) 
     """Where a scale-up's stall goes: the newcomer's script started (``start``: its standby was
     handed the round, or its cold start) ``newcomer_start_s`` after the survivors' last
     old-world step; then, from that start, its process group was up (``group``), its DDP
-    wrapper built (``wrapped``) and the state received (``sync``)."""
+    wrapper built (``wrapped``) and the state received (``sync``).
+    """
 
     def first(kind: str) -> dict | None:
         return next(
@@ -127,7 +130,8 @@ def newcomer_start(recs: list[dict], node: str, t_event: float, t_stall: float) 
 def agent_figures(events: list[dict], t_event: float) -> dict:
     """From etcdrun's events.jsonl (the survivors' agents): when the first agent learned of the
     change (``round_superseded``) after the event, and the longest re-form a kept worker
-    reported (``worker_resumed``'s ``form_s``: new group, DDP re-wrap, state transfer)."""
+    reported (``worker_resumed``'s ``form_s``: new group, DDP re-wrap, state transfer).
+    """
     seen = [e["time"] for e in events if e["event"] == "round_superseded" and e["time"] > t_event]
     forms = [e["form_s"] for e in events if e["event"] == "worker_resumed" and e.get("form_s")]
     return {

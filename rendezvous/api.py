@@ -348,7 +348,8 @@ class HangPort:
 
     def _receive(self, notice: HangNotice) -> None:
         """A notice reached this process (posted here, or seen by a backend's watch): to the
-        subscribers, a round's first alarm only."""
+        subscribers, a round's first alarm only.
+        """
         if notice.kind == "alarm":
             with self._lock:
                 if notice.round in self._alarmed:

@@ -40,7 +40,8 @@ def etcdrun_bin() -> str:
 def torchrun_bin() -> str:
     """torch's console script, beside this interpreter when there; in a venv that sees the
     system's torch, the one beside the interpreter the venv was made from (never a shim on
-    PATH, such as pyenv's, which changes the workers' environment)."""
+    PATH, such as pyenv's, which changes the workers' environment).
+    """
     for python in (Path(sys.executable), Path(sys.executable).resolve()):
         beside = python.parent / "torchrun"
         if beside.exists():
@@ -58,7 +59,8 @@ RANK_PREFIX = "[${rank}]:"
 def suite_prewarm() -> str:
     """The suite's ``--prewarm`` (conftest.py: ``none`` unless ``ETCDRUN_TEST_PREWARM`` says
     otherwise), for an environment a test builds without ``PET_*``: a test that is about
-    standbys passes ``--prewarm`` itself, which wins."""
+    standbys passes ``--prewarm`` itself, which wins.
+    """
     from etcdrun.agent import flags
 
     return flags.DEFAULT_PREWARM
@@ -67,7 +69,8 @@ def suite_prewarm() -> str:
 def clean_env(**extra: str) -> dict[str, str]:
     """The test's environment without what would change an agent's or worker's behaviour, with
     the suite's ``PET_PREWARM``, and with worker lines prefixed ``[<global rank>]:``
-    (``RANK_PREFIX``)."""
+    (``RANK_PREFIX``).
+    """
     drop = ("PET_", "ETCDCTL_", "TORCHELASTIC_", "OMP_NUM_THREADS", "PYTHON_EXEC", "LOGLEVEL")
     env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
     env["PET_PREWARM"] = suite_prewarm()
@@ -78,7 +81,8 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
     """Poll ``predicate`` until truthy; its value. Fails with ``what`` (a deadlock guard, not
-    a timing assertion: the bounds a test checks are measured and asserted separately)."""
+    a timing assertion: the bounds a test checks are measured and asserted separately).
+    """
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
@@ -194,7 +198,8 @@ class Job:
         wrap: tuple[str, ...] = (),
     ) -> Agent:
         """One more agent; ``script`` defaults to the worker with this job's out dir; ``wrap``
-        goes before the command (it must exec it: tests/chaos/chaos_netcut.py)."""
+        goes before the command (it must exec it: tests/chaos/chaos_netcut.py).
+        """
         name = f"agent{len(self.agents)}"
         args = script or self.script or (WORKER, str(self.out), "sleep")
         argv = [*wrap, *self.argv(), *extra, *args]
@@ -264,7 +269,8 @@ class Job:
     # ---- teardown ------------------------------------------------------------------------------
     def close(self) -> None:
         """SIGKILL any agent still running (its workers die with it: PR_SET_PDEATHSIG), then reap
-        workers that came to the test process as orphans (it is a child subreaper)."""
+        workers that came to the test process as orphans (it is a child subreaper).
+        """
         for a in self.agents:
             if a.proc.poll() is None:
                 a.proc.kill()

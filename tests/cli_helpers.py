@@ -1,5 +1,6 @@
 """Running the ``etcdrun`` command as a user does, and what a bad input must look like: one
-clear line and a non-zero exit. Shared by the agent's end-to-end and bad-input tests."""
+clear line and a non-zero exit. Shared by the agent's end-to-end and bad-input tests.
+"""
 
 from __future__ import annotations
 

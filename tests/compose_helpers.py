@@ -110,7 +110,8 @@ class Sample:
     def ranks(self) -> dict[int, list[Worker]]:
         """The workers able to act, by RANK: a frozen process sends nothing and answers nothing,
         so it holds its RANK no more than a dead one (S4 is about two processes *acting* as one
-        rank; the thaw is judged by how fast the warden then kills them)."""
+        rank; the thaw is judged by how fast the warden then kills them).
+        """
         out: dict[int, list[Worker]] = {}
         for w in self.workers:
             if not w.frozen:
@@ -135,7 +136,8 @@ def _cgroup_procs_file(init_pid: int) -> Path:
 
 def is_frozen(procs_file: Path) -> bool:
     """Whether the cgroup of ``procs_file`` (from _cgroup_procs_file) is frozen by the freezer
-    (docker pause): v1 freezer.state of the same path, else v2 cgroup.events."""
+    (docker pause): v1 freezer.state of the same path, else v2 cgroup.events.
+    """
     parts = procs_file.parent.parts
     if "pids" in parts:
         rel = Path(*parts[parts.index("pids") + 1 :])

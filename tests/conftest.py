@@ -165,7 +165,8 @@ def torch_available() -> None:
 def compose_images() -> dict[str, str]:
     """Docker, a compose CLI, and the images built by deploy/images/build.py (once a session;
     the build is keyed by content, so later sessions reuse it). Missing: skip locally, FAIL in
-    CI (where .ci/run installs docker.io and docker-compose and starts dockerd)."""
+    CI (where .ci/run installs docker.io and docker-compose and starts dockerd).
+    """
     from compose_helpers import build_images, docker_problem
 
     problem = docker_problem()

@@ -61,7 +61,8 @@ def _fields(text: str) -> dict[str, str]:
 
 def segments(outputs: dict[str, str]) -> list[Segment]:
     """Every rank-0 process's lines, from the outputs of agents (or launchers) by name, in the
-    order the processes resumed."""
+    order the processes resumed.
+    """
     found: list[Segment] = []
     for source, text in outputs.items():
         current: Segment | None = None
@@ -134,7 +135,8 @@ class CheckpointLog:
 @dataclass
 class Reference:
     """A one-process run (world size 1, every checkpoint kept): the loss of every step, the
-    curve every elastic run must follow whatever its world sizes and restarts."""
+    curve every elastic run must follow whatever its world sizes and restarts.
+    """
 
     losses: dict[int, float]
     ckpt_dir: Path
@@ -194,7 +196,8 @@ def check_exact(
     started (no step lost, none repeated beyond it), wrote no checkpoint twice, and went on one
     step at a time from there; every step's loss is the one-process run's (so the restored state
     and the data were exact); the loss went down; with ``done`` the last process finished at
-    exactly ``steps``."""
+    exactly ``steps``.
+    """
     assert segs, "no rank-0 output at all"
     log.poll()
     assert not log.rewritten, f"checkpoints written twice: steps {sorted(log.rewritten)}"
@@ -241,7 +244,8 @@ def _ipv4(hexaddr: str) -> tuple[str, int]:
 
 def tcp_sockets(pid: int) -> list[tuple[tuple[str, int], tuple[str, int], str]]:
     """(local, remote, "listen"|"established"|other) of every TCP socket ``pid`` holds, from
-    /proc: the kernel's view, whatever the process thinks it asked for."""
+    /proc: the kernel's view, whatever the process thinks it asked for.
+    """
     inodes = set()
     for fd in os.listdir(f"/proc/{pid}/fd"):
         try:

@@ -55,7 +55,8 @@ PF_EXITING = 0x4  # include/linux/sched.h: set as a process starts to exit
 def proc_state(pid: int) -> str:
     """``pid``'s state letter from /proc; "X" when gone, and "Z" from the moment it exits: a
     SIGKILLed process runs none of its own code again, but shows state R while the kernel frees
-    its memory (a 3 GB process: 0.26 s here; a worker with torch imported ~0.1-0.2 s)."""
+    its memory (a 3 GB process: 0.26 s here; a worker with torch imported ~0.1-0.2 s).
+    """
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:

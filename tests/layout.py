@@ -1,5 +1,6 @@
 """Where things are, for tests in any folder under tests/: the repository and the shared test
-material (helper scripts, worker scripts)."""
+material (helper scripts, worker scripts).
+"""
 
 from __future__ import annotations
 

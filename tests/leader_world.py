@@ -1,6 +1,7 @@
 """A small world against the in-memory etcd (tests/fake_etcd.py): N agents' sessions, the
 oldest one's leader and a round view, with every watch batch delivered by hand. Shared by the
-leader's, the driver's and the retry policy's tests."""
+leader's, the driver's and the retry policy's tests.
+"""
 
 from __future__ import annotations
 

@@ -80,7 +80,8 @@ def require_netns() -> None:
 
 def print_figures(capsys: pytest.CaptureFixture[str], tag: str, what: str, **secs: float) -> None:
     """One line of measured figures in the test run's output, past pytest's capture: CI logs
-    then carry them (fence time vs TTL, recovery times) on every run."""
+    then carry them (fence time vs TTL, recovery times) on every run.
+    """
     shown = ", ".join(f"{k} {v:.2f} s" for k, v in secs.items())
     with capsys.disabled():
         print(f"\n[{tag}] {what}: {shown}")
@@ -185,7 +186,8 @@ class Net:
     # ---- faults -----------------------------------------------------------------------------
     def cut(self, host: str) -> float:
         """Unplug ``host`` from the bridge; the wall time just after the link went down (wall, as
-        in the workers' records and the agents' events: one machine, one clock)."""
+        in the workers' records and the agents' events: one machine, one clock).
+        """
         _ip("-n", self.ns("hub"), "link", "set", self.veth(host), "down")
         return time.time()
 

@@ -73,13 +73,15 @@ def require_slurm() -> None:
 
 class SlurmCluster:
     """slurmctld on ``head``, a slurmd named n<i> on each of ``hosts``; everything stopped and
-    removed on exit, failure included (jobs cancelled first: slurmstepd outlives slurmd)."""
+    removed on exit, failure included (jobs cancelled first: slurmstepd outlives slurmd).
+    """
 
     def __init__(
         self, net: Net, head: str, hosts: Sequence[str], *, kill_on_bad_exit: bool = False
     ) -> None:
         """``kill_on_bad_exit``: the site default some clusters set (srun then kills a step's
-        other tasks when one exits non-zero); a job script must override it to be elastic."""
+        other tasks when one exits non-zero); a job script must override it to be elastic.
+        """
         self.net, self.head, self.hosts = net, head, list(hosts)
         self.kill_on_bad_exit = kill_on_bad_exit
         self.root = Path(tempfile.mkdtemp(prefix="etcdrun-slurm-"))  # short: socket paths

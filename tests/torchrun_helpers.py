@@ -59,7 +59,8 @@ class Node:
 
     def kill_tree(self) -> float:
         """kill -9 of the node: the agent frozen first (it spawns nothing more), then the agent
-        and its workers at once; returns the time of the kill."""
+        and its workers at once; returns the time of the kill.
+        """
         os.kill(self.proc.pid, signal.SIGSTOP)
         victims = [self.proc.pid, *descendants(self.proc.pid)]
         self.workers.update(victims[1:])

@@ -58,7 +58,8 @@ class Stack:
 
     def where(self) -> str:
         """The frame to show: the innermost one outside torch.distributed and the standard
-        library, with the innermost of all when they differ."""
+        library, with the innermost of all when they differ.
+        """
         if not self.frames:
             return "no Python frame"
         inner = self.frames[0]
@@ -115,7 +116,8 @@ def _state(pid: int) -> bytes:
 
 def cpu_seconds(pid: int) -> float | None:
     """The process's CPU time so far (utime + stime, every thread; not its children), for the
-    pace (agent/hang/pace.py); None when gone."""
+    pace (agent/hang/pace.py); None when gone.
+    """
     fields = _stat(pid)
     if len(fields) < 13:
         return None
@@ -130,7 +132,8 @@ def stopped(pid: int) -> bool:
 def catches(pid: int, signum: int) -> bool:
     """Whether the process has a handler for ``signum`` (its SigCgt mask): a process without
     one (exiting: faulthandler is gone at finalization; or started without the hook) would be
-    killed by the dump's signal, not answer it."""
+    killed by the dump's signal, not answer it.
+    """
     try:
         with open(f"/proc/{pid}/status") as fp:
             mask = next((ln.split()[1] for ln in fp if ln.startswith("SigCgt:")), "0")

@@ -40,7 +40,8 @@ class Verdict:
     """``node`` and ``rank`` to blame; ``where`` its stuck frame, or why there is none;
     ``line`` what every node prints; ``act``: the blamed rank's node kills it. Not when a node
     did not report: a frozen node's lease takes it out, and the rank named is only the one
-    that raised the alarm."""
+    that raised the alarm.
+    """
 
     round: int
     node: str
@@ -73,7 +74,8 @@ class Verdict:
 
 def blame(alarm: Alarm, reports: Mapping[str, Mapping[str, Any]], nodes: int) -> Verdict:
     """The verdict from the alarm and the reports received (node → report) of a round of
-    ``nodes`` nodes."""
+    ``nodes`` nodes.
+    """
     stalled = f"made no progress for {alarm.stalled_s:.1f} s"
     stacks = {
         (int(rank), node): r

@@ -226,7 +226,8 @@ class HangWatchdog:
         """The blamed worker's error file carries the verdict and its stack, so that every node
         reports them as the round's root cause. The others keep their stacks in their own
         stacks.log only: an error file says that a worker failed by itself (agent/worker/proc.py),
-        and a peer that waited in ``all_reduce`` did not."""
+        and a peer that waited in ``all_reduce`` did not.
+        """
         got = rnd.stacks.get(verdict.rank) if verdict.rank is not None else None
         files = self._group.log_paths.get(verdict.rank) if verdict.rank is not None else None
         if got is None or files is None or os.path.exists(files.error_file):

@@ -152,7 +152,8 @@ class AgentObserver:
 
     def regrouped(self, info: RendezvousInfo, workers: list[Worker]) -> str | None:
         """The kept workers were handed ``info``'s round (in place): one event, the story line
-        (the same as a restart's, said to be in place)."""
+        (the same as a restart's, said to be in place).
+        """
         prev = self._info
         waited = time.monotonic() - self._asked_at if self._asked_at is not None else None
         self._asked_at = None
@@ -177,7 +178,8 @@ class AgentObserver:
     def resumed(self, local_rank: int, msg: dict[str, Any]) -> None:
         """A kept worker trains again in the new round (control channel thread): how long it
         paused, how much state it received. The node ranked 0 tells the backend of its local
-        rank 0, once per round, for ``etcdrun status`` (ReportPort.kept)."""
+        rank 0, once per round, for ``etcdrun status`` (ReportPort.kept).
+        """
         self.events.emit(
             "worker_resumed",
             round=msg.get("round"),

@@ -107,7 +107,8 @@ class ControlServer:
 
     def opted_in(self, pids: dict[int, int], round_number: int) -> set[int]:
         """The local ranks (of ``pids``: local rank → pid) whose process said hello in
-        ``round_number`` over a connection that still holds."""
+        ``round_number`` over a connection that still holds.
+        """
         with self._lock:
             return {
                 p.local_rank
@@ -208,7 +209,8 @@ class ControlServer:
 
 def connect(environ: dict[str, str] | None = None) -> socket.socket | None:
     """The worker's end: connected to its agent's channel, or None outside an etcdrun agent
-    (plain torchrun, a bare ``python`` run)."""
+    (plain torchrun, a bare ``python`` run).
+    """
     name = (os.environ if environ is None else environ).get(VAR)
     if not name:
         return None

@@ -68,7 +68,8 @@ class FileTimerServer:
     removes the FIFO. ``is_ours(pid)`` (any thread) says whether a pid is one of the agent's
     workers; ``on_expired(Expired)`` runs on the server's thread just *before* the kill, so that
     the worker's failure already names the scope when its exit is seen. The path is known from
-    the start (``env``): the workers' environment is built before the server runs."""
+    the start (``env``): the workers' environment is built before the server runs.
+    """
 
     def __init__(self, path: str | None = None) -> None:
         self.path = path or os.path.join(tempfile.gettempdir(), f"etcdrun_timer_{uuid.uuid4()}")
@@ -169,7 +170,8 @@ class FileTimerServer:
 class WorkerTimers:
     """What the agent does with its workers' timers: which pids are its workers, and, before a
     kill, the worker's error file (torch's format) naming the scope, a log line and an event.
-    Borrows the agent's worker group and event log."""
+    Borrows the agent's worker group and event log.
+    """
 
     def __init__(self, group: WorkerGroup, events: EventLog) -> None:
         self._group = group

@@ -41,7 +41,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 def _beats(spec: WorkerSpec, paced: bool) -> bool:
     """Whether workers get a progress page: for the hang watchdog, or for the pace a backend
-    shares (agent/hang/pace.py)."""
+    shares (agent/hang/pace.py).
+    """
     return paced or spec.hang_timeout is not None
 
 
@@ -226,7 +227,8 @@ class WorkerGroup:
         """The running workers go on in ``info``'s round (in place, design.md §4a): their global
         ranks and world change, their processes, files and attempt folder do not. Returns the
         environment each local rank gets for the new round, to hand over on the control
-        channel (the variables a worker started now would get, its error file unchanged)."""
+        channel (the variables a worker started now would get, its error file unchanged).
+        """
         spec = self._spec
         if self._stopped or spec is None:
             raise RuntimeError("no workers run: there is nothing to regroup")

@@ -194,7 +194,8 @@ class WorkerFiles:
 
     def prepare(self) -> None:
         """Create the directory; drop a previous run's error/return/progress files (they
-        would lie)."""
+        would lie).
+        """
         os.makedirs(self.dir, exist_ok=True)
         for stale in (self.error_file, self.return_file, self.progress):
             try:

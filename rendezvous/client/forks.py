@@ -120,7 +120,8 @@ class ForkGate:
 
     def after_fork_in_child(self) -> None:
         """The parent's threads are not here: nothing of theirs is inside, nothing to cancel;
-        only the forking thread's own calls, which it leaves again in the child."""
+        only the forking thread's own calls, which it leaves again in the child.
+        """
         mine = getattr(self._depth, "n", 0)
         self._reset()
         self._inside = mine

@@ -328,7 +328,8 @@ class LeaseKeeper:
         """A lease presumed lost while etcd did not answer may still live on the server, and
         with it its keys: an agent key that the others' next round waits for. Revoke it as
         soon as etcd answers again (the next grant), instead of letting it expire a TTL later
-        (a restarted etcd renews every lease it restores)."""
+        (a restarted etcd renews every lease it restores).
+        """
         with self._cv:
             self._stale.add(lease_id)
 

@@ -275,7 +275,8 @@ class Transport:
         """(since, giving up at), wall-clock seconds, while etcd does not answer; else None.
         Why one deadline per outage, not per call: calls that start late in an outage (the
         next session's, after the lease was lost) would otherwise each retry a whole
-        retry_timeout, and "giving up at" would never be true."""
+        retry_timeout, and "giving up at" would never be true.
+        """
         start = self._outage
         if start is None:
             return None
@@ -342,7 +343,8 @@ class Transport:
 
     def stream(self, name: str, requests: Iterator, index: int, timeout: float | None = None):
         """Open a bidirectional stream on endpoint ``index`` (the caller handles failover, and
-        holds ``forks.GATE.call()`` from here until the stream has ended)."""
+        holds ``forks.GATE.call()`` from here until the stream has ended).
+        """
         return bind(self.channel(index), name)(
             requests, timeout=timeout, metadata=self.metadata(streaming=True)
         )

@@ -211,7 +211,8 @@ class WatchManager:
 
     def _stream(self, q: queue.Queue, idx: int) -> tuple[BaseException, bool, bool]:
         """Run one stream until it breaks; (why it broke, whether it delivered anything,
-        whether a fork cancelled it)."""
+        whether a fork cancelled it).
+        """
         delivered = False
         call = None
         try:
@@ -237,7 +238,8 @@ class WatchManager:
 
     def _answers(self, call) -> Iterator[pb.WatchResponse]:
         """The stream's responses; the first one also says that an etcd outage, if one was
-        being counted, is over."""
+        being counted, is over.
+        """
         for n, resp in enumerate(call):
             if n == 0:
                 self._t.answered_now()

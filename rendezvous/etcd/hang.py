@@ -31,7 +31,8 @@ log = logging.getLogger("etcdrun.rendezvous")
 
 class EtcdHang(HangPort):
     """Posts and watches ``<run>/hang/``; reads the handler's current incarnation for the
-    lease, owns nothing but its watch."""
+    lease, owns nothing but its watch.
+    """
 
     def __init__(self, ctx: RunContext, incarnation: Incarnation) -> None:
         super().__init__()
@@ -59,7 +60,8 @@ class EtcdHang(HangPort):
 
     def subscribe(self, callback: Callable[[HangNotice], None]) -> Callable[[], None]:
         """Also starts the one watch on ``hang/``, from now on (a round's notices that came
-        before the agent subscribed belong to rounds it never ran in), at the first call."""
+        before the agent subscribed belong to rounds it never ran in), at the first call.
+        """
         if self._watch is None:
             self._watch = self._ctx.client.watch(
                 self._ctx.keys.hangs, prefix=True, callback=self._deliver

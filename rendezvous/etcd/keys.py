@@ -77,7 +77,8 @@ class RunKeys:
     @property
     def hangs(self) -> str:
         """The hang watchdogs' notices (design.md §4b), apart from ``rounds/`` so that the
-        leader's watch of the rounds never carries them."""
+        leader's watch of the rounds never carries them.
+        """
         return self.root + "hang/"
 
     def hang(self, n: int, kind: str, node_id: str = "") -> str:

@@ -135,7 +135,8 @@ def read(
     client: EtcdClient, keys: RunKeys, *, ttls: bool = True, fraction: float = 0.5
 ) -> RunStatus:
     """The run's state in one transaction (plus one LeaseTimeToLive per agent with ``ttls``);
-    ``fraction`` is the straggler rule's (the job's ``straggler_fraction``)."""
+    ``fraction`` is the straggler rule's (the job's ``straggler_fraction``).
+    """
     res = client.txn(
         [],
         [
@@ -169,7 +170,8 @@ def read(
 
 def _kept(kvs, unreadable: list[str]) -> tuple[KeptRound, ...]:
     """The rounds taken in place (rendezvous/etcd/report.py writes them), in key order: by
-    round number."""
+    round number.
+    """
     out = []
     for kv in kvs:
         try:
@@ -184,7 +186,8 @@ def _paces(
 ) -> tuple[tuple[NodePace, ...], float | None]:
     """Each pace, judged among the current round's (design.md §4d: the leader's rule); a
     record of an earlier round (a node that has not published in this one) is shown, with its
-    lag behind the current round's newest step, and judged with no one."""
+    lag behind the current round's newest step, and judged with no one.
+    """
     current = [p for p in paces if number is None or p.round == number]
     verdict = judge(current, fraction)
     newest = max((p.step for p in current), default=0)

@@ -132,7 +132,8 @@ def test_kill_9_survivors_rerun_within_ttl_plus_2s_and_no_orphans(etcd, job_fact
     ``--prewarm json``: the kill comes right after the first round, while the refills that
     round started still import what ``auto`` names (torch, one at a time: ~2 s each on a slow
     2-CPU machine, which this script never imports); a new round then waits for its standby's
-    import, and the bound would time torch, not the launcher (4.6-5.1 s measured so in CI)."""
+    import, and the bound would time torch, not the launcher (4.6-5.1 s measured so in CI).
+    """
     ttl = 2
     job = job_factory(nnodes="2:3", conf=f"lease_ttl={ttl},join_timeout=30")
     agents = [job.start(extra=("--prewarm", "json")) for _ in range(3)]
@@ -245,7 +246,8 @@ def test_failing_worker_restarts_job_wide_then_every_node_reports_the_root_cause
 # ---- 4. SIGTERM to an agent ---------------------------------------------------------------------
 def test_sigterm_exits_143_forwards_to_workers_and_peers_restart_at_once(etcd, job_factory):
     """torchrun's meaning, kept by ``--on-sigterm stop`` above min nodes (the default drains
-    there: tests/agent/test_drain.py)."""
+    there: tests/agent/test_drain.py).
+    """
     ttl = 10  # a peer that waited for the lease to expire would take 10 s
     job = job_factory(
         nnodes="2:3",

@@ -95,7 +95,8 @@ def test_a_wrong_ca_fails_at_once(etcd_tls, tmp_path):
 @pytest.mark.parametrize("key", ["cacert", "cert", "key"])
 def test_a_tls_file_that_is_not_pem_is_one_line_naming_it_at_once(etcd_tls, tmp_path, key):
     """It was retried as an outage for the whole retry_timeout and ended as "Failed to create
-    security handshaker", never naming the file."""
+    security handshaker", never naming the file.
+    """
     real = generate(tmp_path / "real")
     junk = tmp_path / "junk.pem"
     junk.write_text("not a certificate, not a key\n")
@@ -136,7 +137,8 @@ def test_an_agent_meeting_a_full_etcd_says_so_at_once_with_the_remedy(small_etcd
 
 def test_a_running_job_that_loses_a_node_on_a_full_etcd_fails_clearly(small_etcd):
     """No round can open and the run cannot even be closed (no writes), so the leader removes
-    the round key (deletes still work); the survivors stop with the reason, promptly."""
+    the round key (deletes still work); the survivors stop with the reason, promptly.
+    """
     run = new_run_id()
     hs = [handler(small_etcd.endpoints, run, 1, 3, lease_ttl=2, last_call_timeout=0)]
     hs += [handler(small_etcd.endpoints, run, 1, 3, lease_ttl=2) for _ in range(2)]
@@ -222,7 +224,8 @@ def _same_id(endpoints: str, run_id: str, out: str, mode: str) -> list[str]:
 def test_a_failed_runs_id_runs_afresh_and_its_failure_is_never_replayed(etcd, tmp_path):
     """After a failed run, a new job under the same id (the script fixed) used to print the old
     run's failure under the new script's name. A retry of a failed job (a Kubernetes Job retry,
-    a Slurm requeue) now starts a fresh run once the failed run's agents are gone."""
+    a Slurm requeue) now starts a fresh run once the failed run's agents are gone.
+    """
     from agent_helpers import WORKER, Job
 
     old = Job(etcd.endpoints, tmp_path / "old", nnodes="1", nproc=1, conf="lease_ttl=2")
@@ -298,7 +301,8 @@ def test_a_run_without_log_dir_leaves_no_temp_folder_and_a_failed_one_says_where
 @pytest.mark.parametrize("backend", ["static", "etcd"])
 def test_a_spent_budget_says_so_last_and_never_restarting(request, tmp_path, backend):
     """Measured before: ``restarting (restarts so far 2/2)`` right before FAILED. Now the last
-    failure says the budget is spent, and nothing after it speaks of a new round."""
+    failure says the budget is spent, and nothing after it speaks of a new round.
+    """
     from agent_helpers import WORKER
 
     if backend == "etcd":

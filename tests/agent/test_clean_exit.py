@@ -61,7 +61,8 @@ json.dump({
 def test_exit_hook_is_invisible_to_the_worker(tmp_path, prewarm):
     """Under etcdrun a script sees what plain ``python -u`` shows it, plus one atexit hook:
     spawned, and from a standby (whose pre-import, json, registers nothing at exit; torch,
-    ``--prewarm auto``'s, registers 6 handlers of its own, as in any worker that imports it)."""
+    ``--prewarm auto``'s, registers 6 handlers of its own, as in any worker that imports it).
+    """
     user_dir = tmp_path / "user_site"
     user_dir.mkdir()
     (user_dir / "sitecustomize.py").write_text("import os\nos.environ['USER_SITE_RAN'] = '1'\n")

@@ -566,7 +566,8 @@ def test_static_parse_imports_nothing_heavy():
 
 def test_etcd_parse_normalises_the_endpoints_without_grpc():
     """The etcd command line's endpoints are normalised while it parses, from the client's
-    config module alone: gRPC and protobuf load with the handler, after the standbys start."""
+    config module alone: gRPC and protobuf load with the handler, after the standbys start.
+    """
     mods = _modules_after(
         "c = cli.parse_args(['--rdzv-backend', 'etcd', '--rdzv-endpoint', 'e1,e2:2', "
         "'--nnodes', '2', 't.py'])[0]\nassert c.rdzv_endpoint == 'e1:2379,e2:2', c.rdzv_endpoint"

@@ -1,5 +1,6 @@
 """events.jsonl, the console event handler, the metrics configuration and the health port, each on
-its own (the e2e test of all of them with real agents: tests/agent/test_observability.py)."""
+its own (the e2e test of all of them with real agents: tests/agent/test_observability.py).
+"""
 
 from __future__ import annotations
 
@@ -128,7 +129,8 @@ def test_the_health_port_answers_healthz_livez_metrics():
 
 def test_every_counter_is_exposed_from_the_first_scrape():
     """A fresh agent's /metrics lacked lease_lost, fenced, worker exits and etcd errors until
-    each first happened, so an alert on them read "no data" instead of 0 (a new user's trial)."""
+    each first happened, so an alert on them read "no data" instead of 0 (a new user's trial).
+    """
     fresh = prometheus_text(MetricStore("prometheus")).decode()
     for name in ("rounds", "worker_exits", "etcd_request_errors", "lease_lost", "fenced"):
         assert f"# TYPE etcdrun_{name}_total counter" in fresh, name

@@ -27,7 +27,8 @@ FORKER = str(SCRIPTS / "forker.py")
 def test_the_warden_kills_before_etcd_could_expire_the_lease(margin):
     """From the pause to the kill: never as late as the margin (the moment etcd could expire
     the lease and a new round start: a SIGKILL to gone took up to 0.2 s, so ``KILL_LEAD``
-    early), and never before half of it (short margins keep a pause worth having)."""
+    early), and never before half of it (short margins keep a pause worth having).
+    """
     kill = kill_after(margin)
     assert margin / 2 <= kill < margin
     assert kill == pytest.approx(margin - min(KILL_LEAD, margin / 2))
@@ -103,7 +104,8 @@ def test_kill_9_of_the_agent_leaves_nothing_of_its_workers_trees(etcd, tmp_path)
 
 def test_every_stop_takes_the_workers_descendants_with_it(etcd, tmp_path):
     """A membership change stops the workers: their double-forked and setsid'd descendants go
-    too, before the next round's workers start."""
+    too, before the next round's workers start.
+    """
     job = Job(
         etcd.endpoints, tmp_path, nnodes="1:2", nproc=1, conf="lease_ttl=2,last_call_timeout=0"
     )

@@ -1,6 +1,7 @@
 """The hang watchdog's parts, without a job (design.md §4b): who is blamed (a pure function,
 every case), a real worker's stack read back from faulthandler, the beat page, the one-process
-hang port, and the flag. tests/pytorch/test_hang.py runs it end to end on real jobs."""
+hang port, and the flag. tests/pytorch/test_hang.py runs it end to end on real jobs.
+"""
 
 from __future__ import annotations
 
@@ -202,7 +203,8 @@ def test_the_flag_and_its_variable_reach_the_config(monkeypatch):
 
 def test_workers_get_a_beat_page_and_a_stack_file_only_with_the_watchdog_on(tmp_path):
     """The page also comes with a backend that shares the node's pace (design.md §4d); the
-    stack file only with the watchdog."""
+    stack file only with the watchdog.
+    """
     from etcdrun.agent.worker.group import _hang_env
     from etcdrun.agent.worker.logdir import WorkerFiles
 
@@ -217,7 +219,8 @@ def test_workers_get_a_beat_page_and_a_stack_file_only_with_the_watchdog_on(tmp_
 
 def test_a_process_without_the_hook_is_not_killed_by_a_dump(tmp_path):
     """A worker past finalization (faulthandler gone) or started without the hook has no
-    handler: the dump's signal would kill it, so it is not sent, and the reason is said."""
+    handler: the dump's signal would kill it, so it is not sent, and the reason is said.
+    """
     proc = subprocess.Popen(
         [sys.executable, "-c", "import time; print(1, flush=True); time.sleep(60)"],
         stdout=subprocess.PIPE,

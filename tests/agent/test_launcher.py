@@ -119,7 +119,8 @@ def test_no_rdzv_timeout_no_join_timeout(captured):
 
 def test_a_one_node_etcd_job_without_a_run_id_runs_under_a_unique_one(etcd, tmp_path, caplog):
     """torch's launcher tests call elastic_launch(rdzv_backend="etcd") with no run id, as torch
-    allows: one node meets nobody, so it runs under a unique id, said in the log."""
+    allows: one node meets nobody, so it runs under a unique id, said in the log.
+    """
     sys.path.insert(0, str(SCRIPTS))  # e2e_callables, here and in the spawned workers
     import e2e_callables
 

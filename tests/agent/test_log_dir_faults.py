@@ -46,7 +46,8 @@ def read_only(tmp_path: Path) -> Iterator[Path]:
 @pytest.fixture
 def full(tmp_path: Path) -> Iterator[Path]:
     """A tmpfs with no room left; agent.log and events.jsonl already end 6 bytes short of a
-    page (tmpfs allocates by page), so the agent's first lines there find the disk full."""
+    page (tmpfs allocates by page), so the agent's first lines there find the disk full.
+    """
     for d in _mount(tmp_path / "full", "size=256k"):
         for name in ("agent.log", "events.jsonl"):
             (d / name).write_bytes(b"#" * 4090)

@@ -96,7 +96,8 @@ def test_barrier_timeout_returns_with_a_warning_or_fails_with_the_remote_cause()
 def test_a_success_after_our_lease_was_lost_rejoins_instead_of_ending():
     """Soak seed 1579: a whole node frozen past its TTL; at the thaw its worker ended 0 before its
     warden killed it, and the agent went to the barrier with a lease etcd no longer had (exit 1).
-    The others had gone on in a newer round: that success ends nothing."""
+    The others had gone on in a newer round: that success ends nothing.
+    """
     at_barrier = walk(
         State(), loop.Joined(info()), loop.WorkersSucceeded(), loop.WorkersStopped(OK)
     )[-1].state
@@ -193,7 +194,8 @@ def test_lease_lost_stops_at_once():
 
 def test_workers_killed_by_the_fencing_are_nobodys_failure():
     """Their SIGKILLs are the fencing's (the warden's, or ours): a rejoin, never a restart
-    request charged to the job (soak seed 1591 asked for one)."""
+    request charged to the job (soak seed 1591 asked for one).
+    """
     fenced = failed_result()
     steps = walk(State(), loop.Joined(info()), loop.LeaseLost(), loop.WorkersStopped(fenced))
     assert steps[1].state.then is Then.FENCED  # a value, not the reason's words
@@ -202,7 +204,8 @@ def test_workers_killed_by_the_fencing_are_nobodys_failure():
 
 def test_a_superseded_round_whose_reason_reads_lease_lost_is_no_fencing():
     """What the round says is for people: a peer's round opened "lease lost" (a peer's lease)
-    stops with the grace, and our workers' failures are still a restart request."""
+    stops with the grace, and our workers' failures are still a restart request.
+    """
     steps = walk(
         State(),
         loop.Joined(info()),
@@ -401,7 +404,8 @@ def test_failure_of_names_the_first_real_failure():
 
 def test_a_superseded_round_whose_workers_had_failed_still_reports_the_failure():
     """Its failure may be the root cause (two nodes failing in one round): it used to be dropped
-    because the round was superseded first."""
+    because the round was superseded first.
+    """
     i, result = info(), failed_result()
     steps = walk(
         State(),
@@ -440,7 +444,8 @@ def test_a_round_change_with_every_worker_opted_in_keeps_them_and_hands_the_next
 
 def test_a_paused_world_is_never_taken_in_place():
     """Paused workers mean our lease was in doubt: a broken world is stopped at once, kept or
-    not, so that no rank of the old round can run beside the new one (S4)."""
+    not, so that no rank of the old round can run beside the new one (S4).
+    """
     steps = walk(State(), loop.Joined(info()), loop.RoundSuperseded("x", True, in_place=True))
     assert steps[1].action == loop.StopWorkers(grace=0.0) and not steps[1].state.kept
 

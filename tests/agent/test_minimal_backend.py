@@ -235,7 +235,8 @@ def test_the_agent_reports_everything_a_minimal_backend_tells(tmp_path, caplog):
 
 def test_a_worker_spec_budget_other_than_the_rendezvous_is_refused(tmp_path):
     """torch's WorkerSpec default (3) used to be silently ignored: the rendezvous owns the
-    budget. A value given must be the rendezvous' own; None takes it."""
+    budget. A value given must be the rendezvous' own; None takes it.
+    """
     static = StaticRendezvousHandler(static_params("budget", max_restarts=1))
     agent = ElasticAgent(spec(static, tmp_path, max_restarts=3), console_out=io.BytesIO())
     with pytest.raises(ValueError, match=r"WorkerSpec.max_restarts=3, but the rendezvous' "):

@@ -65,7 +65,8 @@ def metric(text: str, line_start: str) -> float | None:
 
 def replay(events: list[dict], number: int) -> dict:
     """What the events say about round ``number``: who runs in it at which rank, who left and
-    why, the restart count — the same questions ``status --json`` answers from etcd."""
+    why, the restart count — the same questions ``status --json`` answers from etcd.
+    """
     accepted = {e["node"]: e["node_rank"] for e in events if _is(e, "round_accepted", number)}
     opened = [e for e in events if _is(e, "round_started", number)]
     restarts = [e["restart_count"] for e in events if _is(e, "workers_restarted", number)]
@@ -208,7 +209,8 @@ def test_the_first_rounds_last_call_is_one_line_on_every_node(job_factory):
 def test_a_restart_names_the_real_root_cause_on_every_node(job_factory):
     """Rank 3 raises (no @record: no error file, only its stderr tells), rank 2 beside it is
     stopped by its agent: every node names rank 3 and what it said, never a worker an agent
-    stopped, and the final report carries rank 3's stderr to the node that never saw it."""
+    stopped, and the final report carries rank 3's stderr to the node that never saw it.
+    """
     job = job_factory(
         nnodes="2",
         conf="lease_ttl=2,join_timeout=30",

@@ -63,7 +63,8 @@ def test_the_public_names_load_no_grpc():
 
 def test_the_agent_without_etcd_loads_no_grpc():
     """A static (or --standalone) agent, its observer and its health port: no gRPC, and no
-    prometheus-client unless the prometheus handler is on."""
+    prometheus-client unless the prometheus handler is on.
+    """
     mods = _loaded(
         "import etcdrun.agent.elastic_agent, etcdrun.agent.report.observer, "
         "etcdrun.agent.report.health, "

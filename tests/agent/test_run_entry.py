@@ -1,5 +1,6 @@
 """torchrun's Python entry points (``etcdrun.run``, raising as ``torch.distributed.run``'s do) and
-``--signals-to-handle`` (the signal itself passed on to the workers), each beside torchrun."""
+``--signals-to-handle`` (the signal itself passed on to the workers), each beside torchrun.
+"""
 
 from __future__ import annotations
 
@@ -134,7 +135,8 @@ def launch_and_signal(launcher: str, tmp: Path, sig: signal.Signals, *flags: str
 
 def test_a_handled_signal_reaches_the_workers_as_itself(tmp_path, torch_available):
     """SIGUSR1 in --signals-to-handle: the workers get SIGUSR1 and nothing else (before, etcdrun
-    sent SIGTERM right after it), under both launchers."""
+    sent SIGTERM right after it), under both launchers.
+    """
     flags = ("--signals-to-handle", "SIGTERM,SIGUSR1", "--shutdown-timeout", "20")
     for launcher in ("torchrun", "etcdrun"):
         code, got = launch_and_signal(launcher, tmp_path, signal.SIGUSR1, *flags)
@@ -152,7 +154,8 @@ def test_sigint_reaches_the_workers_as_sigint(tmp_path, torch_available):
 
 def test_an_unhandled_signal_is_not_caught(tmp_path):
     """SIGUSR1 not in the list: the agent keeps the default disposition (it dies of it, as
-    torchrun's does), and its workers die with it (their parent-death signal)."""
+    torchrun's does), and its workers die with it (their parent-death signal).
+    """
     code, got = launch_and_signal("etcdrun", tmp_path, signal.SIGUSR1)
     assert code == -signal.SIGUSR1 and got == {}
     assert os.path.exists(tmp_path / "etcdrun")

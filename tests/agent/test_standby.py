@@ -59,7 +59,8 @@ def run_standalone(
     tmp: Path, prewarm: str, entry: tuple[str, ...], mode: str, *flags: str, **env: str
 ):
     """One ``etcdrun --standalone`` of the probe (the user's PYTHONPATH holds its folder, so
-    ``-m standby_probe`` finds it, and the path's hand-over is checked too); (agent, out dir)."""
+    ``-m standby_probe`` finds it, and the path's hand-over is checked too); (agent, out dir).
+    """
     out, logs = tmp / f"out-{prewarm}", tmp / f"logs-{prewarm}"
     out.mkdir()
     argv = [
@@ -149,7 +150,8 @@ def test_error_files_exit_codes_and_output_are_the_same(tmp_path, mode):
 
 def test_standbys_wait_beside_the_workers_and_none_outlives_the_agent(tmp_path):
     """At start, and again right after the hand-over, one standby per slot; none after a
-    normal exit."""
+    normal exit.
+    """
     agent, out = run_standalone(tmp_path, "json", (PROBE,), "sleep", "--nproc-per-node", "2")
     try:
         wait_for(lambda: len(list(out.glob("probe_*.json"))) == 2, 60, "both workers running")
@@ -228,7 +230,8 @@ def test_prewarm_none_spawns_as_before(tmp_path):
 
 def test_a_standby_run_worker_is_fenced_by_the_warden(etcd, tmp_path):
     """The agent frozen (SIGSTOP) past its lease: the warden kills the standby-run worker, as
-    it kills a spawned one (its pidfd reached the warden at the hand-over)."""
+    it kills a spawned one (its pidfd reached the warden at the hand-over).
+    """
     job = Job(
         etcd.endpoints,
         tmp_path,
@@ -260,7 +263,8 @@ def test_a_newcomer_joins_once_its_standbys_are_warm(etcd, tmp_path):
     """Scale-up: the running job keeps its workers while a newcomer's standby imports (here a
     3 s import), and the round that takes the newcomer in starts only after that import. Had
     the newcomer joined at once, the survivors' workers would be stopped at once and the job
-    would wait for the import (the fix measured in bench/results.md, scale-up)."""
+    would wait for the import (the fix measured in bench/results.md, scale-up).
+    """
     job = Job(
         etcd.endpoints,
         tmp_path,
@@ -291,7 +295,8 @@ def test_a_newcomer_joins_once_its_standbys_are_warm(etcd, tmp_path):
 
 def test_a_forming_job_does_not_wait_for_the_standbys(etcd, tmp_path):
     """No round runs yet: the node joins at once (its round would wait for the same import
-    after the freeze anyway), so the join comes before the 3 s import ends."""
+    after the freeze anyway), so the join comes before the 3 s import ends.
+    """
     job = Job(etcd.endpoints, tmp_path, nnodes="1", nproc=1, extra=("--prewarm", "slow_warm"))
     mark, logs = tmp_path / "warm_mark", tmp_path / "logs"
     try:
@@ -308,7 +313,8 @@ def test_a_forming_job_does_not_wait_for_the_standbys(etcd, tmp_path):
 def test_a_round_handed_to_a_standby_still_importing_runs_once_it_is_warm(etcd, tmp_path):
     """A restart right after a round: the slot's new standby is still in its (2 s) import when
     the round is handed to it, and the agent has closed its end by the time the standby says
-    it is warm. The worker must run all the same (it once exited 0 there, unrun)."""
+    it is warm. The worker must run all the same (it once exited 0 there, unrun).
+    """
     job = Job(
         etcd.endpoints,
         tmp_path,
@@ -338,7 +344,8 @@ def test_bad_prewarm_values_are_one_line(tmp_path):
 
 def test_wait_warm_counts_only_standbys_that_said_warm(monkeypatch, tmp_path):
     """A slot whose standby could not start, or died in its imports, is cold: the agent's one
-    line must say so (here none of 3, the third still importing) rather than count it warm."""
+    line must say so (here none of 3, the third still importing) rather than count it warm.
+    """
     from etcdrun.agent.api import WorkerSpec
     from etcdrun.agent.standby import pool as sb
 
@@ -374,7 +381,8 @@ def test_wait_warm_counts_only_standbys_that_said_warm(monkeypatch, tmp_path):
 
 def hold_turns(name: str, n: int) -> list[socket.socket]:
     """Take ``n`` warm-up turns of this user (``name``: _standby_boot.TURN_NAME's form), as
-    ``n`` refills importing would."""
+    ``n`` refills importing would.
+    """
     held = []
     for i in range(n):
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -385,7 +393,8 @@ def hold_turns(name: str, n: int) -> list[socket.socket]:
 
 def test_a_refill_waits_for_a_turn_unless_a_round_comes_first(monkeypatch, tmp_path):
     """_take_turn: none asked, none waited for; every turn taken, it waits until one is freed
-    (and holds that one); a hand-over arriving first ends the wait, unread."""
+    (and holds that one); a hand-over arriving first ends the wait, unread.
+    """
     from etcdrun.agent.standby import boot
 
     monkeypatch.setattr(boot, "TURN_NAME", "\0etcdrun-test-" + tmp_path.name + "-{uid}-{i}")
@@ -414,7 +423,8 @@ def test_a_refill_waits_for_a_turn_unless_a_round_comes_first(monkeypatch, tmp_p
 
 def test_refills_import_in_turn_and_first_standbys_do_not_wait(tmp_path):
     """Every turn of this user held: the agent's first standby still imports (its worker
-    runs), but the refill started at the hand-over waits, and imports once a turn is freed."""
+    runs), but the refill started at the hand-over waits, and imports once a turn is freed.
+    """
     from etcdrun.agent.standby import boot
     from etcdrun.agent.standby.pool import warmup_turns
 
@@ -448,7 +458,8 @@ def test_refills_import_in_turn_and_first_standbys_do_not_wait(tmp_path):
 def test_rank_0s_standby_serves_master_port_before_the_script_runs(tmp_path, prewarm, env, served):
     """The rank-0 standby's store is up before the script's first line, and the script's own
     init_process_group shares it (a real gloo all_reduce over it); opted out, or spawned,
-    MASTER_PORT is free until the script's own init."""
+    MASTER_PORT is free until the script's own init.
+    """
     script = (str(SCRIPTS / "early_store.py"),)
     agent, out = run_standalone(tmp_path, prewarm, script, "-", "--nproc-per-node", "2", **env)
     assert agent.wait(120) == 0, agent.stderr[-2000:]
@@ -459,7 +470,8 @@ def test_rank_0s_standby_serves_master_port_before_the_script_runs(tmp_path, pre
 
 def test_a_rank_waits_for_rank_0s_store_until_it_listens(monkeypatch):
     """_early_store on a rank > 0: it returns only once MASTER_PORT accepts (one connection,
-    closed), and gives up after STORE_WAIT when nothing ever listens there."""
+    closed), and gives up after STORE_WAIT when nothing ever listens there.
+    """
     from etcdrun.agent.standby import boot
 
     monkeypatch.setitem(__import__("sys").modules, "torch.distributed", object())
@@ -489,7 +501,8 @@ def test_a_rank_waits_for_rank_0s_store_until_it_listens(monkeypatch):
 
 def test_standbys_start_before_the_rendezvous_handler_and_die_with_its_failure(monkeypatch):
     """launch_agent starts the standbys first (their import runs beside the agent's gRPC
-    import and handler), and a handler that then fails leaves none of them alive."""
+    import and handler), and a handler that then fails leaves none of them alive.
+    """
     from etcdrun.agent import launcher
     from etcdrun.agent.config import LaunchConfig
 
@@ -521,7 +534,8 @@ def test_standbys_start_before_the_rendezvous_handler_and_die_with_its_failure(m
 
 def test_the_cli_forks_its_standbys_before_the_launchers_imports(tmp_path):
     """The console script's standbys start before etcdrun.agent.launcher (and so the rendezvous
-    registry, metrics, gRPC) is imported: their ``import torch`` is a node's critical path."""
+    registry, metrics, gRPC) is imported: their ``import torch`` is a node's critical path.
+    """
     code = (
         "import sys\n"
         "from etcdrun.agent import cli\n"
@@ -542,7 +556,8 @@ def test_the_cli_forks_its_standbys_before_the_launchers_imports(tmp_path):
 
 def test_a_bad_metrics_setting_closes_the_callers_standbys():
     """The CLI starts the standbys before launch_agent checks its settings: a refused one
-    (an unknown metrics handler) leaves none of them alive, in a program that goes on."""
+    (an unknown metrics handler) leaves none of them alive, in a program that goes on.
+    """
     from etcdrun.agent import launcher
     from etcdrun.agent.config import LaunchConfig
     from etcdrun.agent.standby import pool as standby

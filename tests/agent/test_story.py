@@ -1,6 +1,7 @@
 """The console lines that tell the story (agent/report/story.py), from rounds as the rendezvous
 gives them: the exact texts the issue asked for, without processes (the e2e tests in
-tests/agent/test_observability.py assert the same lines from real agents)."""
+tests/agent/test_observability.py assert the same lines from real agents).
+"""
 
 from __future__ import annotations
 
@@ -85,7 +86,8 @@ def test_a_restart_names_the_failure_and_what_the_worker_said_without_record():
 
 def test_a_failure_caused_by_a_death_is_not_the_story():
     """The survivors' collectives broke when B died: the round says B was lost, and charges
-    nothing; the consequence is not named as a cause."""
+    nothing; the consequence is not named as a cause.
+    """
     f = FailureInfo(A.node_id, "host-a", 0, 1, message="RuntimeError: gloo", local_rank=0)
     cause = RoundCause("worker rank 0 failed", (Departure(B.node_id, "lease expired"),), (), f)
     line = story.round_change(info(1, (A, B)), info(2, (A,), cause=cause))

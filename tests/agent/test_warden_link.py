@@ -57,7 +57,8 @@ def test_a_warden_stuck_past_the_wait_is_said_once(stopped_link, caplog):
 def test_a_warden_woken_past_its_deadline_reads_the_newer_one_before_it_fences():
     """Soak seed 1591: a whole node frozen, its agent thawed first and kept its lease alive, its
     warden thawed last, past the deadlines it held, and fenced a live lease's workers. Messages
-    already sent must count before a deadline does."""
+    already sent must count before a deadline does.
+    """
     import subprocess
 
     sleeper = subprocess.Popen(["sleep", "60"])

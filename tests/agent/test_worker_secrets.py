@@ -121,7 +121,8 @@ def test_a_refused_login_never_shows_the_password(etcd):
 
 def test_a_forked_callable_worker_gets_no_credentials(tmp_path, monkeypatch):
     """fork and forkserver children inherit the agent's own environment, not one built for
-    them: the worker drops the credentials itself."""
+    them: the worker drops the credentials itself.
+    """
     monkeypatch.setenv("ETCDCTL_USER", f"bob:{PW}")
     monkeypatch.setenv("ETCDCTL_PASSWORD", PW)
     config = LaunchConfig(run_id="sec", start_method="fork", log_dir=str(tmp_path))

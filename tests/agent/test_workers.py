@@ -446,7 +446,8 @@ def test_binary_and_partial_lines_do_not_break_the_relay(group, console):
 )
 def test_log_line_prefix_template(group, console, monkeypatch, template, tee, out):
     """TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE (torch's variables); here it prefixes untee'd lines
-    too, where torchrun would print them bare."""
+    too, where torchrun would print them bare.
+    """
     monkeypatch.setenv("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", template)
     spec = WorkerSpec(role="trainer", local_world_size=2, entrypoint=script("output.py"), tee=tee)
     run_to_end(group, spec, make_info(first=4, world=6))
@@ -464,7 +465,8 @@ def test_the_specs_template_wins_over_the_variable(group, console, monkeypatch):
 
 def test_duplicate_filters_copy_matching_teed_lines(group, console):
     """torch's --duplicate-stdout-filters: teed lines holding any filter go, prefixed, to the
-    attempt's filtered_stdout.log (all ranks in one file); untee'd ones never do."""
+    attempt's filtered_stdout.log (all ranks in one file); untee'd ones never do.
+    """
     spec = WorkerSpec(
         local_world_size=3,
         entrypoint=script("output.py"),

@@ -40,7 +40,8 @@ def run_until_go(marker_dir):
     announcement, else sleep until stopped.
 
     Why look before announcing: a test touches ``go`` once it has seen every announcement, so a
-    worker that looked after announcing could see it and end before the agent stops it."""
+    worker that looked after announcing could see it and end before the agent stops it.
+    """
     import time
 
     rank, pid = os.environ["RANK"], os.getpid()

@@ -1,7 +1,8 @@
 """A ``--prewarm`` module whose import takes ``SLOW_WARM_S`` seconds (default 0) and then writes
 the wall time to ``SLOW_WARM_MARK`` (when set; ``{pid}`` in it becomes the importer's pid, so
 that each standby leaves its own mark): a stand-in for ``import torch`` on a slow disk,
-so that a test can tell what the agent did before and after its standbys were warm."""
+so that a test can tell what the agent did before and after its standbys were warm.
+"""
 
 import os
 import time

@@ -74,7 +74,8 @@ class Busy:
 
 class Executor:
     """Applies faults to one trial's agents (``agents[i]``: a tests/agent_helpers Agent), tagged
-    ``<tag>-<i>``, and its etcd. ``log`` says what was done when (wall time), for the report."""
+    ``<tag>-<i>``, and its etcd. ``log`` says what was done when (wall time), for the report.
+    """
 
     def __init__(
         self,

@@ -47,7 +47,8 @@ def _starttime(pid: int) -> str | None:
 
 def held(out: Path, pid: int) -> dict | None:
     """What worker ``pid`` says it holds now, or None when it has not said (it has not entered
-    a round yet: its environment is right) or the file is an earlier process's (a reused pid)."""
+    a round yet: its environment is right) or the file is an earlier process's (a reused pid).
+    """
     try:
         data = json.loads((out / f"held_{pid}.json").read_text())
     except (OSError, ValueError):
@@ -61,7 +62,8 @@ class HeldSampler(RankSampler):
     Why read twice: a worker's file changes as it leaves a round and enters the next, and one
     pass over the files is no snapshot. A value read the same before and after the whole first
     pass was held at the moment between the passes by every worker so read (a worker never goes
-    back to a round it left); one that changed is left to the next sample, 10 ms later."""
+    back to a round it left); one that changed is left to the next sample, 10 ms later.
+    """
 
     def __init__(self, job_tag: str, out: Path) -> None:
         super().__init__(job_tag, running_only=True)
@@ -83,7 +85,8 @@ class HeldSampler(RankSampler):
 class InPlaceExecutor(Executor):
     """The chaos executor with the in-place faults; ``killed`` says which agents it killed (a
     rank-0 kill's node is found when it comes) and ``long_stops`` (agent index, kind, wall time
-    of its SIGSTOP and of its first SIGCONT after it) which agents were frozen past the TTL."""
+    of its SIGSTOP and of its first SIGCONT after it) which agents were frozen past the TTL.
+    """
 
     def __init__(self, *args, spawn, out: Path) -> None:
         super().__init__(*args)
@@ -181,7 +184,8 @@ class InPlaceTrial(Trial):
     def _play(self, job: Job, ex: Executor) -> list[int | None]:
         """As a restart trial's, but a newcomer that came once the job had ended is refused,
         rightly ("already ran", exit 1): its standby warms for seconds on loaded cores, and
-        training may be over by then (seed 1017)."""
+        training may be over by then (seed 1017).
+        """
         codes = super()._play(job, ex)
         for i in range(self.s.agents, len(codes)):
             if codes[i] == 1 and "already ran" in job.agents[i].stderr:
@@ -196,7 +200,8 @@ class InPlaceTrial(Trial):
 
     def _restarted(self, job: Job, ex: InPlaceExecutor) -> list[str]:
         """Workers that a node no fault touched stopped after the go before they trained to the
-        end: they should have been kept."""
+        end: they should have been kept.
+        """
         go = (job.out / "go").stat().st_mtime
         touched = {f.target for f in self.s.faults if f.target >= 0} | ex.killed
         found = []

@@ -50,7 +50,8 @@ class NetCut:
     the node must *start* in its group: ``wrap`` prefixes its command (a shell that joins the
     group, then execs). ``start()`` drops what the node sends; ``end()`` lets it talk again once
     every cut begun has ended (a schedule may cut one node twice, overlapping); ``close()``
-    ends them all and removes the group (moving anything still in it back to the root)."""
+    ends them all and removes the group (moving anything still in it back to the root).
+    """
 
     def __init__(self, name: str) -> None:
         self.name = PREFIX + name

@@ -102,7 +102,8 @@ class Schedule:
 
 def in_place(seed: int) -> bool:
     """Whether seed's trial runs in place: drawn from its own stream, so that the restart
-    seeds' schedules are the ones they were before in-place trials came."""
+    seeds' schedules are the ones they were before in-place trials came.
+    """
     return random.Random(f"in-place {seed}").random() < IN_PLACE_SHARE
 
 
@@ -137,7 +138,8 @@ def generate(seed: int) -> Schedule:
 def _generate_in_place(seed: int) -> Schedule:
     """An in-place trial's schedule: 1-3 faults of IN_PLACE_FAULTS within the first 2 s; at
     most ``agents - min_nodes`` kills; a newcomer is the next agent by index, in start order
-    (the trial's agents are listed in the order they started)."""
+    (the trial's agents are listed in the order they started).
+    """
     rng = random.Random(seed)
     agents = rng.randint(3, 4)
     kinds = list(IN_PLACE_FAULTS)

@@ -66,7 +66,8 @@ class Result:
 
 class Recorder:
     """Every version of the round key from revision 1, kept as it happens (a watch callback),
-    so that a compaction mid-trial cannot take the history the checker needs."""
+    so that a compaction mid-trial cannot take the history the checker needs.
+    """
 
     def __init__(self, endpoints: str, keys: RunKeys) -> None:
         self.keys = keys
@@ -150,7 +151,8 @@ class Trial:
     def _overlaps(self, sampler: RankSampler, ex: Executor) -> None:
         """Two running workers with one RANK: a violation, except in the known window right
         after a whole node frozen past the TTL is resumed (design.md S4: its warden resumes
-        with its workers and needs a moment to kill them; nothing on a frozen node can act)."""
+        with its workers and needs a moment to kill them; nothing on a frozen node can act).
+        """
         resumed = [t for t, what in ex.log if what == "end of node_stop_long"]
         for line, t in zip(sampler.overlaps, sampler.overlap_times, strict=True):
             after = [t - r for r in resumed if 0 <= t - r <= RESUME_WINDOW]
@@ -252,7 +254,8 @@ class Trial:
 
     def leftovers(self, endpoints: str, within: float) -> list[str]:
         """Processes now; keys and leases once the killed agents' leases had time to expire
-        (``within``: their TTL and the leader's notice)."""
+        (``within``: their TTL and the leader's notice).
+        """
         found = []
         try:
             wait_for(lambda: not tagged(f"ETCDRUN_TEST_JOB={self.tag}"), 3, "no process left")

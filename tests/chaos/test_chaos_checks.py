@@ -1,6 +1,7 @@
 """The chaos trials' checks can fail: each is fed the violation it exists to catch — a history
 with two leaders' frozen lists for one round, two running RANK 0s of different rounds in /proc,
-a key, a lease and a process left behind — and must report it."""
+a key, a lease and a process left behind — and must report it.
+"""
 
 from __future__ import annotations
 

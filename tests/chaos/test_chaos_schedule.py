@@ -1,6 +1,7 @@
 """The chaos schedules are a pure function of the seed, cover every fault of issue 11, and never
 hold a schedule under which the job may legitimately be lost (fewer than min nodes left, or more
-worker kills than the restart budget)."""
+worker kills than the restart budget).
+"""
 
 from __future__ import annotations
 

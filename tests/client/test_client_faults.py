@@ -12,7 +12,8 @@ from etcdrun.rendezvous.client import EtcdClient
 
 def test_leader_kill_during_traffic_recovers_within_deadline_plus_election(etcd_cluster):
     """Writes keep succeeding across a leader kill -9; the worst stall is bounded by one request
-    deadline plus an election, not by grpc's default (infinite) wait."""
+    deadline plus an election, not by grpc's default (infinite) wait.
+    """
     c = EtcdClient(etcd_cluster.endpoints, request_timeout=1.0, retry_timeout=20)
     stop = threading.Event()
     stalls: list[float] = []

@@ -75,7 +75,8 @@ def test_children_forked_while_the_parent_uses_the_client_all_work(busy_client):
 
 def test_a_watch_goes_on_across_a_fork_without_losing_an_event(etcd):
     """A fork cancels the watch stream and reopens it after: no event lost, and not counted as
-    a broken stream (no reconnect, no failover)."""
+    a broken stream (no reconnect, no failover).
+    """
     with EtcdClient(etcd.endpoints) as client:
         events: queue.Queue = queue.Queue()
         start = client.range("/fork/w").revision + 1  # nothing put from here on is missed

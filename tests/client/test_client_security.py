@@ -110,7 +110,8 @@ def test_expired_token_logs_in_again(etcd_auth_ttl):
 
 def test_a_tls_file_that_is_not_pem_is_named_at_once(tmp_path, etcd_mtls):
     """gRPC read a CA file that held no certificate as an unreachable etcd: retried for the
-    whole retry_timeout, then "Failed to create security handshaker", the file never named."""
+    whole retry_timeout, then "Failed to create security handshaker", the file never named.
+    """
     tls = etcd_mtls.tls
     junk = tmp_path / "ca.pem"
     junk.write_text("this is not a certificate\n")

@@ -79,7 +79,8 @@ def test_unary_calls_each_attempt_and_the_whole_call(monkeypatch, request_timeou
 
 class BrokenTransport:
     """A transport whose every stream breaks: what the keep-alive and the watch see when etcd
-    is unreachable."""
+    is unreachable.
+    """
 
     def __init__(self, policy: RetryPolicy) -> None:
         self.policy = policy

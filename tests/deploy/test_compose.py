@@ -56,7 +56,8 @@ def report(what: str, **figures: float | str) -> None:
 @dataclass(frozen=True)
 class Thaw:
     """A container frozen past its TTL and thawed at ``t``: its workers of rounds <= ``round``
-    may run beside the new round's until its warden kills them (rank_sampler.RESUME_WINDOW)."""
+    may run beside the new round's until its warden kills them (rank_sampler.RESUME_WINDOW).
+    """
 
     container: str
     round: int
@@ -70,7 +71,8 @@ class Thaw:
 
 def check_invariants(cluster: Cluster, sampler: RankSampler, thaw: Thaw | None = None) -> float:
     """etcd's history by the checker, then the samples: two live workers with one RANK fail the
-    test, except in ``thaw``'s window. Returns the last such moment after the thaw (0 if none)."""
+    test, except in ``thaw``'s window. Returns the last such moment after the thaw (0 if none).
+    """
     accepted = [e for e in cluster.events() if e["event"] == "round_accepted"]
     assert violations(cluster.endpoints(), cluster.project, MIN_NODES, MAX_NODES, accepted) == []
     window, dups = [], []
@@ -113,7 +115,8 @@ def agent_keys(cluster: Cluster) -> list[bytes]:
 def test_kill_agent_container_others_run_again(cluster: Cluster) -> None:
     """docker kill (SIGKILL, the whole container) of one agent: the other two run a new round
     with WORLD_SIZE 4. Then docker stop (SIGTERM) of one of them: exit 143, its lease revoked
-    at once (its agent key is gone when the container has stopped)."""
+    at once (its agent key is gone when the container has stopped).
+    """
     with RankSampler(cluster.procs_files()) as rs:
         r0 = first_round(rs).workers[0].round
         victim = cluster.container_of_node_rank(1, r0)
@@ -134,7 +137,8 @@ def test_kill_agent_container_others_run_again(cluster: Cluster) -> None:
 
 def test_network_disconnect_fences_before_ttl_and_rejoins(cluster: Cluster) -> None:
     """An agent cut from the network kills its workers before its lease can expire; the others
-    go on with WORLD_SIZE 4; reconnected, it rejoins as a new node and the job has 6 again."""
+    go on with WORLD_SIZE 4; reconnected, it rejoins as a new node and the job has 6 again.
+    """
     net = cluster.docker.networks.get(cluster.network)
     with RankSampler(cluster.procs_files()) as rs:
         r0 = first_round(rs).workers[0].round
@@ -177,7 +181,8 @@ def test_network_disconnect_fences_before_ttl_and_rejoins(cluster: Cluster) -> N
 
 def leader(via: object) -> str:
     """The leader's service name as the member ``via`` sees it, asked with its own etcdctl
-    ("" while it knows none)."""
+    ("" while it knows none).
+    """
 
     def etcdctl(*args: str) -> dict:
         code, out = via.exec_run(
@@ -195,7 +200,8 @@ def leader(via: object) -> str:
 
 def test_kill_etcd_leader_no_new_round(cluster: Cluster) -> None:
     """SIGKILL of the etcd leader's container: a new leader within the lease TTL, no lease
-    lost, no new round: the same 6 workers keep running."""
+    lost, no new round: the same 6 workers keep running.
+    """
     with RankSampler(cluster.procs_files()) as rs:
         first = first_round(rs)
         members = {s: cluster.containers(s)[0] for s in ("etcd1", "etcd2", "etcd3")}
@@ -232,7 +238,8 @@ def test_pause_agent_past_ttl_fences_and_rejoins(cluster: Cluster) -> None:
     frozen (RankSampler.ranks), and at the thaw the warden, whose fence deadline has passed,
     kills them. Until it does they run beside the new round's: the known window of design.md S4
     (seen in CI once: one 50 ms sample, on a slow 2-core machine), allowed for RESUME_WINDOW after
-    the thaw and reported; a duplicate at any other time, or of any other worker, fails."""
+    the thaw and reported; a duplicate at any other time, or of any other worker, fails.
+    """
     with RankSampler(cluster.procs_files()) as rs:
         r0 = first_round(rs).workers[0].round
         victim = cluster.container_of_node_rank(0, r0)

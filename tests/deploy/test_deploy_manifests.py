@@ -44,7 +44,8 @@ def container(pod_spec: dict) -> dict:
 
 def expand(args: list[str], c: dict, owner: dict) -> list[str]:
     """Kubernetes' $(VAR) expansion from the container's env (fieldRefs given stand-in values,
-    as the kubelet would give real ones)."""
+    as the kubelet would give real ones).
+    """
     values = {}
     for e in c.get("env", []):
         if "value" in e:
@@ -78,7 +79,8 @@ def test_manifests_validate(name: str, version: str) -> None:
 
 def etcd_members() -> tuple[list[str], int]:
     """The member endpoints the etcd manifest defines ('etcd-0.etcd:2379', ...), checked for
-    agreement between Service, StatefulSet and etcd's own flags on the way."""
+    agreement between Service, StatefulSet and etcd's own flags on the way.
+    """
     m = docs("etcd.yaml")
     svc, sts = m["Service/etcd"], m["StatefulSet/etcd"]
     assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"]

@@ -105,7 +105,8 @@ def assert_master(job: NetnsJob, starts: list[Start], world: int) -> str:
 
 def test_real_gloo_job_across_namespaces(cluster, torch_available, report):
     """Three hosts, one gloo worker each: every rank all_reduces with the others through
-    MASTER_ADDR, which is the node-rank-0 host's own address, and the job ends with exit 0."""
+    MASTER_ADDR, which is the node-rank-0 host's own address, and the job ends with exit 0.
+    """
     job = cluster.job(nnodes="3", nproc=1)
     t0 = time.time()
     env = clean_env(LOGLEVEL="DEBUG", GLOO_SOCKET_IFNAME="eth0")  # gloo: the host's own NIC
@@ -128,7 +129,8 @@ def test_real_gloo_job_across_namespaces(cluster, torch_available, report):
 def test_cut_agent_fences_before_ttl_and_rejoins_as_new_node(cluster, report):
     """Cut the node-rank-0 host: its workers die before its lease's TTL is over, the two others
     run on with WORLD_SIZE 4 and the next host's address as MASTER_ADDR; plug it back and it
-    joins again as a new node, at the end of the order, and the world is 6 again."""
+    joins again as a new node, at the end of the order, and the world is 6 again.
+    """
     job = cluster.job(nproc=2)
     first = start_all(job)
     victim = assert_master(job, first, 6)
@@ -189,7 +191,8 @@ GUARANTEED = TTL - TTL / 3 - 0.5
 
 def outage(cluster: Cluster, job: NetnsJob, seconds: float) -> tuple[list[Start], float, float]:
     """Three agents running; etcd's host unplugged for ``seconds`` (the fault schedule, not a
-    wait for anything), then plugged back. The first round, cut and restore times."""
+    wait for anything), then plugged back. The first round, cut and restore times.
+    """
     first = start_all(job)
     t_cut = cluster.net.cut("etcd")
     time.sleep(seconds)
@@ -218,7 +221,8 @@ def test_etcd_outage_shorter_than_ttl_causes_no_new_round(cluster, report, secon
     the workers started for the first round are the ones still running, no new round starts.
 
     Watched until every lease would have been lost (TTL after the cut) and one more keep-alive
-    interval: later, a lost lease could only come from a new fault."""
+    interval: later, a lost lease could only come from a new fault.
+    """
     job = cluster.job(nproc=2)
     first, t_cut, t_restore = outage(cluster, job, seconds)
     pids = [s.pid for s in first]
@@ -244,7 +248,8 @@ def test_etcd_outage_shorter_than_ttl_causes_no_new_round(cluster, report, secon
 def test_long_etcd_outage_fences_everyone_and_the_job_comes_back(cluster, report):
     """Cut etcd for longer than the TTL: every agent fences before its lease's TTL is over (no
     worker outlives it), keeps trying, and once etcd is back all three rejoin as new nodes and
-    the world is whole again."""
+    the world is whole again.
+    """
     job = cluster.job(nproc=2)
     first = start_all(job)
     nodes = {a.name: node_of(job, a.name, first[0].round) for a in job.agents}
@@ -273,7 +278,8 @@ def test_long_etcd_outage_fences_everyone_and_the_job_comes_back(cluster, report
 def test_the_sweep_kills_and_reports_what_is_left_inside_and_leaves_others_alone():
     """The helper's own promise: a process left in a namespace is killed and reported, the
     namespaces are gone afterwards, and a namespace of the same name it did not create is
-    neither used nor deleted."""
+    neither used nor deleted.
+    """
     require_netns()
     net = Net(["h0"])
     with pytest.raises(AssertionError, match="processes .* still running"):

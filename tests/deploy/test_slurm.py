@@ -34,7 +34,8 @@ class Slurm:
 
     def submit(self, *sbatch_args: str, **settings: str) -> tuple[int, Job, Path]:
         """sbatch the script on every node with worker.py (sleep mode); its id, a Job that reads
-        the workers' records, and the job's output file."""
+        the workers' records, and the job's output file.
+        """
         job = Job(self.etcd.endpoint, self.root / "job", nnodes="2:3")
         out = self.root / "slurm.out"
         env = clean_env(
@@ -94,7 +95,8 @@ def report_slurm(capsys: pytest.CaptureFixture[str]):
 
 def assert_one_agent_per_node(s: Slurm, job_id: int, starts: list[Start]) -> None:
     """Every node ran one agent (two workers), the run id is the Slurm job's, and MASTER_ADDR is
-    the address of the node holding node rank 0."""
+    the address of the node holding node rank 0.
+    """
     by_node: dict[str, set[int]] = {}
     for st in starts:
         by_node.setdefault(s.node_of(st), set()).add(st.ppid)
@@ -109,7 +111,8 @@ def test_sbatch_one_agent_per_node_and_the_scripts_signal_stops_them(slurm, repo
     """A 1-minute job: the script's ``--signal=TERM@120`` makes Slurm send SIGTERM to the agents
     at its first check; they forward it to their workers and leave (exit 143, leases revoked),
     so the job ends FAILED 143 before its time limit — without the directive it would run into
-    the limit (TIMEOUT), its agents killed by Slurm."""
+    the limit (TIMEOUT), its agents killed by Slurm.
+    """
     t0 = time.time()
     job_id, job, out = slurm.submit("--time=1")
     starts = job.wait_round(6, timeout=90)
@@ -138,7 +141,8 @@ def test_sbatch_one_agent_per_node_and_the_scripts_signal_stops_them(slurm, repo
 def test_sbatch_job_goes_on_when_one_agent_dies(slurm, report_slurm):
     """kill -9 of one node's agent: srun leaves the other two running although the cluster says
     KillOnBadExit=1 (the script's --kill-on-bad-exit=0), and they go on with WORLD_SIZE 4; then
-    ``scancel --signal=TERM`` (Slurm's own path for --signal) ends the job with 143."""
+    ``scancel --signal=TERM`` (Slurm's own path for --signal) ends the job with 143.
+    """
     job_id, job, out = slurm.submit(ETCDRUN_MIN_NODES="2")
     first = job.wait_round(6, timeout=90)
     assert_one_agent_per_node(slurm, job_id, first)

@@ -167,7 +167,8 @@ def test_ready_verdicts_use_the_ready_targets():
 @pytest.mark.timeout(180)
 def test_harness_measures_a_real_job_and_leaves_nothing(etcd_bin, torch_available, tmp_path):
     """Scenario 1s and 3' at N = 3 with etcdrun agents and torch workers, as compare.py runs
-    them (its own etcd per trial), then the tag sweep finds nothing left to kill."""
+    them (its own etcd per trial), then the tag sweep finds nothing left to kill.
+    """
     from bench import scenarios as sc
     from bench.launchers import LAUNCHERS
     from bench.procs import sweep, tagged
@@ -224,7 +225,8 @@ def test_scale_targets_per_cluster_size_and_round():
 
 def test_scale_row_counts_only_when_the_simulation_kept_up():
     """The validity rule (bench/scale_keepalive.py): a lease unanswered for more than 1.5 of
-    its intervals, or given up, makes the round's row invalid, and the run not ok."""
+    its intervals, or given up, makes the round's row invalid, and the run not ok.
+    """
     from bench import scale_keepalive as ka
     from bench import scale_report as sr
 
@@ -283,7 +285,8 @@ def test_scale_fit_tells_linear_from_quadratic(tmp_path):
 def test_rendezvous_scale_small_real_run(etcd_bin, tmp_path):
     """N = 6 real handlers in 2 processes (2 clients each: ``--per-client 2``; etcd and the
     handlers pinned to CPU 0), on 1 and on 3 etcd members: every figure the table shows is
-    there, writes are 3 per node plus the round's own, the leader's CPU is found."""
+    there, writes are 3 per node plus the round's own, the leader's CPU is found.
+    """
     import json
     import subprocess
 

@@ -1,6 +1,7 @@
 """One import root: the wheel holds etcdrun/ (its __init__ and __main__), etcdrun/agent,
 etcdrun/rendezvous, etcdrun/proto and nothing at the top level; `import agent` does not work once
-installed; the console script and `python -m etcdrun` answer, from the wheel alone."""
+installed; the console script and `python -m etcdrun` answer, from the wheel alone.
+"""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from layout import ROOT
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Built from a copy of the sources: an in-tree build reuses build/lib, where a module
-    renamed since (agent/logs.py) would still sit and end up in the wheel."""
+    renamed since (agent/logs.py) would still sit and end up in the wheel.
+    """
     src = tmp_path_factory.mktemp("src") / "etcdrun"
     junk = ("build", "dist", "*.egg-info", ".git", "__pycache__", ".venv*", "out", ".*_cache")
     shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(*junk))
@@ -67,7 +69,8 @@ def test_wheel_has_one_import_root(wheel):
 
 def test_python_dash_m_etcdrun_from_the_wheel_alone(wheel, tmp_path):
     """Unpacked on its own (no site-packages, so not the editable install): the package
-    ``etcdrun`` is the wheel's, and ``python -m etcdrun`` answers."""
+    ``etcdrun`` is the wheel's, and ``python -m etcdrun`` answers.
+    """
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
     env = {"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}

@@ -51,7 +51,8 @@ def test_a_worker_gone_before_the_pass_ends_is_no_overlap() -> None:
 def test_a_killed_worker_is_not_alive_while_the_kernel_frees_its_memory() -> None:
     """After SIGKILL a big process shows state R for a while (its memory being freed) but runs
     none of its own code again: it holds no RANK (PF_EXITING; a torch worker takes ~0.1-0.2 s).
-    It sleeps in input() until the kill (S)."""
+    It sleeps in input() until the kill (S).
+    """
     import os
     import signal
     from pathlib import Path

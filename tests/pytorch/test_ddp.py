@@ -42,7 +42,8 @@ def test_unmodified_ddp_script_on_two_agents_two_workers(etcd, tmp_path, torch_a
 def test_peer_death_that_breaks_collectives_costs_no_restart(etcd, tmp_path, torch_available):
     """kill -9 of one of three agents: the survivors' all_reduce fails before the dead node's
     lease expires, yet with --max-restarts 0 the job carries on with WORLD_SIZE 2 — a death is a
-    membership change, not a worker failure (torchrun's job dies here)."""
+    membership change, not a worker failure (torchrun's job dies here).
+    """
     job = Job(
         etcd.endpoints,
         tmp_path,

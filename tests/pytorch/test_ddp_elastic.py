@@ -62,7 +62,8 @@ TIMEOUT = 90.0  # a deadlock guard, never a timing assertion
 @pytest.fixture(scope="session")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Reference | None:
     """The one-process run (once a session). Without torch there is none, and the test's
-    ``torch_available`` skips it (or fails it in CI)."""
+    ``torch_available`` skips it (or fails it in CI).
+    """
     if find_spec("torch") is None:
         return None
     # A step's loss does not depend on how many steps the run has (nor on the world size), so
@@ -129,7 +130,8 @@ class Run:
         """Exit codes, once every agent has exited. A worker that aborts at exit after its work
         (the known torch 2.13 + gloo issue) fails the test: it must show, never pass as a
         success. One that aborts after raising (a peer's death broke its all_reduce) was
-        failing anyway: it is counted and printed with the figures."""
+        failing anyway: it is counted and printed with the figures.
+        """
         agents = agents or self.agents
         self.until(lambda: all(a.proc.poll() is not None for a in agents), "the agents' exit")
         found = [(a.name, rank, raised) for a in agents for rank, raised in aborts(a.stderr)]
@@ -155,7 +157,8 @@ class Run:
 
     def close(self) -> None:
         """Kill what still runs. torchrun's workers do not die with it (no PR_SET_PDEATHSIG, as
-        etcdrun's have): a hung torchrun's workers once outlived a failed test by an hour."""
+        etcdrun's have): a hung torchrun's workers once outlived a failed test by an hour.
+        """
         orphans = []
         for a in self.agents:  # the job's agents, and a torchrun the job does not know
             if a.proc.poll() is None:
@@ -248,7 +251,8 @@ def test_c_a_fourth_agent_arrives_midway_and_the_job_scales_up(run_factory):
 
 def _store_and_gloo(pids: list[int], master: tuple[str, int]) -> tuple[list[int], set[str]]:
     """Which of ``pids`` hold a connection to the store at ``master``, and the addresses their
-    other listening sockets (gloo's) are bound to."""
+    other listening sockets (gloo's) are bound to.
+    """
     connected, gloo = [], set()
     for pid in pids:
         socks = tcp_sockets(pid)
@@ -405,7 +409,8 @@ def test_f_in_place_kill_9_the_survivors_keep_their_processes_and_read_no_checkp
 ):
     """``--in-place`` (etcdrun.elastic): the same kill -9 as test b, but the survivors' worker
     processes go on from their last commit: one resume (the start), then a regroup at the step
-    they were at, every step once but the one in flight, and each step's loss exact."""
+    they were at, every step once but the one in flight, and each step's loss exact.
+    """
     run = run_factory("2:3", "--keep", "0", "--in-place")
     agents = [run.start() for _ in range(3)]
     run.rank0_at(MIDWAY, world=3)

@@ -75,7 +75,8 @@ print("formed")
 
 def test_a_kept_rank_meets_a_fresh_rank_0_formed_through_env(torch_available):
     """A survivor's store client counts itself in, as a fresh rank 0's env:// store waits
-    for every rank to (chaos seed 1010 hung there when it did not)."""
+    for every rank to (chaos seed 1010 hung there when it did not).
+    """
     port = _unused_port()
     procs = [
         subprocess.Popen(

@@ -120,7 +120,8 @@ def test_a_hung_rank_is_named_on_every_node_and_the_job_goes_on(
 def test_a_frozen_node_is_said_to_be_silent_and_its_lease_ends_it(etcd, tmp_path, torch_available):
     """The whole node stops (agent, warden, workers) before its lease can tell: the survivors'
     watchdog fires first, no rank that answers is to blame, and the line says so; the lease
-    then takes the node out and the survivor finishes alone."""
+    then takes the node out and the survivor finishes alone.
+    """
     job = make_job(etcd, tmp_path, "frozen", "lease_ttl=8,last_call_timeout=1")
     job.script = (str(SCRIPT), str(job.hang_out), "sleep", "-1", "0")  # nobody hangs by itself
     try:

@@ -80,7 +80,8 @@ def test_torchruns_default_run_id_is_unique_for_one_node_and_refused_for_more(
     etcd, torch_available, caplog
 ):
     """torchrun's --rdzv-id defaults to 'none': harmless for one node (a unique id, said in the
-    log, as torch's launcher gives), refused for more (their nodes would never meet)."""
+    log, as torch's launcher gives), refused for more (their nodes would never meet).
+    """
     from torch.distributed.elastic.rendezvous import RendezvousParameters
 
     from etcdrun.rendezvous.torch.plugin import create_handler
@@ -256,7 +257,8 @@ def test_spares_restarts_and_a_death_as_torchruns_agent_sees_them(etcd, torch_av
 def test_a_spare_outlasts_join_timeout_and_leaves_without_closing_the_run(etcd, torch_available):
     """A hot spare waits as long as the job runs (join_timeout bounds a round that gathers,
     not a spare's wait); torchrun shuts its handler down when it stops, and a spare that never
-    ran must not close the run the others are running (torch's backends would)."""
+    ran must not close the run the others are running (torch's backends would).
+    """
     running, spare = hs = _handlers(etcd, 2, nodes=(1, 1), timeout="2")
     try:
         running.next_rendezvous()

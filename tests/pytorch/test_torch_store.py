@@ -105,7 +105,8 @@ def test_answers_like_torchs_hashstore(client):
 
 def test_torchs_own_python_store_test_through_the_trampoline(client):
     """torch's C++ test of a Python store clones it and calls the clone from C++; torch wraps
-    every store in a PrefixStore, whose clone() clones the store under it."""
+    every store in a PrefixStore, whose clone() clones the store under it.
+    """
     import torch.distributed as dist
 
     s = _store(client)
@@ -151,7 +152,8 @@ def test_a_clone_has_its_own_timeout(client):
 
 def test_torchs_store_checks_of_the_extended_api_and_queues(client):
     """The checks torch's StoreTestBase makes of append/multi_get/multi_set (which it skips
-    when has_extended_api() is False) and of the queues, on EtcdStore."""
+    when has_extended_api() is False) and of the queues, on EtcdStore.
+    """
     import torch.distributed as dist
 
     s = _store(client, timeout=datetime.timedelta(seconds=30))
@@ -189,7 +191,8 @@ def test_torchs_store_checks_of_the_extended_api_and_queues(client):
 
 def test_each_item_is_popped_once_by_concurrent_nodes(etcd, client):
     """Two nodes pop one queue at once: every item comes out exactly once (the delete is
-    fenced on the item's create_revision)."""
+    fenced on the item's create_revision).
+    """
     import torch.distributed as dist
 
     from etcdrun.rendezvous.torch.store import EtcdStore
@@ -268,7 +271,8 @@ def _grpc_requests(metrics_url: str) -> dict[str, float]:
 
 def test_a_wait_reads_once_then_watches(etcd, client):
     """A whole second of waiting costs one read (the key and its queue, one Txn): the rest is
-    the watch (never a poll)."""
+    the watch (never a poll).
+    """
     import torch.distributed as dist
 
     url = f"http://{etcd.endpoint_list[0]}/metrics"
@@ -301,7 +305,8 @@ def test_a_waiter_wakes_when_another_node_sets_the_key(etcd, client):
 
 def test_a_key_set_and_gone_at_once_still_counts_for_a_peer_that_saw_before(etcd, client):
     """torch's exit barrier: the last node sets the key and leaves at once (its lease goes, and
-    the key with it). A peer whose add came before still sees the key was set."""
+    the key with it). A peer whose add came before still sees the key was set.
+    """
     import torch.distributed as dist
 
     from etcdrun.rendezvous.torch.store import EtcdStore

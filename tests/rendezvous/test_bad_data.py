@@ -109,7 +109,8 @@ def test_garbage_in_the_dead_leaders_key_does_not_stop_the_election(etcd):
 def test_garbage_in_the_live_leaders_key_after_a_kill_never_blocks_a_round(etcd):
     """Near the chaos soak's seed 1434 (a kill -9, then garbage in the live leader's own key while
     the next round gathers): here the round still comes. The soak's own case, where the leader
-    had already joined the next round, is the test after this one."""
+    had already joined the next round, is the test after this one.
+    """
     run = new_run_id()
     hs = [
         handler(etcd.endpoints, run, 2, 3, lease_ttl=2, last_call_timeout=0, join_timeout=15)
@@ -137,7 +138,8 @@ def test_garbage_in_the_leaders_key_after_it_joined_the_next_round_never_blocks_
     joined the next round when garbage went into its own key. The other node then led too,
     removed the key as no agent, and each leader waited alone (1/1 live nodes joined, min 2)
     until join_timeout. A session that sees its own key removed or rewritten is lost at once and
-    comes back as a new node."""
+    comes back as a new node.
+    """
     run = new_run_id()
     hs = [handler(etcd.endpoints, run, 2, 3, lease_ttl=2, join_timeout=15) for _ in range(2)]
     with accepted_events(hs) as acc:
@@ -200,7 +202,8 @@ def test_garbage_in_the_round_key_is_repaired_and_the_job_goes_on(etcd):
 def test_nothing_a_run_writes_outlives_it_and_failover_keeps_it_alive(etcd):
     """The round key and the hints live under the run lease, which only the leader of the day
     keeps alive: a new leader adopts it (so a failover loses nothing), and once every agent was
-    killed it expires — before, `round` and `rounds/<n>/hint` stayed forever, leaseless."""
+    killed it expires — before, `round` and `rounds/<n>/hint` stayed forever, leaseless.
+    """
     run = new_run_id()
     conf = dict(lease_ttl=1, last_call_timeout=0)
     run_ttl = 10  # max(10, 6 x lease_ttl)
@@ -246,7 +249,8 @@ def test_a_worker_failure_after_the_round_keys_repair_opens_the_next_round_once(
     workers' collective): the repair rewrites the running round at a new revision, so every
     agent's request_restart, fenced on the revision it had accepted, failed as if the round had
     moved on — and then each agent took the repaired copy for a new round and ran round 1 again
-    (S5: a round already accepted is never run again), its failure lost."""
+    (S5: a round already accepted is never run again), its failure lost.
+    """
     from etcdrun.rendezvous.api import FailureInfo
 
     run = new_run_id()
@@ -269,7 +273,8 @@ def test_a_worker_failure_after_the_round_keys_repair_opens_the_next_round_once(
 
 def test_a_rewrite_of_the_accepted_round_is_never_run_again():
     """S5, whatever rewrote it (the repair above): the round view refuses the same round number
-    at a newer revision, not only an older copy."""
+    at a newer revision, not only an older copy.
+    """
     from etcdrun.rendezvous.etcd.protocol import Phase, Round
     from etcdrun.rendezvous.etcd.round_view import RoundView
 

@@ -32,7 +32,8 @@ PORT = {n: 20000 + i for i, n in enumerate(NODES)}  # each agent's spare port
 
 def agents(*names: str, protocol: int = PROTOCOL, lws: int = 2, gen: int = 0) -> dict[str, Agent]:
     """Live agents; ``gen``: how many spare ports each drew before (rank 0 draws one after
-    each round run on its spare)."""
+    each round run on its spare).
+    """
     return {
         n: Agent(n, REV[n], lws, f"{n}.host", n, REV[n], protocol, PORT[n] + 100 * gen)
         for n in names
@@ -127,7 +128,8 @@ def test_a_resting_survivor_makes_the_round_gather():
 
 def test_rank_0_whose_spare_port_ran_the_round_is_waited_for():
     """The port of the round being replaced is never the next round's: rank 0 draws another
-    and rewrites its agent key, then the leader carries (node/spare_port.py)."""
+    and rewrites its agent key, then the leader carries (node/spare_port.py).
+    """
     r = frozen("a", "b", "c", port=PORT["a"])
     w = decide(View(r, agents("a", "c")), S, 0.0)
     assert isinstance(w, Wait) and w.until is None and "rank 0 (a)" in w.reason
@@ -139,7 +141,8 @@ def test_rank_0_whose_spare_port_ran_the_round_is_waited_for():
 
 def test_a_new_rank_0_is_not_held_to_its_predecessors_port_number():
     """The replaced round's port was on the departed rank 0's host: the same number drawn on
-    another node's host is no reuse, and waiting for a redraw would never end."""
+    another node's host is no reuse, and waiting for a redraw would never end.
+    """
     r = frozen("a", "b", "c", port=PORT["c"])
     c = decide(View(r, agents("b", "c")), S, 0.0)
     assert isinstance(c, Carry) and c.members[0].node_id == "c" and c.master_port == PORT["c"]
@@ -147,7 +150,8 @@ def test_a_new_rank_0_is_not_held_to_its_predecessors_port_number():
 
 def test_a_node_that_moved_keeps_its_old_ranks_until_a_round_gathers():
     """d moved from 6-7 to 2-3 (its old workers may still hold 6-7). A newcomer must not get
-    6-7 in a carried round while d lives; once d is gone they are free."""
+    6-7 in a carried round while d lives; once d is gone they are free.
+    """
     r1 = frozen("a", "b", "c", "d")
     c2 = decide(View(r1, agents("a", "c", "d")), S, 0.0)
     assert isinstance(c2, Carry)
@@ -163,7 +167,8 @@ def test_hard_case_a_lease_that_lapses_during_the_freeze():
     """c's lease expires while the leader freezes round 2: the leader's cache still lists c
     (its watch has not delivered the delete), so round 2 names c. Nothing is repaired: c never
     takes part (its session is lost, so it cannot accept; a new session is a new node id), and
-    the delete's event makes the next decision carry the others on, with c's places free."""
+    the delete's event makes the next decision carry the others on, with c's places free.
+    """
     r1 = frozen("a", "b", "c", "d")
     c2 = decide(View(r1, agents("a", "c", "d")), S, 0.0)  # b left; c still cached as live
     assert isinstance(c2, Carry) and "c" in [m.node_id for m in c2.members]
@@ -184,7 +189,8 @@ def test_hard_case_a_survivor_frozen_while_carried_over():
     """c is SIGSTOPped while carried into round 2. The leader waits for no acknowledgement:
     while c's lease lives the round runs (c accepts it when it wakes, as any member). Once its
     lease lapses, c is gone like any departed member (its warden fenced its workers first,
-    S4) and the rest are carried on; c, thawed, finds its session lost and registers anew."""
+    S4) and the rest are carried on; c, thawed, finds its session lost and registers anew.
+    """
     r1 = frozen("a", "b", "c")
     c2 = decide(View(r1, agents("a", "b", "c", "d")), S, 0.0)
     assert isinstance(c2, Carry) and c2.arrived == ("d",)

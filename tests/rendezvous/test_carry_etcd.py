@@ -1,5 +1,6 @@
 """Carried rounds on a real etcd (design.md §3a): the survivors write nothing, only a newcomer
-registers; rank 0 draws its next spare port; an agent refuses a round of a newer protocol."""
+registers; rank 0 draws its next spare port; an agent refuses a round of a newer protocol.
+"""
 
 from __future__ import annotations
 

@@ -48,7 +48,8 @@ def test_the_first_rounds_last_call_published_while_it_gathers_is_no_violation()
 def test_the_earlier_failure_comes_with_its_reason_line_and_that_is_no_violation():
     """What lifecycle._attach_if_earlier writes (found by the chaos soak, seed 20: an etcd
     restart fenced three nodes, and each one's SIGKILLed worker replaced the failure with its
-    reason; the checker called it S5)."""
+    reason; the checker called it S5).
+    """
     late = st.Failure(node_id="a", global_rank=0, timestamp_ms=20)
     early = st.Failure(node_id="b", global_rank=1, timestamp_ms=10)
     history = [
@@ -95,7 +96,8 @@ GATHERED = [joining(1), frozen(1, ["a", "b", "c", "d"])]
 
 def test_carried_rounds_as_the_leader_writes_them_are_no_violation():
     """b leaves: d fills its place (and may still hold 6-7); then d leaves and f takes its
-    place: 2-3 and 6-7 are free again, d being gone."""
+    place: 2-3 and 6-7 are free again, d being gone.
+    """
     ok = history(
         *GATHERED,
         frozen(2, ["a", "d", "c"], True, departed=["b"]),
@@ -107,7 +109,8 @@ def test_carried_rounds_as_the_leader_writes_them_are_no_violation():
 
 def test_a_newcomer_given_ranks_a_moved_node_may_still_hold_is_a_violation():
     """After d moved from 6-7 to 2-3, a newcomer appended in a carried round gets 6-7 while d
-    is listed: S4 (the leader gathers that round instead)."""
+    is listed: S4 (the leader gathers that round instead).
+    """
     h = history(
         *GATHERED,
         frozen(2, ["a", "d", "c"], True, departed=["b"]),
@@ -120,7 +123,8 @@ def test_a_newcomer_given_ranks_a_moved_node_may_still_hold_is_a_violation():
 
 def test_a_carried_round_that_shifts_ranks_onto_a_live_nodes_is_a_violation():
     """A gathered round may shift c into b's place (c stopped its workers before joining); a
-    carried one may not: c's old workers may still hold 4-5 when d is given them."""
+    carried one may not: c's old workers may still hold 4-5 when d is given them.
+    """
     shifted = history(*GATHERED, frozen(2, ["a", "c", "d"], True, departed=["b"]))
     assert codes(checker.check(shifted, 1, 4)) == ["S6", "S6", "S4"]  # c and d moved
     gathered = history(*GATHERED, joining(2), frozen(2, ["a", "c", "d"]))

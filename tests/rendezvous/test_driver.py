@@ -156,7 +156,8 @@ def rendezvous(hs: list[EtcdRendezvousHandler]) -> list:
 def test_status_during_leader_churn_never_raises():
     """The status line (the agent's ticker thread) reads the leader's snapshot while the driver
     thread drops the leader and elects the next: it must never raise, whatever it interleaves
-    with. Here the leader dies five times in a row under a reader hammering status()."""
+    with. Here the leader dies five times in a row under a reader hammering status().
+    """
     fake = FakeEtcd()
     hs = [handler(fake, 1, 6) for _ in range(6)]
     errors: list[BaseException] = []

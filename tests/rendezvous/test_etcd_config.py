@@ -52,7 +52,8 @@ def test_unknown_key_is_named_with_a_suggestion():
 
 def test_an_unknown_key_is_shown_as_given_stray_quotes_included():
     """``--rdzv-conf "'join_timeout=5,lease_ttl=2'"`` (quotes kept by a manifest): the key is
-    ``'join_timeout``, and the message must show that quote, not hide it before the hint."""
+    ``'join_timeout``, and the message must show that quote, not hide it before the hint.
+    """
     with pytest.raises(ValueError) as err:
         etcd_config(parse_rdzv_conf("'join_timeout=5,lease_ttl=2'"), environ={})
     assert '"\'join_timeout" (did you mean join_timeout?)' in str(err.value)
@@ -124,7 +125,8 @@ def test_tls_files_from_env(tmp_path):
 
 def test_the_closed_marker_and_the_run_lease_are_settings_of_their_own():
     """A long join_timeout no longer locks a finished run's id for as long: the CLOSED
-    marker's TTL is closed_ttl; the run lease follows lease_ttl unless set."""
+    marker's TTL is closed_ttl; the run lease follows lease_ttl unless set.
+    """
     c = etcd_config({"join_timeout": "3600"}, environ={})
     assert (c.join_timeout, c.closed_ttl) == (3600, 600)
     assert c.run_lease_ttl == 30  # max(10, 6 x lease_ttl 5)

@@ -114,7 +114,8 @@ def test_a_late_member_still_registered_keeps_the_run_open(etcd):
 
 def test_a_node_whose_lease_expired_unseen_is_told_it_is_fenced_at_the_barrier(etcd):
     """The put of its barrier entry meets a lease etcd no longer has: the session is then lost
-    (the agent rejoins, agent/loop.py), never an error that ends the agent."""
+    (the agent rejoins, agent/loop.py), never an error that ends the agent.
+    """
     run = new_run_id()
     hs = [handler(etcd.endpoints, run, 2, 3, lease_ttl=2) for _ in range(2)]
     try:
@@ -130,7 +131,8 @@ def test_a_node_whose_lease_expired_unseen_is_told_it_is_fenced_at_the_barrier(e
 def test_a_node_whose_workers_were_fenced_behind_its_back_comes_back_as_a_new_node(etcd):
     """Its warden killed the workers (``give_up``) though the lease lived: the next join
     registers a new node, so the others hear of a departure and an arrival, not of a member
-    still running (soak seed 1591)."""
+    still running (soak seed 1591).
+    """
     run = new_run_id()
     hs = [handler(etcd.endpoints, run, 2, 3, lease_ttl=2) for _ in range(2)]
     try:

@@ -43,7 +43,8 @@ def revoke(endpoints: str, lease: int) -> None:
 def test_a_revoked_lease_kills_deaf_workers_at_once_and_says_so(etcd, tmp_path):
     """etcdctl lease revoke of the rank-0 node's lease: its workers ignore SIGTERM, yet they are
     gone within the S4 margin, before the survivor runs their ranks, and the log says the lease
-    was lost (before: 30 s of grace, "superseded (membership changed)")."""
+    was lost (before: 30 s of grace, "superseded (membership changed)").
+    """
     tag, env = tagged_env()
     conf = f"lease_ttl={TTL},last_call_timeout=0,join_timeout=60"
     job = Job(etcd.endpoints, tmp_path, nnodes="1:2", nproc=2, conf=conf)
@@ -74,7 +75,8 @@ def test_survivors_with_deaf_workers_run_again_after_the_restart_grace(etcd, tmp
     """kill -9 of one of 3 agents whose workers ignore SIGTERM (blocked in a collective): the
     survivors' workers get SIGTERM, then SIGKILL after the restart grace (3 s by default), not
     the 30 s stop grace of the job's end. The bound: the lease's TTL (the death is seen when it
-    expires) + the restart grace + 3 s for the round and the starts on 2 shared cores."""
+    expires) + the restart grace + 3 s for the round and the starts on 2 shared cores.
+    """
     from etcdrun.agent.grace import DEFAULT_RESTART_GRACE
 
     conf = f"lease_ttl={TTL},last_call_timeout=1,join_timeout=60"

@@ -54,7 +54,8 @@ def leader_joined(h) -> threading.Event:
 def leader_and_newcomers(etcd) -> Iterator[tuple[list, threading.Thread, list[dict]]]:
     """A 4-node job whose first agent opened round 1 and joined it; yields it and the 3
     newcomers (``hs``), the first agent's thread and the newcomers' ``node_joined`` events.
-    Afterwards every handler is shut down and the invariant checker replays the run."""
+    Afterwards every handler is shut down and the invariant checker replays the run.
+    """
     run = new_run_id()
     first = handler(etcd.endpoints, run, 4, 4)
     joined = leader_joined(first)
@@ -98,7 +99,8 @@ def test_newcomers_join_with_their_registration_in_one_write(etcd):
 
 def test_when_the_round_moved_before_registration_the_node_joins_as_usual(etcd, monkeypatch):
     """The registration's nested compare fails (the round read is stale): the agent key is
-    still registered, and the node joins the round it then reads, with a Txn of its own."""
+    still registered, and the node joins the round it then reads, with a Txn of its own.
+    """
     real = job_settings._joining
     monkeypatch.setattr(
         job_settings,

@@ -61,7 +61,8 @@ def test_a_newcomer_to_a_running_job_reads_no_sorted_range(etcd):
 
 def test_with_no_round_yet_the_oldest_decides_and_the_younger_is_refused(etcd):
     """Two first agents that differ, starting together: the check after registering (against
-    the oldest, by a sorted range: no round names a writer yet) refuses the younger."""
+    the oldest, by a sorted range: no round names a writer yet) refuses the younger.
+    """
     run = new_run_id()
     keys = RunKeys("/etcdrun", run)
     with CountingClient(etcd.endpoints) as c:

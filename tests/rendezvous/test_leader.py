@@ -65,7 +65,8 @@ def test_the_status_snapshot_is_immutable_and_names_the_last_call():
 
 def test_a_last_call_that_lasts_is_published_in_the_round_key_once():
     """Every node can then say "first round: 3 of max 4 joined (min 2); starting in 29 s unless
-    more join" (last_call.py); one write, and none for a last call that ends at once."""
+    more join" (last_call.py); one write, and none for a last call that ends at once.
+    """
     w = World(3, Settings(2, 4, last_call_timeout=30))
     w.step()
     for i in range(3):
@@ -149,7 +150,8 @@ def test_a_failed_run_closes_with_the_root_cause_when_the_budget_is_spent():
 
 def test_a_close_that_loses_its_fence_leaves_no_marker_lease():
     """The marker lease of a CLOSED round is revoked when the close's compare fails (it used to
-    live join_timeout, 600 s by default)."""
+    live join_timeout, 600 s by default).
+    """
     w = World(2, Settings(1, 2, last_call_timeout=0, max_restarts=0))
     w.step()
     w.join(0)
@@ -189,7 +191,8 @@ def test_an_etcd_error_backs_off_as_the_policy_says(request_timeout):
 )
 def test_small_worlds_survivors_keep_their_order_and_rank_zero_stays(n, lo, hi, victim):
     """Every small world: freeze, kill one member, and the next round keeps the survivors'
-    relative order; rank 0 moves only when its holder died (S2, S6)."""
+    relative order; rank 0 moves only when its holder died (S2, S6).
+    """
     w = World(n, Settings(lo, hi, last_call_timeout=0))
     w.step()
     for i in range(n):

@@ -26,7 +26,8 @@ def test_regenerating_reproduces_committed_files():
 
 def test_no_descriptor_clash_with_another_etcd_library():
     """Another library's etcd protos (package etcdserverpb, file rpc.proto, same message names)
-    load into the same default pool without clashing with ours."""
+    load into the same default pool without clashing with ours.
+    """
     f = descriptor_pb2.FileDescriptorProto(
         name="rpc.proto", package="etcdserverpb", syntax="proto3"
     )

@@ -243,7 +243,8 @@ def test_exhaustive_invariants(mn, mx):
 
 def test_a_failed_runs_id_opens_a_fresh_run_once_only_newcomers_are_alive():
     """A Kubernetes Job retry or a Slurm requeue reuses the id of a failed run: it starts over
-    — but only once no agent of the failed run is alive (they registered before the close)."""
+    — but only once no agent of the failed run is alive (they registered before the close).
+    """
     boom = FailureInfo("a", "h", 1, 1, message="boom")
     closed = Round(4, Phase.CLOSED, failure=boom, mod_revision=50)
     old = {"a": Agent("a", 10), "b": Agent("b", 60)}  # a registered before the close
@@ -259,7 +260,8 @@ def test_a_failed_runs_id_opens_a_fresh_run_once_only_newcomers_are_alive():
 
 def test_member_lookup_and_world_size_agree_with_the_members():
     """Round.member() is an index built once per round (the scale bench's handlers each look
-    themselves up in one shared round): it must answer as a scan of the members would."""
+    themselves up in one shared round): it must answer as a scan of the members would.
+    """
     r = frozen("c", "a", "e", "b")
     for m in r.members:
         assert r.member(m.node_id) is m

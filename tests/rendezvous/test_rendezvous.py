@@ -1,5 +1,6 @@
 """The etcd rendezvous with N in-process participants on a real etcd, checked by the invariant
-checker (S1–S6) after every scenario."""
+checker (S1–S6) after every scenario.
+"""
 
 from __future__ import annotations
 
@@ -277,7 +278,8 @@ def test_worker_failure_restart_is_job_wide(etcd):
 
 def test_failure_caused_by_a_peer_death_costs_no_restart(etcd):
     """Collectives fail on the survivors when a peer dies, before its lease expires: the
-    restart they ask for is a membership change, free even with max_restarts=0."""
+    restart they ask for is a membership change, free even with max_restarts=0.
+    """
     run = new_run_id()
     hs = [handler(etcd.endpoints, run, 1, 3, lease_ttl=2) for _ in range(3)]
     try:
@@ -367,7 +369,8 @@ def test_status_line_while_waiting_names_counts_and_last_call(etcd):
 
 def test_leave_and_loss_events_name_the_node(etcd):
     """A deliberate leave is `node_left` with the node id (not a `session_lost`); a lease taken
-    away by another client is `session_lost`, with the reason."""
+    away by another client is `session_lost`, with the reason.
+    """
     run = new_run_id()
     hs = [handler(etcd.endpoints, run, 1, 2) for _ in range(2)]
     got: list[dict] = []
@@ -397,7 +400,8 @@ def test_leave_and_loss_events_name_the_node(etcd):
 
 def test_membership_listener_fires_when_the_running_round_is_superseded(etcd):
     """The agent waits on one event for worker exits and round changes: the handler calls its
-    listeners whenever membership_changed is set (here: a newcomer supersedes the round)."""
+    listeners whenever membership_changed is set (here: a newcomer supersedes the round).
+    """
     run = new_run_id()
     first = handler(etcd.endpoints, run, 1, 2)
     fired = threading.Event()
@@ -421,7 +425,8 @@ def test_membership_listener_fires_when_the_running_round_is_superseded(etcd):
 
 def test_the_root_cause_is_the_first_failure_not_the_first_report(etcd):
     """Two nodes fail in one round: rank 0's follow-on error reported first, rank 1's own (the
-    real cause, earlier) second. The run closes naming rank 1 (it named rank 0 before)."""
+    real cause, earlier) second. The run closes naming rank 1 (it named rank 0 before).
+    """
     run = new_run_id()
     first = FailureInfo("n1", "host-b", 1, 1, "", "RuntimeError: bad batch", "tb", 10.0, 1, 11)
     later = FailureInfo("n0", "host-a", 0, -11, "SIGSEGV", "", "", 10.5, 0, 10)
@@ -445,7 +450,8 @@ def test_the_root_cause_is_the_first_failure_not_the_first_report(etcd):
 def test_a_failure_never_makes_a_round_opened_by_a_departure_chargeable(etcd):
     """kill -9 of rank 0: the leader opens the next round for the departure (free); the
     survivors' follow-on failures, reported after that, must not turn it into a charged restart
-    (with --max-restarts 0 the job would fail)."""
+    (with --max-restarts 0 the job would fail).
+    """
     run = new_run_id()
     hs = [handler(etcd.endpoints, run, 2, 3, lease_ttl=2, max_restarts=0) for _ in range(3)]
     boom = FailureInfo("n", "vm", 1, 1, "", "RuntimeError: Connection reset by peer", "", 5.0)

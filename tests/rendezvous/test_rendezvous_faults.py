@@ -111,7 +111,8 @@ def test_after_an_etcd_outage_the_round_forms_without_waiting_for_the_old_leases
     """Every node was fenced while etcd was down. A restarted etcd restores their old leases and
     renews them for a whole TTL, so their agent keys came back and the next round waited for
     nodes that would never rejoin as themselves: 6.6 s at lease_ttl 5. Each node now revokes
-    its lost lease as soon as etcd answers again (its new session's grant)."""
+    its lost lease as soon as etcd answers again (its new session's grant).
+    """
     local = require_local(etcd)
     run = new_run_id()
     ttl = 5
@@ -143,7 +144,8 @@ def test_an_outage_is_said_with_its_start_and_the_give_up_time_that_then_holds(e
     """The waiting line used to say "round 1 frozen with 3 nodes" for the whole outage, and the
     one warning named one call's deadline: a 45 s outage printed "retrying until 00:20:37" and
     waited on until 00:21:10, because the next session's calls each retried a whole
-    retry_timeout. One deadline per outage: its start plus retry_timeout."""
+    retry_timeout. One deadline per outage: its start plus retry_timeout.
+    """
     local = require_local(etcd)
     run = new_run_id()
     retry = 4

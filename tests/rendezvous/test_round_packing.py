@@ -1,5 +1,6 @@
 """Large rounds travel deflated (schema 2): every reader sees the same members, small rounds stay
-schema 1, and a value that lies about its packing is refused by name, never read as a round."""
+schema 1, and a value that lies about its packing is refused by name, never read as a round.
+"""
 
 from __future__ import annotations
 
@@ -142,7 +143,8 @@ def test_a_newer_schema_is_still_refused():
 def test_real_rounds_packed_from_two_nodes_on(etcd, monkeypatch):
     """The whole path on a real etcd with every round packed: the join, a carried leave (its
     held ranks packed too), a restart (its hint packed), status, and the invariant checker
-    replaying etcd's history."""
+    replaying etcd's history.
+    """
     monkeypatch.setattr(codec, "PACK_AT", 2)
     run = new_run_id()
     keys = RunKeys("/etcdrun", run)

@@ -1,6 +1,7 @@
 """The static backend's meeting on the master's port (rendezvous/static/barrier.py): the nodes
 of a static job meet before any worker starts and wait for each other at the end, as under
-torchrun's static rendezvous; mistakes are one line, and nothing waits for a node that left."""
+torchrun's static rendezvous; mistakes are one line, and nothing waits for a node that left.
+"""
 
 from __future__ import annotations
 
@@ -208,7 +209,8 @@ def test_exit_barrier_waits_for_all_and_not_for_one_that_left(nodes):
 
 def test_the_workers_store_binds_master_port_while_the_meeting_holds_it(nodes, torch_available):
     """What makes MASTER_PORT usable for both: torch's TCPStore (libuv and classic) binds with
-    SO_REUSEADDR, so the meeting's open connections on that port do not stop it."""
+    SO_REUSEADDR, so the meeting's open connections on that port do not stop it.
+    """
     from torch.distributed import TCPStore
 
     n0, n1 = nodes(0), nodes(1)
@@ -240,7 +242,8 @@ print("node", os.environ["GROUP_RANK"], "rank", os.environ["RANK"], "done", time
 def test_two_static_nodes_meet_before_and_after_their_workers(tmp_path):
     """``--nnodes 2 --node-rank R --master-addr --master-port``: node 1 started alone starts no
     worker (it used to, in 0.21 s); node 0, whose worker ends first, leaves only after node 1's
-    worker ended (the "waiting for the other nodes" line is true now)."""
+    worker ended (the "waiting for the other nodes" line is true now).
+    """
     script = tmp_path / "w.py"
     script.write_text(WORKER)
     port = reserve_free_port()

@@ -93,7 +93,8 @@ def test_a_failed_run_shows_its_outcome_and_root_cause(etcd):
 
 def test_a_finished_run_names_no_node_missing(etcd):
     """Found by a new user: after `ended: SUCCEEDED`, every node of the run was listed MISSING
-    ("its agent is gone") and the world size was 0."""
+    ("its agent is gone") and the world size was 0.
+    """
     run = new_run_id()
     hs = [handler(etcd.endpoints, run, 2, 2, lws=2) for _ in range(2)]
     try:
@@ -110,7 +111,8 @@ def test_a_finished_run_names_no_node_missing(etcd):
 
 def test_rounds_taken_in_place_are_shown_the_last_twenty_kept(etcd):
     """The node ranked 0 records each round taken in place (ReportPort.kept, one write per
-    round); status shows the last ones with their pause, and etcd keeps only the last 20."""
+    round); status shows the last ones with their pause, and etcd keeps only the last 20.
+    """
     run = new_run_id()
     hs = [handler(etcd.endpoints, run, 2, 2, lease_ttl=2) for _ in range(2)]
     keys = RunKeys("/etcdrun", run)

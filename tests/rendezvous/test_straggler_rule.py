@@ -1,5 +1,6 @@
 """The straggler rule (rendezvous/etcd/stragglers.py) and the agent's pace (agent/hang/pace.py),
-pure: no etcd, no processes (design.md §4d)."""
+pure: no etcd, no processes (design.md §4d).
+"""
 
 from __future__ import annotations
 

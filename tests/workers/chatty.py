@@ -1,5 +1,6 @@
 """Print argv[1] lines of ~100 bytes, then ``done printing``, then sleep argv[2] seconds (until
-the agent stops it)."""
+the agent stops it).
+"""
 
 import sys
 import time

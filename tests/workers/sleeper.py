@@ -1,5 +1,6 @@
 """Sleep until stopped. argv: <marker dir> [ignore-term|exit-on-term]. Writes ready_<RANK>, and
-term_<RANK> when SIGTERM arrives (then ignores it, exits 0, or dies by default)."""
+term_<RANK> when SIGTERM arrives (then ignores it, exits 0, or dies by default).
+"""
 
 import os
 import signal

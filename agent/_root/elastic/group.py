@@ -76,7 +76,8 @@ def _connected_tcp(fds: set[int], skip_port: int | None) -> set[int]:
 
 class Group:
     """One per worker, for its whole life. ``adopt()`` or ``form()``, then ``release()`` from
-    any thread, then ``form()`` again for the next round."""
+    any thread, then ``form()`` again for the next round.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -98,7 +99,8 @@ class Group:
         ``ended()`` says whether the round being formed is over already: a release that came
         before this call (the notice can follow the round's hand-over at once) is not lost to
         the reset of ``_released`` here (chaos seed 92: a survivor tried forever to reach the
-        store of a round that had ended before it began to form it)."""
+        store of a round that had ended before it began to form it).
+        """
         import torch.distributed as dist
 
         before = _sockets()
@@ -131,7 +133,8 @@ class Group:
         release shuts), and the others try STORE_TRY at a time until the round ends. The others
         still count themselves in the store (``wait_for_workers``: a client only adds one to
         the count, never waits), as a fresh rank 0's env:// store waits for every rank's count
-        (chaos seed 1010 hung there when they did not)."""
+        (chaos seed 1010 hung there when they did not).
+        """
         import torch.distributed as dist
 
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -169,7 +172,8 @@ class Group:
 
     def release(self) -> None:
         """Make every collective of this group fail now (any thread). gloo: its connections are
-        shut; NCCL: its communicators aborted."""
+        shut; NCCL: its communicators aborted.
+        """
         with self._lock:
             self._released = True
             fds = set(self._fds)
@@ -210,7 +214,8 @@ def _backend() -> Any:
 
 def _abort_default_group() -> None:
     """Abort (NCCL: ncclCommAbort) and forget the default group; torch's own way to end a group
-    whose peers may never answer, where ``destroy_process_group`` would wait for them."""
+    whose peers may never answer, where ``destroy_process_group`` would wait for them.
+    """
     from torch.distributed.distributed_c10d import _abort_process_group
 
     try:

@@ -54,7 +54,8 @@ class AgentLink:
 
     def hello(self) -> None:
         """Opt in: from now on the agent hands this worker the next round instead of stopping
-        it (agent/elastic_agent.py)."""
+        it (agent/elastic_agent.py).
+        """
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self._send(HELLO, local_rank=local_rank, pid=os.getpid(), round=self.round)
 
@@ -66,7 +67,8 @@ class AgentLink:
     def await_abort(self, timeout: float) -> bool:
         """Whether the agent says, within ``timeout``, that the round is over. Why: a peer that
         was killed closes its sockets at once, so the survivors' collectives fail before etcd
-        has seen its lease expire; the failure is a membership change only if the round ends."""
+        has seen its lease expire; the failure is a membership change only if the round ends.
+        """
         if self.interrupted():
             return True
         self._abort_came.wait(timeout)

@@ -19,7 +19,8 @@ _writer: beat.Writer | None | object = _UNSET
 
 def progress(step: int | None = None) -> None:
     """This worker made progress: ``step``, when given, is shown by the agent's hang line and
-    by ``etcdrun status``."""
+    by ``etcdrun status``.
+    """
     global _writer
     if _writer is _UNSET:
         _writer = beat.Writer.from_env()

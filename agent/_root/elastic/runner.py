@@ -83,7 +83,8 @@ def _rounds(
 
 def _reform(state: State, group: Group, link: AgentLink, backend: str) -> None:
     """Back to the last commit, then the next round's group; again while rounds keep ending
-    before one is formed."""
+    before one is formed.
+    """
     state.restore()
     while True:
         link.wait_round()

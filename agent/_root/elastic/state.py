@@ -51,7 +51,8 @@ class State:
     # ---- the contract -------------------------------------------------------------------------
     def commit(self) -> None:
         """A safe point: keep the state as it is now; raise ``MembershipChanged`` when the
-        round this worker runs in is over (``elastic.run`` then re-forms and calls again)."""
+        round this worker runs in is over (``elastic.run`` then re-forms and calls again).
+        """
         self._saved = self.save()
         self._serial += 1
         progress(self._step())
@@ -68,7 +69,8 @@ class State:
 
     def sync(self) -> int:
         """Every rank takes the committed state of the rank with the newest commit; returns the
-        bytes broadcast (0 in a world of one or outside a process group)."""
+        bytes broadcast (0 in a world of one or outside a process group).
+        """
         import torch
         import torch.distributed as dist
 
@@ -87,7 +89,8 @@ class State:
 
     def on_reset(self, callback: Callable[[], None]) -> None:
         """Call ``callback()`` after every re-form, once the state is synced (rebuild the data
-        loader for the new world, rescale the learning rate, ...)."""
+        loader for the new world, rescale the learning rate, ...).
+        """
         self._callbacks.append(callback)
 
     def reset(self) -> None:
@@ -102,7 +105,8 @@ class State:
 class TorchState(State):
     """``TorchState(model=, optimizer=, **values)``: modules and optimizers too, by their
     ``state_dict``. A ``DistributedDataParallel`` model is rebuilt on each new group in
-    place (``rewrap``), so the script's own reference to it stays valid."""
+    place (``rewrap``), so the script's own reference to it stays valid.
+    """
 
     def __init__(self, model: Any = None, optimizer: Any = None, **values: Any) -> None:
         self.model, self.optimizer = model, optimizer
@@ -135,7 +139,8 @@ class TorchState(State):
         remembered its first iteration rebuilt its buckets one iteration before a newcomer's
         did, a broadcast met an allreduce, and the gradients of that step were wrong
         (tests/pytorch/test_in_place.py, "arrive"). The old reducer goes with the old
-        attributes, its autograd hooks with it."""
+        attributes, its autograd hooks with it.
+        """
         from torch.nn.parallel import DistributedDataParallel
 
         m = self.model

@@ -18,7 +18,8 @@ _file = None  # kept open for the life of the process: faulthandler writes to it
 
 def arm(environ):
     """Register the dump that ``environ`` asks for; the variable is removed, so the worker's
-    own children do not write into its file."""
+    own children do not write into its file.
+    """
     global _file
     spec = environ.pop(VAR, None)
     if not spec:

@@ -79,7 +79,8 @@ def charged(rec: Record, policy: Policy, node: str, why: str, now_unix: float) -
 
 def over(rec: Record, node: str) -> Record:
     """``rec`` once its cooldown is over: the node takes part again; the count of cooldowns
-    stays (the next one lasts twice as long)."""
+    stays (the next one lasts twice as long).
+    """
     return replace(rec, node=node, resting=False)
 
 
@@ -118,7 +119,8 @@ class Cooldown:
 
     def until(self) -> float | None:
         """While this node rests: the monotonic time its cooldown ends (maybe passed: then the
-        caller ends it). None otherwise."""
+        caller ends it). None otherwise.
+        """
         return self._until
 
     def charge(self, running: Round, failure: FailureInfo, node: str) -> None:
@@ -172,7 +174,8 @@ class Cooldown:
 
     def _say_cooled(self, running: Round, rec: Record, node: str) -> None:
         """One event and one line; when the job cannot go on without this node, the line says
-        so (the others wait, as for any missing node)."""
+        so (the others wait, as for any missing node).
+        """
         ctx, number = self._ctx, running.number + 1
         ctx.events.emit(
             "node_cooled_down",
