@@ -270,6 +270,9 @@ class ElasticAgent:
     def _hand_over(self, action: loop.HandOver) -> loop.Event:
         """The kept workers get the new round's environment over the control channel."""
         info = action.info
+        ended = self._group.poll()
+        if ended is not None and ended.state == WorkerState.SUCCEEDED:
+            return loop.WorkersSucceeded(earlier=True)  # they finished while this node joined
         if not self._in_place.hand_over(self._group, info):
             return loop.HandOverFailed()
         self.rounds += 1
@@ -310,6 +313,9 @@ class ElasticAgent:
         return loop.RestartRequested()
 
     def _barrier(self, action: loop.ExitBarrier) -> loop.Event:
+        if action.close:
+            self._h.set_closed()
+            return loop.BarrierDone(True)
         if self._h.exit_barrier():
             return loop.BarrierDone(True)
         if self._lost():
@@ -389,7 +395,9 @@ class ElasticAgent:
             result = self._group.poll()
             if result is not None:
                 if result.state == WorkerState.SUCCEEDED:
-                    return loop.WorkersSucceeded()
+                    info = self._group.info
+                    done = info is not None and self._in_place.finished_before(info.round)
+                    return loop.WorkersSucceeded(earlier=done)
                 if self._fencing.fenced() or self._lost():
                     return loop.LeaseLost()  # the warden killed them: fencing, not a failure
                 return loop.WorkersFailed()

@@ -8,6 +8,7 @@ control server; it borrows the group and the liveness port it is handed per call
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -28,6 +29,9 @@ class InPlace:
     def __init__(self, tag: str, on_resumed: Resumed) -> None:
         self._on_resumed = on_resumed
         self._server = ControlServer(tag, self._on_message)
+        self._lock = threading.Lock()
+        self._handed: int | None = None  # the last round handed over, and who resumed in it
+        self._resumed: set[int] = set()
 
     @property
     def env(self) -> dict[str, str]:
@@ -56,12 +60,22 @@ class InPlace:
 
     def hand_over(self, group: WorkerGroup, info: RendezvousInfo) -> bool:
         """The kept workers go on in ``info``'s round; False when one could not be told."""
+        with self._lock:
+            self._handed, self._resumed = info.round, set()
         envs = group.regroup(info)
         sent = [
             self._server.send(r, control.ROUND, round=info.round, env=env)
             for r, env in envs.items()
         ]
         return all(sent)
+
+    def finished_before(self, round_number: int) -> bool:
+        """True when the workers were handed ``round_number`` and none of them resumed in it:
+        having exited 0 since, they ended the training in the round before (their function
+        returned), so that round's newcomers can never sync from them.
+        """
+        with self._lock:
+            return self._handed == round_number and not self._resumed
 
     @staticmethod
     def peer_wait(liveness: LivenessPort) -> dict[str, str]:
@@ -77,6 +91,9 @@ class InPlace:
 
     def _on_message(self, local_rank: int, msg: dict[str, Any]) -> None:
         if msg["op"] == control.RESUMED:
+            with self._lock:
+                if msg.get("round") == self._handed:
+                    self._resumed.add(local_rank)
             self._on_resumed(local_rank, msg)
 
 

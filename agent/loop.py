@@ -71,6 +71,7 @@ class State:
     next_info: RendezvousInfo | None = None
     closed: RunClosed | None = None
     drain: DrainRequested | None = None  # asked to leave: the workers stop, then the agent goes
+    done_earlier: bool = False  # kept workers finished before resuming in this round (§4a)
 
 
 # ---- events: what the driver saw ---------------------------------------------------------------
@@ -91,7 +92,11 @@ class RunClosed:
 
 @dataclass(frozen=True)
 class WorkersSucceeded:
-    pass
+    """Every local worker exited 0. ``earlier``: kept workers that were handed this round but
+    never resumed in it: their training ended in the round before (design.md §4a).
+    """
+
+    earlier: bool = False
 
 
 @dataclass(frozen=True)
@@ -218,7 +223,11 @@ class RequestRestart(Action):
 
 @dataclass(frozen=True)
 class ExitBarrier(Action):
-    pass
+    """Wait for the other nodes of the round; ``close``: close the run as SUCCEEDED instead,
+    without waiting (the work ended in the round before: see ``WorkersSucceeded.earlier``).
+    """
+
+    close: bool = False
 
 
 @dataclass(frozen=True)
@@ -377,7 +386,8 @@ def _running(state: State, event: Event) -> Step | None:
         return _drain(state, event)
     stopping = replace(state, phase=Phase.STOPPING)
     if isinstance(event, WorkersSucceeded):
-        return Step(replace(stopping, then=Then.FINISH), StopWorkers())
+        finish = replace(stopping, then=Then.FINISH, done_earlier=event.earlier)
+        return Step(finish, StopWorkers())
     if isinstance(event, WorkersFailed):
         return Step(replace(stopping, then=Then.RESTART), StopWorkers(restart=True))
     if isinstance(event, RoundSuperseded):
@@ -424,6 +434,12 @@ def _stopping(state: State, event: Event) -> Step | None:
         if state.then is Then.REJOIN and event.result.real_failures():
             return _restart(stopped, info, event.result)
         return Step(replace(stopped, phase=Phase.JOINING), Join(note=note))
+    if state.then is Then.FINISH and state.done_earlier:
+        note = (
+            f"round {info.round}: the kept workers finished the training before they resumed in "
+            "this round: closing the run as SUCCEEDED (its newcomers have no one to sync from)"
+        )
+        return Step(replace(stopped, phase=Phase.BARRIER), ExitBarrier(close=True, note=note))
     if state.then is Then.FINISH:
         note = f"round {info.round}: workers succeeded"
         if info.node_count > 1:

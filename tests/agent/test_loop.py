@@ -488,3 +488,30 @@ def test_a_kept_worker_that_cannot_be_handed_the_round_is_started_afresh_in_it()
     )
     assert steps[3].action.restart and steps[3].state.then is Then.START
     assert steps[4].action == loop.StartWorkers(info(round=4))
+
+
+def test_kept_workers_that_finished_before_resuming_close_the_run_as_succeeded():
+    """Seed 1067 of the in-place soak (bench/results.md): a newcomer arrived as the survivors
+    ended their training. Handed the new round, they had already returned: waiting at the exit
+    barrier for the newcomer, whose workers wait for a store nobody serves, would hang.
+    """
+    steps = walk(
+        State(),
+        loop.Joined(info()),
+        loop.RoundSuperseded("node(s) joined: n3", in_place=True),
+        loop.Joined(info(round=4)),
+        loop.WorkersSucceeded(earlier=True),
+        loop.WorkersStopped(OK),
+        loop.BarrierDone(True),
+    )
+    assert steps[4].action == loop.ExitBarrier(
+        close=True,
+        note="round 4: the kept workers finished the training before they resumed in this "
+        "round: closing the run as SUCCEEDED (its newcomers have no one to sync from)",
+    )
+    assert steps[5].action == loop.ReturnResult(OK, note="round 4: the job SUCCEEDED")
+
+
+def test_workers_that_succeed_in_their_round_wait_at_the_barrier():
+    steps = walk(State(), loop.Joined(info()), loop.WorkersSucceeded(), loop.WorkersStopped(OK))
+    assert isinstance(steps[2].action, loop.ExitBarrier) and not steps[2].action.close

@@ -1,8 +1,10 @@
 """A toy DDP job on ``etcdrun.elastic``: every rank trains on the same batches, so the averaged
 gradient, and so the loss at every step, is that of one process (the tests compare them).
 
-argv: OUT_DIR STEPS [STEP_SECONDS]. Each completed step appends one JSON line to
-OUT_DIR/steps_<pid>.jsonl: step, rank, world, round, loss, time.
+argv: OUT_DIR STEPS [STEP_SECONDS [HOLD_FILE]]. Each completed step appends one JSON line to
+OUT_DIR/steps_<pid>.jsonl: step, rank, world, round, loss, time. With HOLD_FILE, the training
+function returns only once that file exists (after its last step): a test makes the membership
+change while the work is already done.
 """
 
 import json
@@ -17,6 +19,7 @@ from etcdrun import elastic
 
 out, steps = sys.argv[1], int(sys.argv[2])
 pause = float(sys.argv[3]) if len(sys.argv) > 3 else 0.05
+hold = sys.argv[4] if len(sys.argv) > 4 else None
 
 dist.init_process_group("gloo")
 torch.manual_seed(0)
@@ -51,6 +54,8 @@ def train(state: elastic.TorchState) -> None:
         log.write(json.dumps(line) + "\n")
         state.commit()
         time.sleep(pause)
+    while hold is not None and not os.path.exists(hold):
+        time.sleep(0.05)
 
 
 train(state)

@@ -153,3 +153,33 @@ def test_survivors_keep_their_processes_and_lose_no_step(job, how):
     rank0 = {e["node"] for e in regrouped if 0 in e["ranks"]}
     assert [(k.round, k.previous_round, k.node) for k in kept_rounds] == [(2, 1, *rank0)]
     assert kept_rounds[0].pause_s is not None
+
+
+def test_a_newcomer_handed_a_round_as_the_survivors_finish_ends_the_job(job):
+    """The survivors' training returns while a newcomer joins (the in-place soak's seed 1067,
+    bench/results.md): they never resume in the new round, so nobody would serve the store
+    the newcomer's workers wait for. The survivors close the run as SUCCEEDED and the newcomer
+    leaves with it, rather than everyone waiting out the exit barrier.
+    """
+    steps, hold = 12, job.steps_dir / "hold"
+    script = (SCRIPT, str(job.steps_dir), str(steps), "0.05", str(hold))
+    agents = [job.start(*script, env=clean_env()) for _ in range(2)]
+    wait_for(
+        lambda: (
+            len(rows := rows_by_pid(job.steps_dir)) == 2
+            and all(len(r) == steps for r in rows.values())
+        ),
+        90,
+        "two workers done with their last step",
+    )
+    newcomer = job.start(*script, env=clean_env())
+    frozen = lambda: [e for e in events(job.logs, "round_frozen") if e["round"] == 2]  # noqa: E731
+    wait_for(frozen, 60, "round 2 frozen with the newcomer")
+    hold.touch()  # the survivors' training function returns now
+    for a in [*agents, newcomer]:
+        assert a.wait(60) == 0, a.stderr[-3000:]
+    assert any("finished the training before they resumed" in a.stderr for a in agents)
+    assert "the job finished (SUCCEEDED)" in newcomer.stderr, newcomer.stderr[-3000:]
+    rows = rows_by_pid(job.steps_dir)
+    assert sorted(len(r) for r in rows.values()) == [steps, steps]  # no step run again
+    assert not events(job.logs, "worker_resumed")
