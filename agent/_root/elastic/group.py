@@ -111,6 +111,7 @@ class Group:
             self._fds = _connected_tcp(_sockets() - before, None)
         if self._released or ended():  # a release from now on shuts the store's socket
             raise ConnectionAbortedError("the round ended while its group was formed")
+        _reset_group_names()
         dist.init_process_group(
             backend,
             store=dist.PrefixStore("default_pg", store),
@@ -210,6 +211,22 @@ def _backend() -> Any:
     import torch.distributed as dist
 
     return dist.get_backend() if dist.is_initialized() else None
+
+
+def _reset_group_names() -> None:
+    """Name the group to be formed as a fresh process names its first: torch names each default
+    group after a counter (``_world.group_count``, the prefix of the group's keys in the store)
+    that only a destroyed or aborted WORLD resets. A form cut short inside
+    ``init_process_group`` took a name and made no WORLD, so the next form would be named "1"
+    where a fresh rank's group is "0", and their keys would never meet (chaos seeds 1081 and 92
+    hung there, every rank waiting in gloo's connect). With no default group alive, the counter
+    goes back as torch's own reset sets it.
+    """
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d
+
+    if not dist.is_initialized():
+        distributed_c10d._world.group_count = 0
 
 
 def _abort_default_group() -> None:
