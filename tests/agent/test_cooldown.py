@@ -43,6 +43,7 @@ def test_a_node_whose_workers_keep_failing_sits_out_then_comes_back(etcd, job_fa
         script=(str(SCRIPTS / "bad_host.py"),),
     )
     job.script = (str(SCRIPTS / "bad_host.py"), str(job.out))
+    job.extra = (*job.extra, "--log-dir", str(job.root / "logs"))  # one events.jsonl for all
     (job.out / "whole").write_text("6")
     good = [job.start() for _ in range(2)]
     bad = job.start(env=clean_env(ETCDRUN_TEST_BAD_HOST="1"))
@@ -76,6 +77,12 @@ def test_a_node_whose_workers_keep_failing_sits_out_then_comes_back(etcd, job_fa
     assert bad.pid in {s.ppid for s in back}
     assert {s.env["TORCHELASTIC_RESTART_COUNT"] for s in back} == {"2"}  # its return is free
     assert "is back from its cooldown" in bad.stderr
+    # every transition is one structured event (docs/events.md), in the agents' events.jsonl
+    lines = (job.root / "logs" / "events.jsonl").read_text().splitlines()
+    told = [e for e in map(json.loads, lines) if e["node"] == rest[0]["node_id"]]
+    rest_events = [e for e in told if e["event"] in ("node_cooled_down", "node_cooldown_over")]
+    assert [e["event"] for e in rest_events] == ["node_cooled_down", "node_cooldown_over"], told
+    assert rest_events[0]["failures"] == 2 and rest_events[0]["seconds"] == BASE
 
     for a in job.agents:
         assert a.wait(60) == 0, a.stderr[-3000:]
