@@ -86,9 +86,16 @@ def _set_path0(command, had_path0):
         sys.path[0] = path0
 
 
+AUTO = ("torch", "torch._dynamo")  # --prewarm auto, in this order (see _prewarm)
+
+
 def _prewarm(names):
-    """Import what the user named; ``auto``: torch when importable. A failure is left for the
-    worker's own import to report (it fails there the same way).
+    """Import what the user named; ``auto``: torch when importable, and ``torch._dynamo``, which
+    DDP's constructor (and FSDP, torch.compile) imports at its first use: in a newcomer's
+    worker, as long again as ``import torch``, while the survivors' re-formed group waits for it
+    in that constructor (bench/results.md, 'In place against restarts and torchft'). A standby
+    imports it before its node joins, at no one's cost. A failure is left for the worker's own
+    import to report (it fails there the same way).
 
     The collector is off while they import, and what they built is then frozen (``gc.freeze``: the
     permanent generation, which collections never walk), as pre-fork servers do. Why: the import's
@@ -109,10 +116,11 @@ def _prewarm(names):
             name = name.strip()
             if not name or name == "none":
                 continue
-            try:
-                __import__("torch" if name == "auto" else name)
-            except Exception:  # noqa: BLE001, S112 - the worker's own import will say it
-                continue
+            for module in AUTO if name == "auto" else (name,):
+                try:
+                    __import__(module)
+                except Exception:  # noqa: BLE001, S112 - the worker's own import will say it
+                    break
     finally:
         gc.freeze()
         if was_on:

@@ -90,6 +90,7 @@ def normalised(info: dict, tmp: Path, prewarm: str) -> dict:
     info.pop("pid")
     info.pop("json_at_start")
     info.pop("gc_frozen_at_start")
+    info.pop("torch_at_start")
     return info
 
 
@@ -107,6 +108,16 @@ def test_a_script_sees_the_same_start_from_a_standby(tmp_path, entry):
         assert normalised(spawned, tmp_path, "none") == normalised(warm, tmp_path, "json")
         assert not any(kv.startswith(ROOM_VAR) for kv in warm["proc_env"])
         assert warm["env"]["RANK"] == str(rank) and f"RANK={rank}" in warm["proc_env"]
+
+
+def test_auto_imports_torch_and_what_ddp_imports_at_its_first_use(tmp_path, torch_available):
+    """``--prewarm auto`` takes torch._dynamo too: DDP's constructor imports it, and in a
+    newcomer that import would hold the survivors' re-formed group (docs/standby.md).
+    """
+    agent, out = run_standalone(tmp_path, "auto", (PROBE,), "ok")
+    assert agent.wait(90) == 0, agent.stderr[-2000:]
+    info = json.loads((out / "probe_0.json").read_text())
+    assert info["torch_at_start"] == ["torch", "torch._dynamo"]
 
 
 def _root_cause(agent: Agent) -> list[str]:

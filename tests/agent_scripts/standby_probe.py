@@ -5,7 +5,8 @@
 ``interrupt`` raises KeyboardInterrupt, ``sleep`` sleeps until killed. ``json_at_start``
 tells whether a prewarmed module (json) was already imported before this script ran: the one
 thing a standby is meant to change; ``gc_frozen_at_start``: whether objects were already in the
-collector's permanent generation (a standby freezes what its imports built).
+collector's permanent generation (a standby freezes what its imports built);
+``torch_at_start``: which of torch and torch._dynamo were (``--prewarm auto``).
 """
 
 import gc
@@ -13,6 +14,7 @@ import sys
 
 json_at_start = "json" in sys.modules
 gc_frozen_at_start = gc.get_freeze_count() > 0
+torch_at_start = [m for m in ("torch", "torch._dynamo") if m in sys.modules]
 
 import json  # noqa: E402
 import os  # noqa: E402
@@ -32,6 +34,7 @@ def dump(out):
     info = {
         "json_at_start": json_at_start,
         "gc_frozen_at_start": gc_frozen_at_start,
+        "torch_at_start": torch_at_start,
         "gc": [gc.isenabled(), list(gc.get_threshold())],  # the collector as the script found it
         "pid": os.getpid(),
         "argv": sys.argv,
