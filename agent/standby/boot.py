@@ -232,7 +232,7 @@ def _early_store(env):
     try:
         addr, port = env.get("MASTER_ADDR", "localhost"), int(env["MASTER_PORT"])
         if env.get("RANK") != "0":
-            return _await_listener(addr, port)
+            return await_listener(addr, port, STORE_WAIT)
         from datetime import timedelta
 
         return dist.TCPStore(
@@ -249,14 +249,15 @@ def _early_store(env):
         return None
 
 
-def _await_listener(addr, port):
+def await_listener(addr, port, wait):
     """Until ``addr:port`` accepts a connection (closed at once: the server drops it without a
-    word), or STORE_WAIT: past that, torch's own retry is as quick.
+    word), or ``wait`` seconds: past torch's own retry interval, its retry is as quick. Also
+    etcdrun.elastic's group, for a kept rank dialling a round's store (agent/_root/elastic).
     """
     import socket
     import time
 
-    deadline = time.monotonic() + STORE_WAIT
+    deadline = time.monotonic() + wait
     while (left := deadline - time.monotonic()) > 0:
         try:
             socket.create_connection((addr, port), timeout=left).close()

@@ -115,3 +115,45 @@ def test_a_kept_rank_meets_a_fresh_rank_0_formed_through_env(torch_available, ke
             p.kill()
     for out, err in outs:
         assert "formed" in out, err[-2000:]
+
+
+LATE = """
+import sys
+import torch.distributed as dist
+from etcdrun.elastic.group import Group
+
+print("forming", flush=True)
+Group().form("gloo")
+dist.barrier()
+print("formed", flush=True)
+"""
+
+
+def test_a_kept_rank_dials_the_store_once_rank_0_listens(torch_available):
+    """Rank 0 may still be releasing its old group when the other kept ranks are handed the
+    round. A torch store client that is refused dials again only ~0.5 s later, and the whole
+    re-form waits for it (bench/results.md, 'In place against restarts and torchft'), so a kept
+    rank waits for the listener before it dials: torch never logs a refused try.
+    """
+    port = _unused_port()
+
+    def start(rank: str) -> subprocess.Popen:
+        env = clean_env(RANK=rank, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        return subprocess.Popen(
+            [sys.executable, "-c", LATE],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    kept = start("1")
+    try:
+        assert kept.stdout.readline().strip() == "forming"  # it dials before rank 0 exists
+        rank0 = start("0")
+        outs = [p.communicate(timeout=60) for p in (kept, rank0)]
+    finally:
+        kept.kill()
+    for out, err in outs:
+        assert "formed" in out, err[-2000:]
+    assert "failed to connect" not in outs[0][1], outs[0][1][-2000:]

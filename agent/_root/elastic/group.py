@@ -31,6 +31,8 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from etcdrun.agent.standby.boot import await_listener
+
 FORM_TIMEOUT = timedelta(minutes=30)  # torch's default; an abort ends a wait sooner
 STORE_TRY = timedelta(seconds=1)  # one try to reach the round's store; a release ends the tries
 
@@ -131,7 +133,9 @@ class Group:
         the others retry their connect — for FORM_TIMEOUT (chaos seed 92: a round that ended
         while a fresh rank was still starting held the survivors 30 minutes). So rank 0 does
         not wait for the others (gloo's own exchange then waits on the store's socket, which a
-        release shuts), and the others try STORE_TRY at a time until the round ends. The others
+        release shuts), and the others try STORE_TRY at a time until the round ends, each try
+        dialling once rank 0 listens (a refused torch client waits ~0.5 s before it dials again,
+        and rank 0 may still be releasing its old group when the others are handed the round). The others
         still count themselves in the store (``wait_for_workers``: a client only adds one to
         the count, never waits), as a fresh rank 0's env:// store waits for every rank's count
         (chaos seed 1010 hung there when they did not).
@@ -141,6 +145,8 @@ class Group:
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
         while True:
+            if rank != 0:  # dial once it listens: a refused client retries only ~0.5 s later
+                await_listener(addr, port, STORE_TRY.total_seconds())
             try:
                 store = dist.TCPStore(
                     addr,
