@@ -53,6 +53,7 @@ from etcdrun.rendezvous.errors import RendezvousClosedError
 
 log = logging.getLogger("etcdrun.agent")
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+HANDED_EXIT_WAIT = 2.0  # s: a kept worker whose channel closed at the hand-over may be exiting
 
 
 class ElasticAgent:
@@ -274,6 +275,13 @@ class ElasticAgent:
         if ended is not None and ended.state == WorkerState.SUCCEEDED:
             return loop.WorkersSucceeded(earlier=True)  # they finished while this node joined
         if not self._in_place.hand_over(self._group, info):
+            # A closed channel is most often a worker ending: its function returned just before
+            # the hand-over (the link closes, the process exits a moment later).
+            ended = self._group.wait(HANDED_EXIT_WAIT)
+            if ended is not None and ended.state == WorkerState.SUCCEEDED:
+                return loop.WorkersSucceeded(earlier=True)
+            if ended is not None:
+                return loop.WorkersFailed()
             return loop.HandOverFailed()
         self.rounds += 1
         line = self.observer.regrouped(info, self._group.workers)

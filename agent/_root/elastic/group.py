@@ -135,10 +135,10 @@ class Group:
         not wait for the others (gloo's own exchange then waits on the store's socket, which a
         release shuts), and the others try STORE_TRY at a time until the round ends, each try
         dialling once rank 0 listens (a refused torch client waits ~0.5 s before it dials again,
-        and rank 0 may still be releasing its old group when the others are handed the round). The others
-        still count themselves in the store (``wait_for_workers``: a client only adds one to
-        the count, never waits), as a fresh rank 0's env:// store waits for every rank's count
-        (chaos seed 1010 hung there when they did not).
+        and rank 0 may still be releasing its old group when the others are handed the round).
+        The others still count themselves in the store (``wait_for_workers``: a client only
+        adds one to the count, never waits), as a fresh rank 0's env:// store waits for every
+        rank's count (chaos seed 1010 hung there when they did not).
         """
         import torch.distributed as dist
 
