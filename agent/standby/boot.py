@@ -86,16 +86,15 @@ def _set_path0(command, had_path0):
         sys.path[0] = path0
 
 
-AUTO = ("torch", "torch._dynamo")  # --prewarm auto, in this order (see _prewarm)
+AUTO = ("torch",)  # --prewarm auto; not torch._dynamo: see _prewarm
 
 
 def _prewarm(names):
-    """Import what the user named; ``auto``: torch when importable, and ``torch._dynamo``, which
-    DDP's constructor (and FSDP, torch.compile) imports at its first use: in a newcomer's
-    worker, as long again as ``import torch``, while the survivors' re-formed group waits for it
-    in that constructor (bench/results.md, 'In place against restarts and torchft'). A standby
-    imports it before its node joins, at no one's cost. A failure is left for the worker's own
-    import to report (it fails there the same way).
+    """Import what the user named; ``auto``: torch when importable. Not ``torch._dynamo``,
+    although DDP's constructor imports it: with it imported before DDP is built, torch 2.13's gloo
+    DDP scripts hang at exit (the Reducer's destructor joins a gloo thread that waits for the GIL),
+    under torchrun too when the script imports it first (bench/results.md, 'Clean exit'). A user
+    may still name it. A failure is left for the worker's own import to report.
 
     The collector is off while they import, and what they built is then frozen (``gc.freeze``: the
     permanent generation, which collections never walk), as pre-fork servers do. Why: the import's
