@@ -86,9 +86,6 @@ def _set_path0(command, had_path0):
         sys.path[0] = path0
 
 
-AUTO = ("torch",)  # --prewarm auto; not torch._dynamo: see _prewarm
-
-
 def _prewarm(names):
     """Import what the user named; ``auto``: torch when importable. Not ``torch._dynamo``,
     although DDP's constructor imports it: with it imported before DDP is built, torch 2.13's gloo
@@ -115,11 +112,10 @@ def _prewarm(names):
             name = name.strip()
             if not name or name == "none":
                 continue
-            for module in AUTO if name == "auto" else (name,):
-                try:
-                    __import__(module)
-                except Exception:  # noqa: BLE001, S112 - the worker's own import will say it
-                    break
+            try:
+                __import__("torch" if name == "auto" else name)
+            except Exception:  # noqa: BLE001, S112 - the worker's own import will say it
+                continue
     finally:
         gc.freeze()
         if was_on:
