@@ -72,7 +72,7 @@ def test_graceful_leave_after_freeze_starts_new_round_with_stable_ranks(etcd):
             assert [i.node_rank for i in infos2] == [0, 2, 1]
             assert infos2[0].master_addr == infos[0].master_addr
             assert infos2[0].master_port != infos[0].master_port  # a round's port is its own
-            assert not hs[0].client.get_prefix(hs[0].keys.joined(2)).kvs
+            assert not rest[0].client.get_prefix(rest[0].keys.joined(2)).kvs
         finally:
             shutdown_all(hs)
     assert violations(etcd.endpoints, run, 2, 4, acc) == []
