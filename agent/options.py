@@ -411,7 +411,10 @@ def build_parser() -> argparse.ArgumentParser:
     """The parser; built per call because PET_* defaults are read from the environment now."""
     p = _Parser(
         prog=PROG,
-        description="Elastic launcher with its rendezvous in etcd v3; torchrun's flags.",
+        description="Elastic launcher with its rendezvous in etcd v3; torchrun's flags. "
+        "Two more commands act on a running job: `etcdrun status` shows its rounds and nodes "
+        "(docs/operating.md), `etcdrun drain NODE` asks one node to leave (docs/drain.md); "
+        "each takes --help.",
         epilog="Every option can also be set as PET_<OPTION> in the environment "
         "(e.g. PET_NNODES=2:4, PET_NPROC_PER_NODE=2, PET_STANDALONE=1); the command line wins.",
         formatter_class=_Formatter,

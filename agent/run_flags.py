@@ -39,11 +39,19 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+# An agent rides out an etcd failover for retry_timeout (30 s); an operator at a prompt is
+# better served by a quick answer, since a mistyped endpoint looks exactly like an outage.
+# The job's own --rdzv-conf retry_timeout, when given, still wins.
+OPERATOR_RETRY_TIMEOUT = "5"
+
+
 def run_config(ns: argparse.Namespace) -> Any:
     """The job's etcd settings as ``--rdzv-conf`` gives them (EtcdRendezvousConfig)."""
     from etcdrun.rendezvous.torch.conf import etcd_config
 
-    return etcd_config(parse_rdzv_conf(ns.rdzv_conf))
+    conf = parse_rdzv_conf(ns.rdzv_conf)
+    conf.setdefault("retry_timeout", OPERATOR_RETRY_TIMEOUT)
+    return etcd_config(conf)
 
 
 def keys_and_client(ns: argparse.Namespace, command: str) -> tuple[Any, Any]:

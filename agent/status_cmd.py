@@ -72,11 +72,22 @@ def render(s: Any) -> str:
         )
     causes = dict(zip(s.departed, s.departed_cause, strict=False))
     known = {n.node_id: n for n in (*s.participants, *s.previous)}
+    # Without the missing nodes the next round forms only if the live ones and the waiting ones
+    # reach min; below that it waits for newcomers, and saying "goes on" would mislead the pager.
+    if s.phase == "JOINING":
+        live = len(s.joining)
+    else:
+        live = sum(n.node_id not in s.missing for n in s.participants) + len(s.waiting)
+    if s.min_nodes is not None and live < s.min_nodes:
+        short = s.min_nodes - live
+        after = f"the job is below its min of {s.min_nodes}: the next round waits for {short} more"
+    else:
+        after = "the next round goes on without it"
     for node in s.missing:
         n = known.get(node)
         who = f" ({n.host}, pid {n.pid})" if n is not None and n.host else ""
         why = causes.get(node, "its agent is gone")
-        lines.append(f"  MISSING: {node}{who}: {why} (the next round goes on without it)")
+        lines.append(f"  MISSING: {node}{who}: {why} ({after})")
     for n in s.joining:
         lines.append(f"  {'joined' if n.joined else 'not yet joined'}: {n.node_id} on {n.host}")
     if s.waiting:

@@ -16,6 +16,7 @@ COPY examples/ /opt/etcdrun/examples/
 ENV PATH=/opt/etcdrun/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     PYTHONUNBUFFERED=1
 WORKDIR /opt/etcdrun
-# SIGTERM (docker stop, Kubernetes) makes the agent forward it, revoke its lease and exit 143.
+# SIGTERM (docker stop, Kubernetes): a graceful leave, exit 0 after a drain above min nodes, or
+# 143 after forwarding it to the workers (docs/deploy.md).
 STOPSIGNAL SIGTERM
 CMD ["etcdrun", "--help"]

@@ -505,6 +505,8 @@ def test_help_and_version():
         "--standalone",
         "--local-ranks-filter",
         "PET_",
+        "etcdrun status",  # the subcommands are found from the main help
+        "etcdrun drain NODE",
     ):
         assert flag in proc.stdout
     assert "--nproc_per_node" not in proc.stdout  # accepted, but not cluttering the help

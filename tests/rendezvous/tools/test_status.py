@@ -16,10 +16,12 @@ import pytest
 from agent_helpers import clean_env, etcdrun_bin, wait_for
 from rdzv_helpers import crash, exit_barriers, handler, new_run_id, rendezvous, shutdown_all
 
+from etcdrun.agent.status_cmd import render
 from etcdrun.rendezvous.api import FailureInfo, KeptRound
 from etcdrun.rendezvous.client import EtcdClient
 from etcdrun.rendezvous.etcd.keys import RunKeys
 from etcdrun.rendezvous.etcd.node import joining
+from etcdrun.rendezvous.tools.status import Node, RunStatus
 
 
 def status(endpoints: str, run: str, *extra: str, env=None) -> subprocess.CompletedProcess:
@@ -62,6 +64,7 @@ def test_a_job_that_lost_a_node_which_node_which_round_why(etcd, monkeypatch):
         assert lost in during["reason"] and lost not in [n["node_id"] for n in during["previous"]]
         text = status(etcd.endpoints, run).stdout
         assert f"MISSING: {lost}" in text and "round 2 JOINING" in text
+        assert "(the next round goes on without it)" in text  # 2 live, min 2
         rendezvous(rest)
         after = as_json(etcd.endpoints, run)
         assert (after["round"], after["phase"], after["restart_count"]) == (2, "FROZEN", 0)
@@ -198,3 +201,37 @@ def test_watch_redraws_in_a_real_terminal_when_the_run_changes(etcd, tmux):
         assert "round 1 FROZEN" not in screen()  # redrawn in place, not appended
     finally:
         shutdown_all(hs)
+
+
+@pytest.mark.parametrize(("alive", "said"), [(2, "goes on without it"), (1, "waits for 1 more")])
+def test_missing_line_says_whether_the_next_round_can_form(alive, said):
+    """Found by a new user: at min nodes, MISSING said the next round goes on without the node,
+    where it waits for a newcomer.
+    """
+    nodes = tuple(Node(f"n{i}", host="h", node_rank=i) for i in range(alive + 1))
+    s = RunStatus(
+        "r",
+        "/etcdrun",
+        7,
+        True,
+        round=1,
+        phase="FROZEN",
+        min_nodes=2,
+        max_nodes=4,
+        participants=nodes,
+        missing=("n0",),
+    )
+    line = next(x for x in render(s).splitlines() if "MISSING: n0" in x)
+    assert said in line, line
+
+
+def test_a_mistyped_endpoint_gets_an_answer_in_seconds_not_the_agents_30():
+    """Found by a new user: `etcdrun status` at a wrong port retried for the agent's 30 s."""
+    proc = status("127.0.0.1:1", "no-such-run")
+    assert proc.returncode == 1, proc.stderr
+    said = [ln for ln in proc.stderr.splitlines() if "unreachable since" in ln]
+    assert len(said) == 1 and "(retry_timeout 5 s)" in said[0], proc.stderr
+    assert proc.stderr.splitlines()[-1].startswith("etcdrun status: error: etcd unreachable")
+    # the job's own retry_timeout, when the operator passes its --rdzv-conf, still wins
+    proc = status("127.0.0.1:1", "no-such-run", "--rdzv-conf", "retry_timeout=1")
+    assert proc.returncode == 1 and "(retry_timeout 1 s)" in proc.stderr, proc.stderr
