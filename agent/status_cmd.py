@@ -70,8 +70,29 @@ def render(s: Any) -> str:
             f"  first round: {s.last_call_joined} of max {s.max_nodes} joined "
             f"(min {s.min_nodes}); starting in {left:.0f} s unless more join"
         )
+    lines += _missing_lines(s)
+    for n in s.joining:
+        lines.append(f"  {'joined' if n.joined else 'not yet joined'}: {n.node_id} on {n.host}")
+    if s.waiting:
+        room = s.max_nodes is not None and len(s.participants) >= s.max_nodes
+        what = "hot spare (the job is at max)" if room else "newcomer"
+        resting = {c.node_id for c in s.cooldowns if c.resting}
+        for n in s.waiting:
+            label = "cooled down (below)" if n.node_id in resting else what
+            lines.append(f"  waiting: {n.node_id} on {n.host} — {label}")
+    lines += _cooldown_lines(s)
+    lines += _kept_lines(s)
+    lines += _pace_lines(s)
+    for key in s.unreadable:
+        lines.append(f"  UNREADABLE: {key} (not written by etcdrun?)")
+    return "\n".join(line for line in lines if line)
+
+
+def _missing_lines(s: Any) -> list[str]:
+    """One line per lost node: why it is gone, and whether the next round can form without it."""
     causes = dict(zip(s.departed, s.departed_cause, strict=False))
     known = {n.node_id: n for n in (*s.participants, *s.previous)}
+    lines: list[str] = []
     # Without the missing nodes the next round forms only if the live ones and the waiting ones
     # reach min; below that it waits for newcomers, and saying "goes on" would mislead the pager.
     if s.phase == "JOINING":
@@ -88,21 +109,7 @@ def render(s: Any) -> str:
         who = f" ({n.host}, pid {n.pid})" if n is not None and n.host else ""
         why = causes.get(node, "its agent is gone")
         lines.append(f"  MISSING: {node}{who}: {why} ({after})")
-    for n in s.joining:
-        lines.append(f"  {'joined' if n.joined else 'not yet joined'}: {n.node_id} on {n.host}")
-    if s.waiting:
-        room = s.max_nodes is not None and len(s.participants) >= s.max_nodes
-        what = "hot spare (the job is at max)" if room else "newcomer"
-        resting = {c.node_id for c in s.cooldowns if c.resting}
-        for n in s.waiting:
-            label = "cooled down (below)" if n.node_id in resting else what
-            lines.append(f"  waiting: {n.node_id} on {n.host} — {label}")
-    lines += _cooldown_lines(s)
-    lines += _kept_lines(s)
-    lines += _pace_lines(s)
-    for key in s.unreadable:
-        lines.append(f"  UNREADABLE: {key} (not written by etcdrun?)")
-    return "\n".join(line for line in lines if line)
+    return lines
 
 
 def _cooldown_lines(s: Any) -> list[str]:

@@ -155,7 +155,12 @@ def debian_key(suite: str, mirror: str) -> str:
 
 
 def debootstrap_tarball(suite: str, mirror: str, out: Path, log) -> None:
-    """debootstrap into a temporary folder beside ``out``, trim it, tar it to ``out``."""
+    """debootstrap into a temporary folder, trim it, tar it to ``out``.
+
+    The folder is in the system's temp dir, never beside ``out``: the default cache is in the
+    source tree, and a rootfs under debootstrap has /proc mounted in it, which anything that
+    walks the tree meanwhile (a test copying the repository, a linter) would read and hang on.
+    """
     if shutil.which("debootstrap") is None:
         raise SystemExit(
             "build: debootstrap not found (apt-get install debootstrap), "
@@ -164,7 +169,7 @@ def debootstrap_tarball(suite: str, mirror: str, out: Path, log) -> None:
     if os.geteuid() != 0:
         raise SystemExit("build: debootstrap needs root; or give --agent-base IMAGE")
     out.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="debootstrap-", dir=out.parent))
+    work = Path(tempfile.mkdtemp(prefix="etcdrun-debootstrap-"))
     try:
         root = work / "rootfs"
         cmd = [

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ast
 import io
+import os
 import tokenize
 from pathlib import Path
 
@@ -131,13 +132,17 @@ def offenders(path: Path, root: Path = ROOT) -> dict[str, str]:
 
 
 def _ours(folders: tuple[str, ...]) -> list[Path]:
+    """Our Python files. Hidden folders are pruned before they are entered, not filtered after:
+    a cache folder may hold anything, even a mounted /proc of an image build.
+    """
     found = []
     for folder in folders:
-        for path in sorted((ROOT / folder).rglob("*.py")):
-            hidden = any(p.startswith(".") for p in path.relative_to(ROOT).parts)
-            if not path.name.endswith("_pb2.py") and not hidden:
-                found.append(path)
-    return found
+        for top, dirs, files in os.walk(ROOT / folder):
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+            found += [
+                Path(top) / f for f in files if f.endswith(".py") and not f.endswith("_pb2.py")
+            ]
+    return sorted(found)
 
 
 def test_modules_and_functions_stay_within_the_limits():

@@ -21,7 +21,17 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     renamed since (agent/logs.py) would still sit and end up in the wheel.
     """
     src = tmp_path_factory.mktemp("src") / "etcdrun"
-    junk = ("build", "dist", "*.egg-info", ".git", "__pycache__", ".venv*", "out", ".*_cache")
+    junk = (
+        "build",
+        "dist",
+        "*.egg-info",
+        ".git",
+        "__pycache__",
+        ".venv*",
+        "out",
+        ".*_cache",
+        ".cache",
+    )
     shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(*junk))
     out = tmp_path_factory.mktemp("wheel")
     proc = subprocess.run(
