@@ -205,8 +205,8 @@ def test_nothing_a_run_writes_outlives_it_and_failover_keeps_it_alive(etcd):
     killed it expires — before, `round` and `rounds/<n>/hint` stayed forever, leaseless.
     """
     run = new_run_id()
-    conf = dict(lease_ttl=1, last_call_timeout=0)
-    run_ttl = 10  # max(10, 6 x lease_ttl)
+    run_ttl = 5  # shorter than its default, max(10, 6 x lease_ttl), and still past a failover
+    conf = dict(lease_ttl=1, last_call_timeout=0, run_lease_ttl=run_ttl)
     hs = [handler(etcd.endpoints, run, 1, 3, **conf) for _ in range(3)]
     with accepted_events(hs) as acc:
         try:
