@@ -5,7 +5,8 @@ Why its own object: the request arrives on a backend thread (an etcd watch) or f
 the signal handler, while the driver sleeps in ``_wait`` or blocks in ``next_rendezvous``. This
 holds the one pending request and wakes the driver; the driver reads it between actions, and
 ``loop.next_step`` decides what follows (stop the workers normally, leave, exit 0). It decides
-nothing itself, except whether a SIGTERM is a drain (``take_signal``).
+nothing itself, except whether a SIGTERM is a drain (``take_signal``) and whether a node blamed
+for a hang may leave (``take_blame``).
 """
 
 from __future__ import annotations
@@ -51,6 +52,20 @@ class Drain:
             return False
         self._set(Request(self._port.node_id(), "SIGTERM"))
         self._port.request("SIGTERM")  # the backend stops waiting for a round, says it
+        return True
+
+    def take_blame(self, by: str) -> bool:
+        """From the hang watchdog's thread: this node was blamed for a hang and its workers run
+        in place, so it leaves the job rather than failing the round for everyone (docs/hangs.md).
+        True when it leaves (or was leaving already); False at min nodes, where leaving would stop
+        the job all the same: the caller then fails the round, and the job restarts as before.
+        """
+        if self.pending is not None:
+            return True
+        if not self._port.room():
+            return False
+        self._set(Request(self._port.node_id(), by))
+        self._port.request(by)
         return True
 
     def _heard(self, req: Request) -> None:

@@ -127,6 +127,7 @@ class ElasticAgent:
                 self._spec.hang_timeout,
                 self._report.node_id,
                 self.observer.events,
+                leave=self._leave_for_hang,
             )
             hangs.start()
         pace = PacePublisher(self._group, self._progress) if self._progress.enabled() else None
@@ -156,6 +157,14 @@ class ElasticAgent:
             kept = self._group.settle_logs(result is not None and not result.is_failed())
             if kept is not None:
                 log.info("worker logs and error files are in %s", kept)
+
+    def _leave_for_hang(self) -> bool:
+        """The hang watchdog's thread: blamed for a hang, this node leaves the job when its
+        workers run in place and the others can go on without it (docs/hangs.md).
+        """
+        if not self._in_place.ready(self._group, self._spec.local_world_size):
+            return False
+        return self._drain.take_blame("the hang watchdog")
 
     def _on_exit(self, worker: Any) -> None:
         self.observer.exited(worker)

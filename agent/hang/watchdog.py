@@ -76,8 +76,10 @@ class HangWatchdog:
         timeout: float,
         node_id: Callable[[], str | None],
         events: EventLog | None,
+        leave: Callable[[], bool] | None = None,
     ) -> None:
         self._group = group
+        self._leave = leave
         self._port = port
         self._timeout = timeout
         self._node_id = node_id
@@ -208,6 +210,9 @@ class HangWatchdog:
         self._write_error_file(rnd, verdict)
         if verdict.node != me or not verdict.act:
             return
+        # Ask to leave before the kill: the driver then reads the drain ahead of the worker's
+        # exit, so the exit is this node's departure, not a failure of the round.
+        leaving = self._leave is not None and self._leave()
         victims = [w for w in self._group.workers if verdict.rank in (None, w.global_rank)]
         for w in victims:
             if w.pid:
@@ -215,11 +220,18 @@ class HangWatchdog:
                     os.kill(w.pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-        self._emit("worker_killed_for_hang", rnd, ranks=[w.global_rank for w in victims])
+        ranks = [w.global_rank for w in victims]
+        self._emit("worker_killed_for_hang", rnd, ranks=ranks, left_in_place=leaving)
+        then = (
+            "this node leaves the job and the others go on in place"
+            if leaving
+            else "the round fails with that root cause"
+        )
         log.warning(
-            "%s: killed rank(s) %s for the hang; the round fails with that root cause",
+            "%s: killed rank(s) %s for the hang; %s",
             self._where(rnd),
-            ", ".join(str(w.global_rank) for w in victims) or "none",
+            ", ".join(map(str, ranks)) or "none",
+            then,
         )
 
     def _write_error_file(self, rnd: _Round, verdict: Verdict) -> None:

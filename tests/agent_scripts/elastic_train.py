@@ -4,7 +4,9 @@ gradient, and so the loss at every step, is that of one process (the tests compa
 argv: OUT_DIR STEPS [STEP_SECONDS [HOLD_FILE]]. Each completed step appends one JSON line to
 OUT_DIR/steps_<pid>.jsonl: step, rank, world, round, loss, time. With HOLD_FILE, the training
 function returns only once that file exists (after its last step): a test makes the membership
-change while the work is already done.
+change while the work is already done. With ``HANG_AT=R:S`` in the environment, rank R sleeps
+at step S of the first round, inside the step, while its peers wait for it in DDP's all_reduce
+(the hang watchdog's in-place test, tests/pytorch/test_hang.py).
 """
 
 import json
@@ -20,6 +22,7 @@ from etcdrun import elastic
 out, steps = sys.argv[1], int(sys.argv[2])
 pause = float(sys.argv[3]) if len(sys.argv) > 3 else 0.05
 hold = sys.argv[4] if len(sys.argv) > 4 else None
+hang_rank, _, hang_step = os.environ.get("HANG_AT", "-1:-1").partition(":")
 
 dist.init_process_group("gloo")
 torch.manual_seed(0)
@@ -38,6 +41,9 @@ def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
 def train(state: elastic.TorchState) -> None:
     while state.step < steps:
         x, y = batch(state.step)
+        first_round = os.environ["ETCDRUN_ROUND"] == "1"
+        if first_round and (dist.get_rank(), state.step) == (int(hang_rank), int(hang_step)):
+            time.sleep(3600)
         loss = ((model(x) - y) ** 2).mean()
         opt.zero_grad()
         loss.backward()

@@ -172,3 +172,51 @@ def descendants(pid: int) -> list[int]:
                     found.append(int(d.name))
                     todo.append(int(d.name))
     return found
+
+
+def test_a_hung_rank_in_place_leaves_with_its_node_and_the_others_go_on(
+    etcd, tmp_path, torch_available
+):
+    """Workers that run in place (``etcdrun.elastic``): the blamed rank's node leaves the job,
+    as a drain does, and the other nodes re-form in place without it. Nobody restarts and no
+    restart is charged; at min nodes the round would fail and restart as above.
+    """
+    out, logs = tmp_path / "out", tmp_path / "logs"
+    out.mkdir()
+    steps, stuck = 40, 10
+    job = Job(
+        etcd.endpoints,
+        tmp_path,
+        nnodes="2:4",
+        nproc=1,
+        conf="lease_ttl=2,last_call_timeout=1",
+        extra=("--prewarm", "none", "--max-restarts", "0", "--hang-timeout", str(TIMEOUT)),
+        script=(str(SCRIPTS / "elastic_train.py"), str(out), str(steps), "0.05"),
+    )
+    try:
+        agents = [
+            job.start(env=clean_env(HANG_AT=f"2:{stuck}"), extra=("--log-dir", str(logs / f"n{i}")))
+            for i in range(3)
+        ]
+        for a in agents:
+            assert a.wait(120) == 0, a.stderr[-3000:]
+        left = [a for a in agents if "drained (asked by the hang watchdog)" in a.stderr]
+        assert len(left) == 1, [a.stderr[-1500:] for a in agents]
+        for a in agents:  # the verdict's line on every node
+            assert any("hang: rank 2 on node" in ln for ln in a.stderr.splitlines()), a.stderr
+        rows: dict[int, list[dict]] = {}
+        for path in out.glob("steps_*.jsonl"):
+            rows[int(path.stem.split("_")[1])] = [
+                json.loads(x) for x in path.read_text().splitlines()
+            ]
+        hung = [pid for pid, r in rows.items() if r[-1]["step"] == stuck]
+        kept = [pid for pid in rows if pid not in hung]
+        assert len(hung) == 1 and len(kept) == 2, {p: r[-1] for p, r in rows.items()}
+        for pid in kept:  # the same processes, every step once, the last ones in a world of 2
+            assert [r["step"] for r in rows[pid]] == list(range(1, steps + 1)), pid
+            assert {r["round"] for r in rows[pid]} == {1, 2} and rows[pid][-1]["world"] == 2
+        assert not events(logs, "workers_restarted"), "a survivor was restarted"
+        (killed,) = events(logs, "worker_killed_for_hang")
+        assert killed["left_in_place"] is True and killed["ranks"] == [2]
+    finally:
+        job.close()
