@@ -315,8 +315,10 @@ class ElasticAgent:
     def _stop(self, action: loop.StopWorkers) -> loop.Event:
         spec = self._spec
         grace = stop_grace(action.grace, action.restart, spec.stop_grace, spec.restart_grace)
-        result = self._stop_workers(grace=grace)
         st = self._state
+        if st.then is loop.Then.DRAIN:  # in place: at the workers' next commit
+            grace = self._in_place.stop_at_commit(self._group, spec.local_world_size, grace)
+        result = self._stop_workers(grace=grace)
         why = st.reason or (st.then.value if st.then is not None else "")
         self.observer.stopped(result, self._group.workers, why)
         if st.then is loop.Then.FENCED:

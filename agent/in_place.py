@@ -8,16 +8,23 @@ control server; it borrows the group and the liveness port it is handed per call
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
-from etcdrun.agent.worker import control
+from etcdrun.agent.grace import DEFAULT_RESTART_GRACE
+from etcdrun.agent.worker import beat, control
 from etcdrun.agent.worker.control import PEER_WAIT_VAR, ControlServer
 from etcdrun.agent.worker.group import WorkerGroup
 from etcdrun.rendezvous.api import LivenessPort, RendezvousInfo
 
+log = logging.getLogger(__name__)
 Resumed = Callable[[int, dict[str, Any]], None]
+# How often a drain reads the workers' progress pages while it waits for their commit: a page
+# read is a few microseconds, and 10 ms is small against any training step.
+COMMIT_POLL_S = 0.01
 
 
 class InPlace:
@@ -88,6 +95,47 @@ class InPlace:
             return {PEER_WAIT_VAR: "30"}
         ttl = lease.time_left + lease.keepalive_age
         return {PEER_WAIT_VAR: f"{max(5.0, ttl + lease.margin + 2.0):.1f}"}
+
+    def stop_at_commit(self, group: WorkerGroup, local_world_size: int, grace: float) -> float:
+        """A drain's stop: when the workers run in place, first wait for their next commit.
+        Returns the grace left for the stop itself. One budget for the wait and the stop: a
+        platform that grants ``--stop-grace`` and a margin after SIGTERM must not see the two
+        add up. The workers still get a short SIGTERM grace after a commit that never came.
+        """
+        if not self.ready(group, local_world_size):
+            return grace
+        t0 = time.monotonic()
+        committed = self.await_commit(group, grace)
+        log.info(
+            "drain: %s",
+            "stopping after the workers' commit"
+            if committed
+            else "no commit came: stopping the workers now",
+        )
+        return max(min(DEFAULT_RESTART_GRACE, grace), grace - (time.monotonic() - t0))
+
+    @staticmethod
+    def await_commit(group: WorkerGroup, timeout: float) -> bool:
+        """Wait until every local worker made its next commit, for a drain (docs/drain.md).
+
+        Why: a node that leaves mid-step breaks its peers' collective, and every survivor then
+        goes back to its last commit: with a commit every K steps, up to K steps of the whole
+        job's work are lost. Stopped just after a commit, the survivors lose only the step they
+        had begun. The commit is read from the workers' progress pages, a local read and no
+        message, so a worker needs no new call. False, and no wait, when the workers have no
+        pages; False after ``timeout`` or once a worker ended.
+        """
+        paths = [f.progress for f in group.log_paths.values()]
+        if not paths or not all(beat.read(p) is not None for p in paths):
+            return False  # no pages, or a worker that never committed: nothing to wait for
+        start = {p: beat.read(p) for p in paths}
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and group.poll() is None:
+            now = {p: beat.read(p) for p in paths}
+            if all(now[p] is not None and now[p].beats > start[p].beats for p in paths):
+                return True
+            time.sleep(COMMIT_POLL_S)
+        return False
 
     def _on_message(self, local_rank: int, msg: dict[str, Any]) -> None:
         if msg["op"] == control.RESUMED:

@@ -6,7 +6,8 @@ OUT_DIR/steps_<pid>.jsonl: step, rank, world, round, loss, time. With HOLD_FILE,
 function returns only once that file exists (after its last step): a test makes the membership
 change while the work is already done. With ``HANG_AT=R:S`` in the environment, rank R sleeps
 at step S of the first round, inside the step, while its peers wait for it in DDP's all_reduce
-(the hang watchdog's in-place test, tests/pytorch/test_hang.py).
+(the hang watchdog's in-place test, tests/pytorch/test_hang.py). With ``COMMIT_EVERY=K``, the
+state is committed every K steps instead of every step (the drain's test).
 """
 
 import json
@@ -23,6 +24,7 @@ out, steps = sys.argv[1], int(sys.argv[2])
 pause = float(sys.argv[3]) if len(sys.argv) > 3 else 0.05
 hold = sys.argv[4] if len(sys.argv) > 4 else None
 hang_rank, _, hang_step = os.environ.get("HANG_AT", "-1:-1").partition(":")
+every = int(os.environ.get("COMMIT_EVERY", "1"))
 
 dist.init_process_group("gloo")
 torch.manual_seed(0)
@@ -58,7 +60,8 @@ def train(state: elastic.TorchState) -> None:
             "t": time.time(),
         }
         log.write(json.dumps(line) + "\n")
-        state.commit()
+        if state.step % every == 0:
+            state.commit()
         time.sleep(pause)
     while hold is not None and not os.path.exists(hold):
         time.sleep(0.05)

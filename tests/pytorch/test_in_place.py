@@ -14,10 +14,11 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
-from agent_helpers import SCRIPTS, Job, clean_env, wait_for, warden_of
+from agent_helpers import SCRIPTS, Job, clean_env, etcdrun_bin, wait_for, warden_of
 
 from etcdrun.rendezvous.client import EtcdClient
 from etcdrun.rendezvous.etcd.keys import RunKeys
@@ -183,3 +184,44 @@ def test_a_newcomer_handed_a_round_as_the_survivors_finish_ends_the_job(job):
     rows = rows_by_pid(job.steps_dir)
     assert sorted(len(r) for r in rows.values()) == [steps, steps]  # no step run again
     assert not events(job.logs, "worker_resumed")
+
+
+def test_a_drained_node_leaves_at_its_workers_next_commit_and_no_step_is_redone(job):
+    """Committing every 10 steps: the drained node's workers stop just after a commit, so the
+    survivors, whose collective then breaks, go back to that same commit and redo nothing.
+    Stopped mid-interval, as before, every survivor redid the steps since its last commit.
+    """
+    env, steps = clean_env(COMMIT_EVERY="10"), 200  # long enough for the drain to come first
+    script = (SCRIPT, str(job.steps_dir), str(steps), "0.02")
+    agents = [job.start(*script, env=env) for _ in range(3)]
+    wait_for(
+        lambda: (
+            len(rows := rows_by_pid(job.steps_dir)) == 3
+            and all(len(r) >= 13 for r in rows.values())  # past a commit, mid-interval
+        ),
+        90,
+        "three workers past step 13",
+    )
+    before = rows_by_pid(job.steps_dir)
+    victim_pid = next(pid for pid, rows in before.items() if rows[-1]["rank"] == 2)
+    victim = next(a for a in agents if a.pid == parent(victim_pid))
+    with EtcdClient(job.endpoints) as c:
+        seen = status.read(c, RunKeys("/etcdrun", job.run_id))
+    node = next(p.node_id for p in seen.participants if p.pid == victim.pid)
+    cmd = [etcdrun_bin(), "drain", node, "--rdzv-endpoint", job.endpoints]
+    asked = subprocess.run(
+        [*cmd, "--rdzv-id", job.run_id], capture_output=True, text=True, env=clean_env()
+    )
+    assert asked.returncode == 0, asked.stderr
+    for a in agents:
+        assert a.wait(120) == 0, a.stderr[-3000:]
+    after = rows_by_pid(job.steps_dir)
+    left = [r["step"] for r in after[victim_pid]]
+    assert left[-1] % 10 == 0, f"the drained worker stopped at step {left[-1]}, not a commit"
+    for pid in before:
+        if pid != victim_pid:  # every step once: nothing redone, nothing skipped
+            done = [r["step"] for r in after[pid]]
+            assert done == list(range(1, steps + 1)), f"pid {pid}: steps {done}"
+            assert {r["round"] for r in after[pid]} == {1, 2}
+    assert not events(job.logs, "workers_restarted"), "a survivor was restarted"
+    assert "drain: stopping after the workers' commit" in victim.stderr, victim.stderr[-3000:]
