@@ -25,8 +25,10 @@ SIGNAL = signal.SIGRTMIN + 5  # real-time, so no library's SIGUSR1/2 meaning is 
 _HEADER = re.compile(r"^etcdrun stacks of pid \d+, main thread (0x[0-9a-f]+)$", re.M)
 _THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-f]+) \(most recent call first\):$")
 _FRAME = re.compile(r'^  File "(.*)", line (\d+) in (.*)$')
-# A frame in these files is a wait for peers, not the place where a step is stuck.
-_COLLECTIVE = ("torch/distributed/", "torch/nn/parallel/distributed.py")
+# A frame in these files is a wait for peers, not the place where a step is stuck. autograd's
+# engine is one: DDP's gradient all-reduce runs inside backward, in C++, so a rank that waits for
+# a peer there shows only autograd's frames (``_engine_run_backward``), never torch.distributed's.
+_COLLECTIVE = ("torch/distributed/", "torch/nn/parallel/distributed.py", "torch/autograd/")
 
 
 def env(path: str) -> dict[str, str]:

@@ -145,6 +145,23 @@ def test_a_frame_in_torch_distributed_is_waiting_and_the_users_frame_is_shown():
     assert stacks.parse("no header here") is None
 
 
+def test_a_rank_in_ddps_backward_waits_for_its_peers():
+    """Found by the in-place hang test: DDP's peers of a rank asleep in its step wait inside
+    ``loss.backward()`` (the all-reduce runs in autograd's C++ engine), and were blamed.
+    """
+    dump = (
+        "etcdrun stacks of pid 1, main thread 0x00000000000000aa\n"
+        "Current thread 0x00000000000000aa (most recent call first):\n"
+        '  File "/x/site-packages/torch/autograd/graph.py", line 979 in _engine_run_backward\n'
+        '  File "/x/site-packages/torch/autograd/__init__.py", line 361 in backward\n'
+        '  File "/x/site-packages/torch/_tensor.py", line 648 in backward\n'
+        '  File "/job/train.py", line 51 in train\n'
+    )
+    got = stacks.parse(dump)
+    assert got is not None and got.waiting
+    assert got.where() == "train.py:51 in train (in graph.py:979 in _engine_run_backward)"
+
+
 # ---- the beat page -----------------------------------------------------------------------------
 def test_a_beat_is_read_back_and_a_page_without_one_reads_none(tmp_path, monkeypatch):
     path = str(tmp_path / "progress")
