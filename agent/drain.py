@@ -50,8 +50,7 @@ class Drain:
             return False
         if not self._port.room():
             return False
-        self._set(Request(self._port.node_id(), "SIGTERM"))
-        self._port.request("SIGTERM")  # the backend stops waiting for a round, says it
+        self._ask("SIGTERM")
         return True
 
     def take_blame(self, by: str) -> bool:
@@ -64,9 +63,15 @@ class Drain:
             return True
         if not self._port.room():
             return False
+        self._ask(by)
+        return True
+
+    def _ask(self, by: str) -> None:
+        """This node drains itself: pending now, and the port told (the backend stops waiting
+        for a round and says it; its echo to ``_heard`` finds the request already pending).
+        """
         self._set(Request(self._port.node_id(), by))
         self._port.request(by)
-        return True
 
     def _heard(self, req: Request) -> None:
         """A backend thread: the port's request (from outside, or our own SIGTERM's echo)."""

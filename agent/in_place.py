@@ -125,10 +125,10 @@ class InPlace:
         message, so a worker needs no new call. False, and no wait, when the workers have no
         pages; False after ``timeout`` or once a worker ended.
         """
-        paths = [f.progress for f in group.log_paths.values()]
-        if not paths or not all(beat.read(p) is not None for p in paths):
+        start = {f.progress: beat.read(f.progress) for f in group.log_paths.values()}
+        if not start or None in start.values():
             return False  # no pages, or a worker that never committed: nothing to wait for
-        start = {p: beat.read(p) for p in paths}
+        paths = list(start)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and group.poll() is None:
             now = {p: beat.read(p) for p in paths}

@@ -128,16 +128,22 @@ def test_a_worker_blocked_in_c_gives_its_main_threads_frame(tmp_path):
         proc.wait()
 
 
+def main_thread_dump(*frames: str, other_thread: bool = False) -> str:
+    """A faulthandler dump as the hook writes it: the main thread's frames, innermost first."""
+    text = "etcdrun stacks of pid 1, main thread 0x00000000000000aa\n"
+    if other_thread:
+        text += "Thread 0x00000000000000bb (most recent call first):\n"
+        text += '  File "/usr/lib/python3.11/threading.py", line 320 in wait\n\n'
+    text += "Current thread 0x00000000000000aa (most recent call first):\n"
+    return text + "".join(f"  File {f}\n" for f in frames)
+
+
 def test_a_frame_in_torch_distributed_is_waiting_and_the_users_frame_is_shown():
-    dump = (
-        "etcdrun stacks of pid 1, main thread 0x00000000000000aa\n"
-        "Thread 0x00000000000000bb (most recent call first):\n"
-        '  File "/usr/lib/python3.11/threading.py", line 320 in wait\n'
-        "\n"
-        "Current thread 0x00000000000000aa (most recent call first):\n"
-        '  File "/x/site-packages/torch/distributed/distributed_c10d.py", line 2501 in all_reduce\n'
-        '  File "/job/train.py", line 40 in step\n'
-        '  File "/job/train.py", line 55 in <module>\n'
+    dump = main_thread_dump(
+        '"/x/site-packages/torch/distributed/distributed_c10d.py", line 2501 in all_reduce',
+        '"/job/train.py", line 40 in step',
+        '"/job/train.py", line 55 in <module>',
+        other_thread=True,
     )
     got = stacks.parse(dump)
     assert got is not None and got.waiting
@@ -149,13 +155,11 @@ def test_a_rank_in_ddps_backward_waits_for_its_peers():
     """Found by the in-place hang test: DDP's peers of a rank asleep in its step wait inside
     ``loss.backward()`` (the all-reduce runs in autograd's C++ engine), and were blamed.
     """
-    dump = (
-        "etcdrun stacks of pid 1, main thread 0x00000000000000aa\n"
-        "Current thread 0x00000000000000aa (most recent call first):\n"
-        '  File "/x/site-packages/torch/autograd/graph.py", line 979 in _engine_run_backward\n'
-        '  File "/x/site-packages/torch/autograd/__init__.py", line 361 in backward\n'
-        '  File "/x/site-packages/torch/_tensor.py", line 648 in backward\n'
-        '  File "/job/train.py", line 51 in train\n'
+    dump = main_thread_dump(
+        '"/x/site-packages/torch/autograd/graph.py", line 979 in _engine_run_backward',
+        '"/x/site-packages/torch/autograd/__init__.py", line 361 in backward',
+        '"/x/site-packages/torch/_tensor.py", line 648 in backward',
+        '"/job/train.py", line 51 in train',
     )
     got = stacks.parse(dump)
     assert got is not None and got.waiting
