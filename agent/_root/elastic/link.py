@@ -87,6 +87,8 @@ class AgentLink:
             raise AgentGone("the agent closed the control channel")
         with self._lock:
             self.round = int(msg["round"])
+            if self._aborted is None or self._aborted < self.round:
+                self._abort_came.clear()  # a notice of an earlier round says nothing of this one
         os.environ.update({k: str(v) for k, v in msg["env"].items()})
         return msg
 

@@ -75,7 +75,7 @@ def _rounds(
             return fn(state, *args, **kwargs)
         except Exception as exc:
             failed_at = time.monotonic()
-            if not (link.interrupted() or _transport(exc) and link.await_abort(_peer_wait())):
+            if not _round_over(link, exc):
                 raise  # the script's own failure
             link.paused_since(failed_at)
         _reform(state, group, link, backend)
@@ -83,7 +83,9 @@ def _rounds(
 
 def _reform(state: State, group: Group, link: AgentLink, backend: str) -> None:
     """Back to the last commit, then the next round's group; again while rounds keep ending
-    before one is formed.
+    before one is formed. A form that fails on its transport waits for the agent's word as a
+    collective does: a peer killed while the group forms (chaos seed 2222: the rank-0 node)
+    breaks the form before etcd has seen its lease expire, and the round then ends.
     """
     state.restore()
     while True:
@@ -95,13 +97,20 @@ def _reform(state: State, group: Group, link: AgentLink, backend: str) -> None:
             state.rewrap()
             group.check_round()
             sync_bytes = state.sync()
-        except Exception:
-            if not link.interrupted():
+        except Exception as exc:
+            if not _round_over(link, exc):
                 raise
             continue  # that round ended too: wait for the next
         state.reset()
         link.resumed(sync_bytes=sync_bytes, form_s=round(time.monotonic() - started, 4))
         return
+
+
+def _round_over(link: AgentLink, exc: Exception) -> bool:
+    """Whether ``exc`` is the end of the round, not the script's: the agent said so, or the
+    transport failed and the agent says so within the peer wait.
+    """
+    return link.interrupted() or _transport(exc) and link.await_abort(_peer_wait())
 
 
 _TRANSPORT_WORDS = ("Connection closed by peer", "Connection reset", "NCCL", "Broken pipe")

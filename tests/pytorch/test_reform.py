@@ -1,0 +1,115 @@
+"""A kept worker's re-form that a lost peer breaks waits for the agent's word, as a collective
+does (etcdrun.elastic.runner, design.md §4a).
+
+Why: chaos seed 2222 (tests/chaos/chaos_inplace.py) killed the rank-0 node while the survivors
+formed the next group. Their form failed on its transport before etcd saw the lease expire, and
+the runner took that as the script's own failure, so the node restarted its workers.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from typing import Any
+
+import pytest
+
+from etcdrun.agent.worker.control import ABORT, ROUND, encode
+from etcdrun.elastic import runner
+from etcdrun.elastic.link import AgentLink
+
+
+def _link() -> tuple[AgentLink, socket.socket]:
+    ours, agent = socket.socketpair()
+    link = AgentLink(ours, on_abort=lambda: None)
+    link._thread.start()
+    return link, agent
+
+
+def _send_round(agent: socket.socket, n: int) -> None:
+    agent.sendall(encode(ROUND, round=n, env={"ETCDRUN_ROUND": n}))
+
+
+def test_an_abort_of_an_earlier_round_does_not_answer_for_the_next():
+    link, agent = _link()
+    agent.sendall(encode(ABORT, round=0))
+    _send_round(agent, 1)
+    assert link.wait_round()["round"] == 1
+    assert not link.interrupted()
+    later = threading.Timer(0.2, lambda: agent.sendall(encode(ABORT, round=1)))
+    later.start()
+    assert link.await_abort(10.0)  # round 1's own notice, not round 0's left-over event
+    later.join()
+    link.close()
+    agent.close()
+
+
+class _Group:
+    """Fails its first form the way a peer killed mid-form does; counts the forms."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error: Exception | None = error
+        self.forms = 0
+
+    def drop(self) -> None:
+        pass
+
+    def form(self, backend: str, ended: Any) -> None:
+        self.forms += 1
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+
+    def check_round(self) -> None:
+        pass
+
+
+class _State:
+    def restore(self) -> None:
+        pass
+
+    def rewrap(self) -> None:
+        pass
+
+    def sync(self) -> int:
+        return 0
+
+    def reset(self) -> None:
+        pass
+
+
+def _peer_lost() -> Exception:
+    import torch.distributed as dist
+
+    return dist.DistNetworkError("Connection reset by peer")
+
+
+def test_a_form_broken_by_a_lost_peer_forms_the_next_round(torch_available, monkeypatch):
+    monkeypatch.setenv("ETCDRUN_PEER_WAIT", "10")
+    link, agent = _link()
+    _send_round(agent, 1)
+    group = _Group(_peer_lost())
+
+    def agent_side() -> None:  # the lease expires: round 1 is over, round 2 is handed over
+        agent.sendall(encode(ABORT, round=1))
+        _send_round(agent, 2)
+
+    later = threading.Timer(0.2, agent_side)
+    later.start()
+    runner._reform(_State(), group, link, "gloo")
+    later.join()
+    assert (group.forms, link.round) == (2, 2)
+    link.close()
+    agent.close()
+
+
+@pytest.mark.parametrize("why", ["the script's own", "no word from the agent"])
+def test_a_form_that_fails_otherwise_is_the_script_failure(torch_available, monkeypatch, why):
+    monkeypatch.setenv("ETCDRUN_PEER_WAIT", "0.3")
+    link, agent = _link()
+    _send_round(agent, 1)
+    error = ValueError("a bad rewrap") if why == "the script's own" else _peer_lost()
+    with pytest.raises(type(error)):
+        runner._reform(_State(), _Group(error), link, "gloo")
+    link.close()
+    agent.close()
