@@ -248,9 +248,10 @@ class LastCall:
 @dataclass(frozen=True)
 class KeptRound:
     """A round taken in place (design.md §4a), as the node ranked 0 in it saw it: its workers
-    were handed the round instead of restarted. ``pause_s``: local rank 0's last step before the
-    change (or the agent's notice) to its new group; ``form_s``: forming that group;
-    ``sync_bytes``: the state it received or sent.
+    were handed the round instead of restarted. ``pause_s``: the longest among its kept workers,
+    each from its first failed collective (or the agent's notice) to training in the new group;
+    ``form_s``: the longest forming of that group; ``sync_bytes``: the most state one received
+    or sent.
     """
 
     round: int

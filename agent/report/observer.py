@@ -53,6 +53,8 @@ class AgentObserver:
         self._workers: dict[int, str] = {}  # local rank -> running | exited | succeeded | ...
         self._info: RendezvousInfo | None = None  # the round the workers run in (or ran in)
         self._kept_from: int | None = None  # the round the kept workers came from
+        self._kept_count = 0  # how many workers were handed that round
+        self._resumes: list[dict[str, Any]] = []  # their ``resumed`` messages so far
         self._phase = "starting"
         self._asked_at: float | None = None
         self.events_path: str | None = None
@@ -171,14 +173,18 @@ class AgentObserver:
         with self._lock:
             self._info, self._phase = info, "running"
             self._kept_from = prev.round if prev is not None else None
+            self._kept_count, self._resumes = len(workers), []
         self._round_metrics(info, why, waited)
         line = story.round_change(prev, info)
         return line.replace("; new round", "; in place, round", 1) if line else None
 
     def resumed(self, local_rank: int, msg: dict[str, Any]) -> None:
         """A kept worker trains again in the new round (control channel thread): how long it
-        paused, how much state it received. The node ranked 0 tells the backend of its local
-        rank 0, once per round, for ``etcdrun status`` (ReportPort.kept).
+        paused, how much state it received. Once every kept worker has said so, the node ranked
+        0 tells the backend, once per round, for ``etcdrun status`` (ReportPort.kept): the
+        longest pause and form of its workers. Why the longest: a worker blocked in a collective
+        on a killed peer counts its pause from the kill, one between steps only from the
+        agent's notice, and training waits for the last of them.
         """
         self.events.emit(
             "worker_resumed",
@@ -190,17 +196,21 @@ class AgentObserver:
         )
         with self._lock:
             info, prev = self._info, self._kept_from
-        if local_rank != 0 or info is None or info.node_rank != 0 or msg.get("round") != info.round:
-            return
+            if info is None or info.node_rank != 0 or msg.get("round") != info.round:
+                return
+            self._resumes.append(msg)
+            if len(self._resumes) != self._kept_count:
+                return
+            resumes = self._resumes
         self._report.kept(
             KeptRound(
                 info.round,
                 prev,
                 info.node_id,
                 info.world_size,
-                msg.get("pause_s"),
-                msg.get("form_s"),
-                msg.get("sync_bytes"),
+                _longest(resumes, "pause_s"),
+                _longest(resumes, "form_s"),
+                _longest(resumes, "sync_bytes"),
             )
         )
 
@@ -321,6 +331,12 @@ class AgentObserver:
         call = self._report.last_call()  # 0 when none runs: a gauge that vanishes misleads
         gauges["last_call_seconds_left"] = call.seconds_left(time.time()) if call else 0.0
         return {"gauges": gauges, "workers": counts}
+
+
+def _longest(resumes: list[dict[str, Any]], field: str) -> Any:
+    """The largest of the workers' figures, or None when none of them gave one."""
+    given = [r[field] for r in resumes if r.get(field) is not None]
+    return max(given) if given else None
 
 
 __all__ = ["AgentObserver"]

@@ -47,8 +47,8 @@ def test_an_abort_of_an_earlier_round_does_not_answer_for_the_next():
 class _Group:
     """Fails its first form the way a peer killed mid-form does; counts the forms."""
 
-    def __init__(self, error: Exception) -> None:
-        self.error: Exception | None = error
+    def __init__(self, error: Exception | None) -> None:
+        self.error = error
         self.forms = 0
 
     def drop(self) -> None:
@@ -65,6 +65,9 @@ class _Group:
 
 
 class _State:
+    def __init__(self, commits: int = 1) -> None:
+        self.commits = commits
+
     def restore(self) -> None:
         pass
 
@@ -111,5 +114,20 @@ def test_a_form_that_fails_otherwise_is_the_script_failure(torch_available, monk
     error = ValueError("a bad rewrap") if why == "the script's own" else _peer_lost()
     with pytest.raises(type(error)):
         runner._reform(_State(), _Group(error), link, "gloo")
+    link.close()
+    agent.close()
+
+
+@pytest.mark.parametrize("commits", [0, 3])
+def test_a_re_form_without_any_commit_says_so(torch_available, caplog, commits):
+    """A script that forgot ``commit()`` goes back to its start at every change: one line says
+    why (a new user's trial lost all its steps twice without a word).
+    """
+    link, agent = _link()
+    _send_round(agent, 1)
+    with caplog.at_level("WARNING", logger="etcdrun.elastic"):
+        runner._reform(_State(commits), _Group(None), link, "gloo")
+    said = [r.getMessage() for r in caplog.records if "state.commit()" in r.getMessage()]
+    assert len(said) == (1 if commits == 0 else 0), said
     link.close()
     agent.close()

@@ -19,6 +19,7 @@ other exception is the script's own at once.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -32,6 +33,7 @@ from etcdrun.elastic.link import AgentLink
 from etcdrun.elastic.state import State
 
 T = TypeVar("T")
+log = logging.getLogger("etcdrun.elastic")
 
 
 def run(fn: Callable[..., T]) -> Callable[..., T]:
@@ -101,9 +103,25 @@ def _reform(state: State, group: Group, link: AgentLink, backend: str) -> None:
             if not _round_over(link, exc):
                 raise
             continue  # that round ended too: wait for the next
+        if state.commits == 0:
+            _never_committed(link.round)
         state.reset()
         link.resumed(sync_bytes=sync_bytes, form_s=round(time.monotonic() - started, 4))
         return
+
+
+def _never_committed(round_: int) -> None:
+    """Say why the training went back to its start: without a commit, a restore has nothing
+    else to go back to, and a script that forgot ``commit()`` would lose all its work at every
+    membership change without a word.
+    """
+    log.warning(
+        "etcdrun.elastic: run %s, round %d, rank %s: no rank has called state.commit(), so every "
+        "rank goes back to the state it started with (commit at each safe point)",
+        os.environ.get("TORCHELASTIC_RUN_ID", "?"),
+        round_,
+        os.environ.get("RANK", "?"),
+    )
 
 
 def _round_over(link: AgentLink, exc: Exception) -> bool:

@@ -63,6 +63,11 @@ class State:
         step = vars(self).get("step") if "step" in self._names else None
         return step if isinstance(step, int) else None
 
+    @property
+    def commits(self) -> int:
+        """How many commits the state holds; after ``sync()``, those of the newest rank."""
+        return self._serial
+
     def restore(self) -> None:
         """Back to the last commit."""
         self.load(self._saved)
