@@ -135,7 +135,7 @@ class Failure(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., host: _Optional[str] = ..., global_rank: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal_name: _Optional[str] = ..., message: _Optional[str] = ..., timestamp_ms: _Optional[int] = ..., traceback: _Optional[str] = ..., local_rank: _Optional[int] = ..., pid: _Optional[int] = ..., stderr_tail: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RoundState(_message.Message):
-    __slots__ = ("schema_version", "number", "phase", "participants", "master_addr", "master_port", "restart_count", "last_call_deadline_unix_ms", "reason", "decided_by", "outcome", "failure", "world_size", "closed_unix_ms", "run_lease", "departed", "arrived", "departed_cause", "last_call_joined", "participants_zlib", "carried", "protocol")
+    __slots__ = ("schema_version", "number", "phase", "participants", "master_addr", "master_port", "restart_count", "last_call_deadline_unix_ms", "reason", "decided_by", "outcome", "failure", "world_size", "closed_unix_ms", "run_lease", "departed", "arrived", "departed_cause", "last_call_joined", "participants_zlib", "carried", "protocol", "shards", "node_count")
     SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
     NUMBER_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
@@ -158,6 +158,8 @@ class RoundState(_message.Message):
     PARTICIPANTS_ZLIB_FIELD_NUMBER: _ClassVar[int]
     CARRIED_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_FIELD_NUMBER: _ClassVar[int]
+    SHARDS_FIELD_NUMBER: _ClassVar[int]
+    NODE_COUNT_FIELD_NUMBER: _ClassVar[int]
     schema_version: int
     number: int
     phase: Phase
@@ -180,7 +182,9 @@ class RoundState(_message.Message):
     participants_zlib: bytes
     carried: bool
     protocol: int
-    def __init__(self, schema_version: _Optional[int] = ..., number: _Optional[int] = ..., phase: _Optional[_Union[Phase, str]] = ..., participants: _Optional[_Iterable[_Union[Participant, _Mapping]]] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., restart_count: _Optional[int] = ..., last_call_deadline_unix_ms: _Optional[int] = ..., reason: _Optional[str] = ..., decided_by: _Optional[str] = ..., outcome: _Optional[_Union[Outcome, str]] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ..., world_size: _Optional[int] = ..., closed_unix_ms: _Optional[int] = ..., run_lease: _Optional[int] = ..., departed: _Optional[_Iterable[str]] = ..., arrived: _Optional[_Iterable[str]] = ..., departed_cause: _Optional[_Iterable[str]] = ..., last_call_joined: _Optional[int] = ..., participants_zlib: _Optional[bytes] = ..., carried: bool = ..., protocol: _Optional[int] = ...) -> None: ...
+    shards: int
+    node_count: int
+    def __init__(self, schema_version: _Optional[int] = ..., number: _Optional[int] = ..., phase: _Optional[_Union[Phase, str]] = ..., participants: _Optional[_Iterable[_Union[Participant, _Mapping]]] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., restart_count: _Optional[int] = ..., last_call_deadline_unix_ms: _Optional[int] = ..., reason: _Optional[str] = ..., decided_by: _Optional[str] = ..., outcome: _Optional[_Union[Outcome, str]] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ..., world_size: _Optional[int] = ..., closed_unix_ms: _Optional[int] = ..., run_lease: _Optional[int] = ..., departed: _Optional[_Iterable[str]] = ..., arrived: _Optional[_Iterable[str]] = ..., departed_cause: _Optional[_Iterable[str]] = ..., last_call_joined: _Optional[int] = ..., participants_zlib: _Optional[bytes] = ..., carried: bool = ..., protocol: _Optional[int] = ..., shards: _Optional[int] = ..., node_count: _Optional[int] = ...) -> None: ...
 
 class DrainRequest(_message.Message):
     __slots__ = ("schema_version", "node_id", "by", "requested_unix_ms", "forced")

@@ -18,7 +18,7 @@ from google.protobuf.message import DecodeError, Message
 from etcdrun.proto import etcdrun_state_pb2 as st
 from etcdrun.rendezvous.api import Departure, FailureInfo, RoundCause
 from etcdrun.rendezvous.errors import RendezvousStateError
-from etcdrun.rendezvous.etcd.protocol import Agent, Join, Member, Phase, Round
+from etcdrun.rendezvous.etcd.protocol import Agent, Join, Member, Phase, Round, Sharded
 
 SCHEMA_VERSION = 1
 PACKED_SCHEMA_VERSION = 2  # a RoundState whose participants are deflated (participants_zlib)
@@ -127,6 +127,7 @@ def round_and_message(
             f"cannot read {k}: round {msg.number} in phase {msg.phase}", run_id=run_id
         )
     failure = failure_from(msg.failure) if msg.HasField("failure") else None
+    sharded = _sharded(msg, k, run_id)
     r = Round(
         msg.number,
         Phase(msg.phase),
@@ -140,12 +141,27 @@ def round_and_message(
         carried=msg.carried,
         held=tuple((p.node_id, tuple(p.held_from)) for p in msg.participants if p.held_from),
         protocol=msg.protocol,
+        sharded=sharded,
     )
     with _round_cache_lock:
         if len(_round_cache) >= _ROUND_CACHE_SIZE:
             _round_cache.pop(next(iter(_round_cache)))  # the oldest entry
         _round_cache[cache_key] = (r, msg)
     return r, msg
+
+
+def _sharded(msg: st.RoundState, key: str, run_id: str | None) -> Sharded | None:
+    """A sharded round's header (shards.py): frozen or closed, listing nobody itself."""
+    if not msg.shards:
+        return None
+    if msg.phase == st.JOINING or len(msg.participants) or not msg.node_count:
+        raise RendezvousStateError(
+            f"corrupt value at {key}: round {msg.number} in {msg.shards} shards, "
+            f"phase {msg.phase}, {len(msg.participants)} participants listed, "
+            f"node count {msg.node_count}",
+            run_id=run_id,
+        )
+    return Sharded(msg.shards, msg.node_count, msg.world_size)
 
 
 def round_from(key: bytes | str, value: bytes, mod_revision: int, run_id: str | None) -> Round:
@@ -224,6 +240,33 @@ def cause_from(msg: st.RoundState | None) -> RoundCause | None:
     return RoundCause(msg.reason, departed, tuple(msg.arrived), failure)
 
 
+def shard_to(r: Round, members: tuple[Member, ...]) -> bytes:
+    """One shard of the sharded round ``r`` (rounds/<n>/shard/<i>): a RoundState of its
+    number, phase FROZEN and these participants alone, deflated as a round is from PACK_AT.
+    """
+    return round_to(Round(r.number, Phase.FROZEN, members, held=r.held))
+
+
+def shard_message(key: bytes | str, value: bytes, number: int, run_id: str | None) -> st.RoundState:
+    """A shard of round ``number`` as stored (its participants inflated), checked to be one."""
+    msg = decode(st.RoundState, key, value, run_id)
+    if msg.number != number or msg.phase != st.FROZEN or msg.shards:
+        k = key.decode(errors="replace") if isinstance(key, bytes) else key
+        raise RendezvousStateError(
+            f"corrupt value at {k}: not a shard of round {number} (round {msg.number}, "
+            f"phase {msg.phase})",
+            run_id=run_id,
+        )
+    return msg
+
+
+def shard_from(key: bytes | str, value: bytes, number: int, run_id: str | None) -> Round:
+    """A shard of round ``number``: its members and what they held (``Round.held``)."""
+    msg = shard_message(key, value, number, run_id)
+    held = tuple((p.node_id, tuple(p.held_from)) for p in msg.participants if p.held_from)
+    return Round(number, Phase.FROZEN, members_from(msg), held=held)
+
+
 def hint_to(number: int, members: tuple[Member, ...]) -> bytes:
     return round_to(Round(number, Phase.JOINING, members))
 
@@ -271,8 +314,10 @@ def round_to(
         departed=list(why.departed),
         arrived=list(why.arrived),
         departed_cause=list(why.departed_cause),
-        world_size=sum(m.local_world_size for m in r.members) if r.phase is Phase.FROZEN else 0,
-        participants=[
+        world_size=r.world_size if r.phase is Phase.FROZEN or r.sharded is not None else 0,
+        participants=[]
+        if r.sharded is not None
+        else [
             st.Participant(
                 node_id=m.node_id,
                 node_rank=m.node_rank,
@@ -287,6 +332,8 @@ def round_to(
         ],
         carried=r.carried,
         protocol=r.protocol,
+        shards=r.sharded.shards if r.sharded is not None else 0,
+        node_count=r.sharded.nodes if r.sharded is not None else 0,
     )
     if failure is None and r.failure is not None:
         failure = failure_to(r.failure)

@@ -92,6 +92,15 @@ class RunKeys:
         """
         return self.round_dir(n) + "hint"
 
+    def shards(self, n: int) -> str:
+        """The shard keys of a sharded round n (shards.py): its participants, by hash of the
+        node id, written by the Txn that froze it; under rounds/, so they go with its records.
+        """
+        return self.round_dir(n) + "shard/"
+
+    def shard(self, n: int, i: int) -> str:
+        return f"{self.shards(n)}{i}"
+
     def barrier(self, n: int, name: str) -> str:
         return f"{self.round_dir(n)}barrier/{name}/"
 
@@ -143,8 +152,9 @@ class RunKeys:
 
     def parse(self, key: bytes | str) -> tuple[str, int | None, str | None]:
         """Classify a key of this run: ("agent", None, node) | ("round", None, None) |
-        ("join", n, node) | ("hint", n, None) | ("barrier", n, node) | ("cooldown", None,
-        node name) | ("kept", n, None) | ("progress", None, node) | ("other", None, None).
+        ("join", n, node) | ("hint", n, None) | ("shard", n, index) | ("barrier", n, node) |
+        ("cooldown", None, node name) | ("kept", n, None) | ("progress", None, node) |
+        ("other", None, None).
         """
         k = key.decode() if isinstance(key, bytes) else key
         if k == self.round:
@@ -161,6 +171,8 @@ class RunKeys:
             parts = k[len(self.rounds) :].split("/")
             if parts == [parts[0], "hint"] and parts[0].isdigit():
                 return "hint", int(parts[0]), None
+            if len(parts) == 3 and parts[0].isdigit() and parts[1] == "shard":
+                return "shard", int(parts[0]), parts[2]
             if len(parts) >= 3 and parts[0].isdigit():
                 kind = "join" if parts[1] == "joined" else "barrier"
                 return kind, int(parts[0]), parts[-1]

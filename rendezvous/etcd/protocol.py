@@ -21,8 +21,11 @@ from etcdrun.rendezvous.api import FailureInfo, Participant, check_node_range
 from etcdrun.rendezvous.etcd import carry
 
 # The rendezvous protocol this code follows (AgentInfo.protocol, RoundState.protocol): 2 can be
-# carried into a round without writing (design.md §3a). An older agent publishes none (0).
-PROTOCOL = 2
+# carried into a round without writing (design.md §3a); 3 reads a round whose participants are
+# sharded (shards.py, design.md §2). An older agent publishes none (0).
+PROTOCOL = 3
+CARRIED = 2  # the least protocol that follows a carried round, and that the leader carries
+SHARDED = 3  # the least protocol that reads a sharded round
 
 
 class Phase(Enum):
@@ -70,6 +73,17 @@ Member = Participant
 
 
 @dataclass(frozen=True)
+class Sharded:
+    """What a sharded round's header says of its participants, which it does not list: they
+    live in ``shards`` keys (shards.py), ``nodes`` of them with ``world_size`` workers in all.
+    """
+
+    shards: int
+    nodes: int
+    world_size: int
+
+
+@dataclass(frozen=True)
 class Round:
     number: int
     phase: Phase
@@ -89,6 +103,10 @@ class Round:
     carried: bool = False
     held: tuple[tuple[str, tuple[int, ...]], ...] = ()
     protocol: int = 0  # the lowest agent protocol that can follow it (0: any)
+    # FROZEN (and the CLOSED after it) from the shard threshold on: the participants live in
+    # shard keys, and ``members`` holds those read so far (none from the round key alone, one
+    # shard for a node that read its own, all once ``whole``).
+    sharded: Sharded | None = None
 
     def member(self, node_id: str) -> Member | None:
         return self._by_node.get(node_id)
@@ -113,7 +131,18 @@ class Round:
 
     @functools.cached_property
     def world_size(self) -> int:
+        if self.sharded is not None:
+            return self.sharded.world_size
         return sum(m.local_world_size for m in self.members)
+
+    @property
+    def node_count(self) -> int:
+        return self.sharded.nodes if self.sharded is not None else len(self.members)
+
+    @property
+    def whole(self) -> bool:
+        """``members`` lists every participant (always, unless sharded)."""
+        return self.sharded is None or len(self.members) == self.sharded.nodes
 
 
 @dataclass(frozen=True)
@@ -240,6 +269,8 @@ def decide(view: View, settings: Settings, now: float) -> Action:
             return StartRound(r.number + 1, "a fresh run after a failed one", (), 0)
         return Wait("run closed")
     if r.phase is Phase.FROZEN:
+        if not r.whole:  # a sharded round's header: the caller reads its shards first
+            return Wait("reading the round's shards")
         gone = [m.node_id for m in r.members if m.node_id not in agents]
         waiting = sorted(
             (a for a in agents.values() if r.member(a.node_id) is None and a.node_id not in rest),
@@ -312,7 +343,7 @@ def _carry(
     nodes = [agents[m.node_id] for m in survivors] + comers
     if not survivors or any(m.node_id in rest for m in survivors):
         return None
-    if len(nodes) < settings.min_nodes or any(a.protocol < PROTOCOL for a in nodes):
+    if len(nodes) < settings.min_nodes or any(a.protocol < CARRIED for a in nodes):
         return None
     members = carry.place(survivors, [a.member() for a in comers])
     if not carry.handed_over_safely(carry.owned(survivors, r.held_by), members):

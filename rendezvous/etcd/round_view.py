@@ -54,6 +54,17 @@ class RoundView:
         with self._cond:
             return self._running
 
+    def placed(self) -> Round | None:
+        """The current round as this node knows it: the round it runs in when that is the
+        current one (a sharded round's header lists nobody; the running copy holds this node's
+        shard), else the current round.
+        """
+        with self._cond:
+            run, r = self._running, self._round
+            if run is not None and r is not None and run.mod_revision == r.mod_revision:
+                return run
+            return r
+
     def reason(self) -> str:
         """Why the current round was opened ("node(s) left: ...", "worker rank 3 failed")."""
         msg = self.message()

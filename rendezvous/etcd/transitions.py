@@ -12,7 +12,7 @@ from etcdrun.proto import etcd_api_pb2 as pb
 from etcdrun.proto import etcdrun_state_pb2 as st
 from etcdrun.rendezvous.api import FailureInfo
 from etcdrun.rendezvous.client import txn as t
-from etcdrun.rendezvous.etcd import codec
+from etcdrun.rendezvous.etcd import codec, shards
 from etcdrun.rendezvous.etcd.keys import RunKeys
 from etcdrun.rendezvous.etcd.protocol import Member, Phase, Round
 
@@ -58,13 +58,27 @@ def start_round(
 
 
 def freeze(keys: RunKeys, current: Round, new: Round, why: st.RoundState | None, by: str) -> Txn:
-    """Freeze ``current`` as ``new`` (FROZEN, its members and master); ``why``
-    (departures.py) says why it opened, and the failure it carries, if any.
+    """Freeze ``current`` as ``new`` (FROZEN, its members and master; sharded when
+    ``shards.shard`` made it so); ``why`` (departures.py) says why it opened, and the failure it
+    carries, if any.
     """
     w = why or st.RoundState()
     failure = w.failure if w.HasField("failure") else None
     value = codec.round_to(new, why=codec.Why.of(w), decided_by=by, failure=failure)
-    return [fence(keys, current)], [t.put(keys.round, value, new.run_lease)]
+    return [fence(keys, current)], [t.put(keys.round, value, new.run_lease), *_shards(keys, new)]
+
+
+def _shards(keys: RunKeys, new: Round) -> list[pb.RequestOp]:
+    """The shard puts of a sharded ``new`` (none otherwise), in the Txn that freezes it: the
+    round key and its participants appear at one revision, or neither does (S1). Under the run
+    lease, as the hints: they cannot outlive every agent.
+    """
+    if new.sharded is None:
+        return []
+    return [
+        t.put(keys.shard(new.number, i), codec.shard_to(new, members), new.run_lease)
+        for i, members in enumerate(shards.split(new))
+    ]
 
 
 def carry(keys: RunKeys, current: Round, new: Round, why: codec.Why, by: str) -> Txn:
@@ -75,6 +89,7 @@ def carry(keys: RunKeys, current: Round, new: Round, why: codec.Why, by: str) ->
     ops = [
         t.put(keys.round, codec.round_to(new, why=why, decided_by=by), new.run_lease),
         t.delete(keys.rounds, end=keys.round_dir(new.number)),
+        *_shards(keys, new),
     ]
     return [fence(keys, current)], ops
 
@@ -88,14 +103,16 @@ def close(
     by: str,
 ) -> tuple[Round, Txn]:
     """CLOSED under a lease: the marker outlives the agents, then expires by itself. It keeps
-    naming the run lease (the hints still live under it), for the last agent out to revoke.
+    naming the run lease (the hints still live under it), for the last agent out to revoke,
+    and a sharded round's shard count (its shards stay until then: ``etcdrun status``).
     """
     new = Round(
         current.number if current else 1,
         Phase.CLOSED,
-        current.members if current else (),
+        current.members if current and current.sharded is None else (),
         current.restart_count if current else 0,
         run_lease=current.run_lease if current else 0,
+        sharded=current.sharded if current else None,
     )
     value = codec.round_to(new, decided_by=by, outcome=outcome, failure=failure)
     return new, ([fence(keys, current)], [t.put(keys.round, value, lease_id)])

@@ -10,6 +10,11 @@ are checked for what they promise instead of a gathering: their members are the 
 round's (less the departed) and the arrivals; survivors keep their places or fill departed
 ones; and no global rank goes to a node while another node listed in the new round held it
 since the last gathered round (its old workers may still run: S4).
+
+Sharded rounds (design.md §2: the header in the round key, the participants in shard keys
+written by the same Txn) are put together from the history of the shard keys, so every check
+below reads one shape; the layout itself is checked too (every shard there, each node in the
+shard its id hashes to, the header's counts, the protocol it asks of older agents).
 """
 
 from __future__ import annotations
@@ -20,9 +25,13 @@ from dataclasses import dataclass
 from etcdrun.proto import etcd_api_pb2 as pb
 from etcdrun.proto import etcdrun_state_pb2 as st
 from etcdrun.rendezvous.client import EtcdClient
+from etcdrun.rendezvous.client import txn as t
 from etcdrun.rendezvous.errors import RendezvousStateError
-from etcdrun.rendezvous.etcd import codec
+from etcdrun.rendezvous.etcd import codec, shards
 from etcdrun.rendezvous.etcd.keys import RunKeys
+from etcdrun.rendezvous.etcd.protocol import SHARDED, Sharded
+
+Shards = Mapping[int, Mapping[int, st.RoundState]]  # round number -> shard index -> shard
 
 
 @dataclass(frozen=True)
@@ -30,35 +39,85 @@ class Version:
     revision: int
     state: st.RoundState | None  # None: deleted, or unreadable (then ``problem`` says why)
     problem: str | None = None
+    layout: tuple[str, ...] = ()  # a sharded round's shards that do not make the round
 
 
 def round_history(client: EtcdClient, keys: RunKeys, timeout: float = 10.0) -> list[Version]:
-    """Every version of the round key up to now, oldest first."""
+    """Every version of the round key up to now, oldest first, each sharded round with its
+    participants from its shard keys (one watch of the round key and rounds/, from revision 1).
+    """
     kv = client.get(keys.round)
     target = kv.mod_revision if kv is not None else None
-    out: list[Version] = []
-    w = client.watch(keys.round, start_revision=1)
+    events: list[pb.Event] = []
+    last = 0  # the revision of the round key's last event so far
+    w = client.watch(keys.round, range_end=t.prefix_end(keys.rounds), start_revision=1)
     try:
-        while target is None or not out or out[-1].revision < target:
+        while target is None or last < target:
             # With the key deleted there is no last revision to wait for: stop when idle.
             batch = w.get(timeout=timeout if target is not None else 0.5)
             if batch is None:
                 break
             for ev in batch.events:
-                out.append(version(ev, keys))
+                kind = keys.parse(ev.kv.key)[0]
+                if kind == "round":
+                    last = ev.kv.mod_revision
+                if kind in ("round", "shard"):
+                    events.append(ev)
     finally:
         w.cancel()
-    return out
+    return assemble(events, keys)
 
 
-def version(ev: pb.Event, keys: RunKeys) -> Version:
-    """One watch event of the round key as a Version (also for histories kept live)."""
+def assemble(events: Iterable[pb.Event], keys: RunKeys) -> list[Version]:
+    """Versions of the round key from events of the round key and of shard keys, in commit
+    order: the shards a Txn wrote are known before the round key it wrote with them.
+    """
+    shard_keys: dict[int, dict[int, st.RoundState]] = {}
+    out: list[Version] = []
+    pending: list[pb.Event] = []
+    for ev in events:
+        if pending and ev.kv.mod_revision != pending[0].kv.mod_revision:
+            out += [version(e, keys, shard_keys) for e in pending]
+            pending = []
+        kind, n, i = keys.parse(ev.kv.key)
+        if kind == "round":
+            pending.append(ev)
+        elif kind == "shard" and ev.type == pb.Event.PUT and n is not None and i and i.isdigit():
+            try:
+                got = codec.shard_message(ev.kv.key, ev.kv.value, n, keys.run_id)
+            except RendezvousStateError:
+                continue  # the round it belongs to reports a shard missing
+            shard_keys.setdefault(n, {})[int(i)] = got
+    return out + [version(e, keys, shard_keys) for e in pending]
+
+
+def version(ev: pb.Event, keys: RunKeys, shard_keys: Shards | None = None) -> Version:
+    """One watch event of the round key as a Version (also for histories kept live); a
+    sharded round gets its participants from ``shard_keys``, the shards seen so far.
+    """
     if ev.type == pb.Event.DELETE:
         return Version(ev.kv.mod_revision, None)
     try:
-        return Version(ev.kv.mod_revision, codec.round_message(ev.kv.value, keys.round))
+        s = codec.round_message(ev.kv.value, keys.round)
     except RendezvousStateError as e:  # garbage someone wrote; the leader restores the state
         return Version(ev.kv.mod_revision, None, e.message)
+    if not s.shards or s.phase != st.FROZEN:
+        return Version(ev.kv.mod_revision, s)
+    return _unsharded(ev.kv.mod_revision, s, (shard_keys or {}).get(s.number, {}))
+
+
+def _unsharded(revision: int, s: st.RoundState, got: Mapping[int, st.RoundState]) -> Version:
+    """The sharded header ``s`` with its shards' participants, and what is wrong with them."""
+    parts = {i: list(m.participants) for i, m in got.items()}
+    wrong = shards.problems(Sharded(s.shards, s.node_count, s.world_size), parts)
+    if s.protocol < SHARDED:
+        wrong.append(f"sharded, but asks protocol {s.protocol} of agents: older ones read nobody")
+    whole = st.RoundState()
+    whole.CopyFrom(s)
+    whole.participants.extend(
+        sorted((p for ps in parts.values() for p in ps), key=lambda p: p.node_rank)
+    )
+    return Version(revision, whole, layout=tuple(wrong))
 
 
 def _same_state(a: st.RoundState, b: st.RoundState) -> bool:
@@ -100,6 +159,7 @@ def check(
                 f"round {prev.number} {st.Phase.Name(prev.phase)}"
             )
         if s.phase == st.FROZEN:
+            errors += [f"S2 {where}: {p}" for p in v.layout]
             # S1: one frozen participant list per round number.
             if s.number in frozen:
                 errors.append(f"S1 {where}: frozen twice")

@@ -23,9 +23,10 @@ from etcdrun.rendezvous.api import KeptRound
 from etcdrun.rendezvous.client import EtcdClient, EtcdError
 from etcdrun.rendezvous.client import txn as t
 from etcdrun.rendezvous.errors import RendezvousError
-from etcdrun.rendezvous.etcd import codec
+from etcdrun.rendezvous.etcd import codec, shards
 from etcdrun.rendezvous.etcd.keys import RunKeys
 from etcdrun.rendezvous.etcd.node import cooldown
+from etcdrun.rendezvous.etcd.protocol import Sharded
 from etcdrun.rendezvous.etcd.stragglers import Pace, judge
 
 SCHEMA = 1
@@ -244,6 +245,8 @@ def _read(
     joined = {keys.parse(kv.key)[2] for kv in rounds_kvs if keys.parse(kv.key)[0] == "join"}
     hints = {keys.parse(kv.key)[1]: kv for kv in rounds_kvs if keys.parse(kv.key)[0] == "hint"}
     msg = _round_message(keys, round_kvs, unreadable)
+    if msg is not None and msg.shards:
+        msg = _unsharded(keys, msg, rounds_kvs, unreadable)
     settings = _settings(agents_kvs, keys)
     if msg is None:
         return RunStatus(exists=True, unreadable=tuple(unreadable), **settings, **base)
@@ -291,6 +294,35 @@ def _round_message(keys: RunKeys, kvs, unreadable: list[str]) -> st.RoundState |
     except RendezvousError:
         unreadable.append(keys.round)
         return None
+
+
+def _unsharded(keys: RunKeys, msg: st.RoundState, kvs, unreadable: list[str]) -> st.RoundState:
+    """A sharded round's header with its participants from its shard keys (read in the same
+    transaction, so at the header's revision or later: shard keys are written once). Shards
+    that do not make the round the header says leave it without participants, named unreadable.
+    """
+    got: dict[int, list[st.Participant]] = {}
+    for kv in kvs:
+        kind, n, i = keys.parse(kv.key)
+        if kind != "shard" or n != msg.number or i is None or not i.isdigit():
+            continue
+        try:
+            got[int(i)] = list(codec.shard_message(kv.key, kv.value, n, keys.run_id).participants)
+        except RendezvousError:
+            unreadable.append(kv.key.decode(errors="replace"))
+    if not got and msg.phase == st.CLOSED:  # the last agent out removed them: nothing to show
+        return msg
+    if shards.problems(Sharded(msg.shards, msg.node_count, msg.world_size), got):
+        unreadable.append(keys.shards(msg.number))
+        return msg
+    out = st.RoundState()
+    out.CopyFrom(msg)
+    out.participants.extend(sorted((p for ps in got.values() for p in ps), key=_rank))
+    return out
+
+
+def _rank(p: st.Participant) -> int:
+    return p.node_rank
 
 
 def _settings(kvs, keys: RunKeys) -> dict[str, int | None]:

@@ -49,7 +49,7 @@ def status_line(
         if left is not None:
             s += f", last call in {left:.0f} s"
     elif r.phase is Phase.FROZEN:
-        s += f" with {len(r.members)} nodes"
+        s += f" with {r.node_count} nodes"
     return s
 
 

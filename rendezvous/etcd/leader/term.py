@@ -30,7 +30,7 @@ from etcdrun.rendezvous.client import (
 )
 from etcdrun.rendezvous.client import txn as t
 from etcdrun.rendezvous.errors import RendezvousError
-from etcdrun.rendezvous.etcd import codec, transitions
+from etcdrun.rendezvous.etcd import codec, shard_reads, shards, transitions
 from etcdrun.rendezvous.etcd.context import RunContext
 from etcdrun.rendezvous.etcd.leader import departures, last_call, repair
 from etcdrun.rendezvous.etcd.leader.status import LeaderStatus
@@ -39,7 +39,7 @@ from etcdrun.rendezvous.etcd.node import cooldown, lifecycle
 from etcdrun.rendezvous.etcd.node.node_names import node_name
 from etcdrun.rendezvous.etcd.node.session import Session
 from etcdrun.rendezvous.etcd.protocol import (
-    PROTOCOL,
+    CARRIED,
     Action,
     Agent,
     Carry,
@@ -90,6 +90,7 @@ class Leader:
         self.departures = departures.Departures(departed)  # seeded by what the election saw
         self._failures = 0  # etcd errors in a row: the policy's backoff index
         self._invalid: dict[bytes, int] = {}  # key under agents/ that is no agent -> mod_revision
+        self._whole: Round | None = None  # the current sharded round with every member (read)
         self.status = LeaderStatus()
 
     # ---- caches -----------------------------------------------------------------------------
@@ -178,7 +179,7 @@ class Leader:
         """
         wake_at = self._decide(now)
         try:
-            self._stragglers.act(self._view.current())
+            self._stragglers.act(self._current())
         except (EtcdError, RendezvousError) as e:  # judged again at the next pace
             log.warning("leader %s: the straggler rule failed: %s", self._session.node_id, e)
         return wake_at
@@ -191,10 +192,18 @@ class Leader:
             log.warning("leader %s: cleaning up failed: %s; retrying", self._session.node_id, e)
             return now + self._client.policy.backoff_limit(self._failures)
         for _ in range(MAX_STEPS):
-            r = self._view.current()
+            try:
+                r = self._current()
+            except EtcdError as e:
+                self._failures += 1
+                log.warning("leader %s: reading the round failed: %s", self._session.node_id, e)
+                return now + self._client.policy.backoff_limit(self._failures)
+            except RendezvousError as e:  # a corrupt shard: decided again at the next event
+                log.error("leader %s: %s", self._session.node_id, e)
+                return None
             view = self._decision_view(r)
             if view is None:
-                self._publish(r, "waiting for the round's hint (written with the round)")
+                self._publish(r, "waiting for the round's hint or shards (written with it)")
                 return None
             action = decide(view, self._ctx.settings, now)
             if isinstance(action, Wait):
@@ -275,8 +284,28 @@ class Leader:
         self._run_lease = self._client.lease(self._ctx.config.run_lease_ttl)
         return self._run_lease.id
 
+    def _current(self) -> Round | None:
+        """The round key as the view holds it, with every member: a sharded round's header
+        lists nobody, so its shards are read once, at its revision (shard_reads.py). The header
+        itself when its shards are gone (the round moved on: the watch brings the newer one).
+        """
+        r = self._view.current()
+        if r is None or r.whole:
+            return r
+        held = self._whole
+        if held is None or (held.mod_revision, held.number) != (r.mod_revision, r.number):
+            held = shard_reads.whole(self._client, self._keys, r)
+            if held is None:
+                return r
+            self._whole = held
+        return held
+
     def _decision_view(self, r: Round | None) -> View | None:
-        """The input of ``decide`` from the caches (None until a JOINING round's hint is in)."""
+        """The input of ``decide`` from the caches (None until a JOINING round's hint is in,
+        or while a sharded round's members are unknown).
+        """
+        if r is not None and not r.whole:
+            return None
         if r is not None:
             for cache in (self.joins, self.hints):
                 for old in [k for k in cache if k < r.number]:
@@ -304,11 +333,12 @@ class Leader:
             )
         elif isinstance(action, Carry):
             assert r is not None
-            new = _frozen(action, run_lease, carried=True, held=action.held, protocol=PROTOCOL)
+            new = _frozen(action, run_lease, carried=True, held=action.held, protocol=CARRIED)
+            new = shards.shard(new, self._ctx.config.shard_at)
             guard, ops = transitions.carry(self._keys, r, new, self._why(action), me)
         else:
             assert isinstance(action, Freeze) and r is not None
-            new = _frozen(action, run_lease)
+            new = shards.shard(_frozen(action, run_lease), self._ctx.config.shard_at)
             hint = self.hints.get(r.number, ())
             why = self.departures.why_frozen(self._view.message(), r.number, hint, self.agents)
             guard, ops = transitions.freeze(self._keys, r, new, why, me)
@@ -318,7 +348,10 @@ class Leader:
         # With its message, so that this node too can say why the round opened at once — its
         # watch event brings the same bytes a moment later.
         msg = lifecycle.written(ops)
-        self._view.apply(replace(new, failure=None, mod_revision=res.revision), msg)
+        applied = replace(new, failure=None, mod_revision=res.revision)
+        self._view.apply(applied, msg)
+        if applied.sharded is not None:  # whole as written: nothing to read back
+            self._whole = applied
         self._applied(action, res.revision)
         return True
 

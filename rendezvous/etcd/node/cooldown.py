@@ -186,7 +186,7 @@ class Cooldown:
             seconds=rec.seconds,
             why=rec.why,
         )
-        others, low = len(running.members) - 1, ctx.settings.min_nodes
+        others, low = running.node_count - 1, ctx.settings.min_nodes
         short = (
             f"; the job has {others} other node(s), below min nodes {low}: it waits for this "
             "node or a new one"

@@ -49,10 +49,10 @@ class EtcdDrain(DrainPort):
         return self._now.node_id or ""
 
     def room(self) -> bool:
-        r, me, s = self._ctx.view.current(), self._now.node_id, self._ctx.settings
+        r, me, s = self._ctx.view.placed(), self._now.node_id, self._ctx.settings
         if r is None or r.phase is not Phase.FROZEN or me is None or r.member(me) is None:
             return r is None or r.phase is not Phase.CLOSED
-        return len(r.members) > s.min_nodes
+        return r.node_count > s.min_nodes
 
     def request(self, by: str) -> None:
         """From the agent's signal handler: the work (an event, a lock, the subscribers) runs

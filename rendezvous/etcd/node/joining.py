@@ -136,7 +136,9 @@ def publish_spare(sess: Session, port: int) -> bool:
 def info(
     run_id: str, node_id: str, r: Round, max_restarts: int, cause: RoundCause | None = None
 ) -> RendezvousInfo:
-    """What this node runs with in the frozen round ``r`` (it must be a member)."""
+    """What this node runs with in the frozen round ``r`` (it must be a member). Of a sharded
+    round, ``participants`` are the node's own shard: what it read (shard_reads.own).
+    """
     me = r.member(node_id)
     if me is None:
         raise ValueError(f"node {node_id} is not in round {r.number}")
@@ -145,7 +147,7 @@ def info(
         round=r.number,
         node_id=node_id,
         node_rank=me.node_rank,
-        node_count=len(r.members),
+        node_count=r.node_count,
         first_global_rank=me.first_global_rank,
         world_size=r.world_size,
         master_addr=r.master_addr,

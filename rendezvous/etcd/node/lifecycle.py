@@ -21,7 +21,7 @@ from etcdrun.rendezvous.client import EtcdClient, EtcdError
 from etcdrun.rendezvous.client import txn as t
 from etcdrun.rendezvous.client.errors import NO_SPACE_REMEDY, EtcdLeaseNotFoundError
 from etcdrun.rendezvous.errors import RendezvousError
-from etcdrun.rendezvous.etcd import codec, transitions
+from etcdrun.rendezvous.etcd import codec, shard_reads, transitions
 from etcdrun.rendezvous.etcd.context import RunContext
 from etcdrun.rendezvous.etcd.keys import RunKeys
 from etcdrun.rendezvous.etcd.node.session import Session
@@ -101,10 +101,13 @@ def request_restart(
     """
     client, keys = ctx.client, ctx.keys
     new = transitions.opening(running.number + 1, running.restart_count, failure, running.run_lease)
+    # The hint orders the next round (S6): every member, so a sharded round's shards are read.
+    # None: they are gone, the round moved on, and the fenced write below fails as it should.
+    hint = (shard_reads.whole(client, keys, running) or running).members
     fenced_on: Round | None = running
     while fenced_on is not None:
         why = codec.Why(reason)
-        guard, ops = transitions.start_round(keys, fenced_on, new, running.members, why, by)
+        guard, ops = transitions.start_round(keys, fenced_on, new, hint, why, by)
         if client.txn(guard, ops).succeeded:
             ctx.events.emit(
                 "round_started", round=new.number, reason=reason, restart_count=new.restart_count
@@ -130,7 +133,11 @@ def _rewritten(client: EtcdClient, keys: RunKeys, running: Round, tried: Round) 
         now = codec.round_from(kv.key, kv.value, kv.mod_revision, keys.run_id)
     except RendezvousError:
         return None
-    same = (now.number, now.phase, now.members) == (running.number, running.phase, running.members)
+    # A sharded round's header lists nobody: its layout stands for its members (its shards are
+    # written once, with the round).
+    same = (now.number, now.phase, now.sharded) == (running.number, running.phase, running.sharded)
+    if same and now.sharded is None:
+        same = now.members == running.members
     return now if same else None
 
 
@@ -182,7 +189,7 @@ def exit_barrier(ctx: RunContext, session: Session, running: Round, *, timeout: 
     except EtcdLeaseNotFoundError:  # expired while we could not act: ask, so ``lost`` is set
         session.confirm()
         return False
-    if client.get_prefix(prefix, count_only=True).count >= len(running.members):
+    if client.get_prefix(prefix, count_only=True).count >= running.node_count:
         set_closed(ctx, st.SUCCEEDED, by=session.node_id)
         return True
     deadline = time.monotonic() + timeout
@@ -214,10 +221,13 @@ def _close_if_the_rest_are_gone(
     client, keys = ctx.client, ctx.keys
     try:
         arrived = _names(client, keys.barrier(running.number, "exit"), at_revision)
+        whole = shard_reads.whole(client, keys, running)  # all members: at its revision
     except EtcdError:  # compacted since: who arrived is unknown, so the run stays open
         return False
+    if whole is None:  # its shards are gone, and that revision compacted: as above
+        return False
     live = _names(client, keys.agents)
-    late = [m.node_id for m in running.members if m.node_id not in arrived]
+    late = [m.node_id for m in whole.members if m.node_id not in arrived]
     if any(node in live for node in late):
         return False
     if set_closed(ctx, st.SUCCEEDED, by=session.node_id):

@@ -50,7 +50,8 @@ class SparePort:
         carried round), the port goes to its rank-0 worker; hold another and publish it in
         the agent key, so the leader can carry the next round.
         """
-        if r.master_port != sess.info.spare_port or r.members[0].node_id != sess.node_id:
+        me = r.member(sess.node_id)  # a sharded round lists only this node's shard
+        if r.master_port != sess.info.spare_port or me is None or me.node_rank != 0:
             return
         port = self.draw(avoid=frozenset({r.master_port}))
         if joining.publish_spare(sess, port):
