@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from etcdrun.proto import etcd_api_pb2 as pb
 from etcdrun.proto import etcdrun_state_pb2 as st
+from etcdrun.rendezvous.etcd import shards, transitions
+from etcdrun.rendezvous.etcd.keys import RunKeys
+from etcdrun.rendezvous.etcd.protocol import Member, Phase, Round
 from etcdrun.rendezvous.tools import checker
 
 
@@ -138,3 +142,66 @@ def test_carried_membership_must_match_its_departures_and_arrivals():
     assert codes(checker.check(unnamed, 1, 4)) == ["S3"]
     skipped = history(*GATHERED, frozen(3, ["a", "b", "c"], True, departed=["d"]))
     assert codes(checker.check(skipped, 1, 4)) == ["S1"]
+
+
+# ---- sharded rounds (design.md §2): put together from the shard keys' history ------------------
+SKEYS = RunKeys("/etcdrun", "job")
+
+
+def _members(names: list[str]) -> tuple[Member, ...]:
+    return tuple(Member(n, i, 1, f"{n}.host", i) for i, n in enumerate(names))
+
+
+def _events(ops: list[pb.RequestOp], revision: int) -> list[pb.Event]:
+    """The watch events a Txn's puts make, in its op order, at one revision."""
+    out = []
+    for op in ops:
+        if op.HasField("request_put"):
+            put = op.request_put
+            kv = pb.KeyValue(key=put.key, value=put.value, mod_revision=revision)
+            out.append(pb.Event(type=pb.Event.PUT, kv=kv))
+    return out
+
+
+def _sharded_freeze(number: int, names: list[str], revision: int) -> list[pb.Event]:
+    r = Round(number, Phase.FROZEN, _members(names), master_addr=f"{names[0]}.host")
+    _, ops = transitions.freeze(SKEYS, Round(number, Phase.JOINING), shards.shard(r, 2), None, "x")
+    return _events(ops, revision)
+
+
+def test_a_sharded_round_is_checked_whole_from_its_shard_keys():
+    names = [f"node-{i}" for i in range(9)]
+    history = checker.assemble(_sharded_freeze(1, names, 5), SKEYS)
+    assert len(history) == 1 and history[0].layout == ()
+    assert [p.node_id for p in history[0].state.participants] == names
+    assert checker.check(history, 2, 9, [{"round": 1, "node": "node-4", "node_rank": 4}]) == []
+    # the same round with rank 0 moved in the next one: S6, seen through the shards
+    later = checker.assemble(
+        [*_sharded_freeze(1, names, 5), *_sharded_freeze(2, names[::-1], 8)], SKEYS
+    )
+    assert [e.split(" ")[0] for e in checker.check(later, 2, 9)] == ["S6", "S6"]
+
+
+def test_a_sharded_round_whose_shards_do_not_make_it_is_a_violation():
+    names = [f"node-{i}" for i in range(9)]
+    events = _sharded_freeze(1, names, 5)
+    lost = [e for e in events if not e.kv.key.endswith(b"/shard/1")]
+    found = checker.check(checker.assemble(lost, SKEYS), 2, 9)
+    assert found and all(e.startswith("S2") for e in found)
+    assert any("shard(s) [1] of 3 missing" in e for e in found)
+    # a node started workers in a round whose shard lost it: S3 as for any unlisted node
+    gone = checker.assemble(lost, SKEYS)[0].state
+    missing = next(n for n in names if n not in [p.node_id for p in gone.participants])
+    found = checker.check(
+        checker.assemble(lost, SKEYS), 2, 9, [{"round": 1, "node": missing, "node_rank": 0}]
+    )
+    assert any(e.startswith("S3") for e in found)
+
+
+def test_a_sharded_round_asking_less_than_protocol_3_is_a_violation():
+    events = _sharded_freeze(1, ["a", "b", "c"], 5)
+    header = st.RoundState.FromString(events[0].kv.value)
+    header.protocol = 2
+    events[0].kv.value = header.SerializeToString()
+    found = checker.check(checker.assemble(events, SKEYS), 2, 3)
+    assert any("asks protocol 2" in e for e in found)
