@@ -80,9 +80,12 @@ def run_one(n: int, members: int, procs: int, args: argparse.Namespace) -> dict:
     counts = [n // p + (i < n % p) for i in range(p)]
     run_id = "bench-" + uuid.uuid4().hex[:8]
     conf = {"last_call_timeout": 600, "join_timeout": args.timeout, "lease_ttl": args.lease_ttl}
+    if args.shard_at is not None:  # 0: never sharded, whatever N
+        conf["shard_at"] = args.shard_at or n + 1
     res: dict = {"n": n, "members": members, "procs": p, "counts": counts, "problems": []}
     res["arrive_over"], res["per_client"] = args.arrive_over, args.per_client
     res["keepalive"] = args.keepalive
+    res["shard_at"] = conf.get("shard_at")
     pprof = ["--enable-pprof"] if args.etcd_pprof else []
     with contextlib.ExitStack() as stack:
         etcd = stack.enter_context(LocalEtcd(members, log_to=args.etcd_log, extra_args=pprof))
@@ -223,8 +226,24 @@ def check_run(pool: Pool, endpoints: str, cfg: dict, res: dict) -> None:
         res["problems"] += checker.check_run(c, keys, cfg["min_nodes"], res["n"], accepted)
         kv = c.get(keys.round)  # the last frozen round: what each of its N watchers received
         res["round_bytes"] = len(kv.value) if kv is not None else None
+        res["shards"], res["shard_bytes"] = shard_sizes(c, keys, kv)
     pool.send(0, "close")
     pool.expect("closed", [0], 30)
+
+
+def shard_sizes(c, keys, kv) -> tuple[int, float | None]:
+    """A sharded round's shard count and the mean size of a shard, which each node reads once
+    beside the header it watches (0 and None for a round that lists its participants itself).
+    """
+    from etcdrun.proto import etcdrun_state_pb2 as st
+
+    if kv is None:
+        return 0, None
+    msg = st.RoundState.FromString(kv.value)
+    if not msg.shards:
+        return 0, None
+    got = c.get_prefix(keys.shards(msg.number)).kvs
+    return msg.shards, sum(len(s.value) for s in got) / max(1, len(got))
 
 
 def collect(pool: Pool, which: list[int]) -> tuple[list[dict], dict]:

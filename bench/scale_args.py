@@ -53,6 +53,14 @@ def _round_options(ap: argparse.ArgumentParser) -> None:
         "at once)",
     )
     ap.add_argument("--lease-ttl", type=int, default=5, help="rdzv lease_ttl (default 5)")
+    ap.add_argument(
+        "--shard-at",
+        type=int,
+        default=None,
+        metavar="K",
+        help="rdzv shard_at: a frozen round of K participants or more goes to shard keys "
+        "(default: the backend's, 256; 0: never, to compare with unsharded rounds)",
+    )
     ap.add_argument("--timeout", type=float, default=120.0, help="per-round bound, seconds")
     ap.add_argument(
         "--quiet-wait",
@@ -118,6 +126,7 @@ def parse(
         or args.lease_ttl < 1
         or args.timeout <= 0
         or args.arrive_over < 0
+        or (args.shard_at is not None and (args.shard_at < 0 or args.shard_at == 1))
     )
     if args.grpc_proxy and args.keepalive != "relay":
         print("--grpc-proxy needs --keepalive relay (scale_proxy.py says why)", file=sys.stderr)
@@ -126,7 +135,7 @@ def parse(
         print(
             f"bad arguments: --n {args.n!r} and --members {args.members!r} must list integers "
             f">= 1; --procs, --lease-ttl and --timeout must be positive, --arrive-over and "
-            "--per-client >= 0",
+            "--per-client >= 0, --shard-at 0 or >= 2",
             file=sys.stderr,
         )
         return None

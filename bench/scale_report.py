@@ -168,6 +168,8 @@ def details(res: dict) -> str:
     out = [f"N={res['n']} on {res.get('members', 1)} etcd member(s), {res['procs']} processes"]
     out[0] += f", keep-alives {res.get('keepalive', 'in-process')}"
     out[0] += ", through an etcd grpc-proxy" if res.get("grpc_proxy") else ""
+    if res.get("shard_at") is not None:
+        out[0] += f", shard_at {res['shard_at']}"
     if res.get("arrive_over"):
         out[0] += f", arrivals spread over {res['arrive_over']:g} s"
     if "busy_before" in res:
@@ -202,6 +204,12 @@ def details(res: dict) -> str:
             f"round 1 {r1['sent_bytes'] / n:.0f} B, round 2 {r2.get('sent_bytes', 0) / n:.0f} B; "
             f"N x value {n * v / 1e6:.1f} MB"
         )
+        if res.get("shards"):
+            b = res["shard_bytes"]
+            out.append(
+                f"  sharded into {res['shards']} keys of {b:.0f} B on average, one read by each "
+                f"node: N x (value + shard) {n * (v + b) / 1e6:.1f} MB"
+            )
     for p in res["problems"] + r2.get("problems", []):
         out.append(f"  PROBLEM: {p}")
     for w, info in res.get("warnings", {}).items():
