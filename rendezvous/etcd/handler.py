@@ -112,9 +112,7 @@ class EtcdRendezvousHandler(RendezvousHandler):
         self._gate = RunGate(self.ctx)
         self._shutdown = False
         self._superseded: int | None = None  # the running round whose end was reported
-        # The last sharded round read for a node id (its revision, and the round with that
-        # node's shard, None when it was gone): read once, whatever wakes the loop.
-        self._seat: tuple[str, int, Round | None] | None = None
+        self._seat = shard_reads.OwnShard(self.client, self.keys)
         self.view.listen(self._on_superseded)
 
     # ---- what the run context holds, for the backend's own tests and tools -------------------
@@ -179,12 +177,8 @@ class EtcdRendezvousHandler(RendezvousHandler):
         except EtcdError as e:
             raise self._wrap(e) from None
         r = self.view.current()
-        if r is not None and r.phase is Phase.FROZEN and not r.whole:
-            # A sharded round's header lists nobody: count by its size (a member whose agent
-            # key is gone is then counted as present, until the next round says otherwise).
-            return max(0, len(res.kvs) - r.node_count)
-        members = {m.node_id for m in r.members} if r and r.phase is Phase.FROZEN else set()
-        return sum(1 for kv in res.kvs if self.keys.parse(kv.key)[2] not in members)
+        live = [self.keys.parse(kv.key)[2] or "" for kv in res.kvs]
+        return len(live) if r is None else r.outside(live)
 
     def shutdown(self) -> bool:
         """Leave now: revoke the lease so peers start a new round at once. Idempotent.
@@ -306,7 +300,7 @@ class EtcdRendezvousHandler(RendezvousHandler):
                 self._rest(sess, r)
                 deadline = time.monotonic() + self.cfg.join_timeout
                 continue
-            seat = self._seated(sess, r)  # ``r`` with this node's entry, if it has one
+            seat = self._seat.of(r, sess.node_id)  # ``r`` with this node's entry, if it has one
             if r is not None and r.phase is Phase.JOINING and self._joined != r.number:
                 if self._join(sess, r):
                     continue  # joined: wait for the freeze; else wait for the newer round
@@ -329,18 +323,6 @@ class EtcdRendezvousHandler(RendezvousHandler):
                     round=r.number if r else None,
                     node=sess.node_id,
                 )
-
-    def _seated(self, sess: Session, r: Round | None) -> Round | None:
-        """``r`` as this node needs it: a sharded frozen round with this node's shard, read once
-        at the header's revision (shard_reads.py); any other round as it is. None when the
-        shard is gone: the round moved on, and the watch brings the newer one.
-        """
-        if r is None or r.phase is not Phase.FROZEN or r.whole:
-            return r
-        if self._seat is None or self._seat[:2] != (sess.node_id, r.mod_revision):
-            got = shard_reads.own(self.client, self.keys, r, sess.node_id)
-            self._seat = (sess.node_id, r.mod_revision, got)
-        return self._seat[2]
 
     def _rest(self, sess: Session, r: Round | None) -> None:
         """Sit this node's cooldown out, joining no round: a timed wait on its end (the round

@@ -13,7 +13,7 @@ survivors write nothing.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -134,6 +134,18 @@ class Round:
         if self.sharded is not None:
             return self.sharded.world_size
         return sum(m.local_world_size for m in self.members)
+
+    def outside(self, live: Iterable[str]) -> int:
+        """How many of the ``live`` agents' node ids this round leaves waiting: every one unless
+        it is FROZEN. A sharded header lists nobody, so it counts by its size: a member whose
+        agent key is gone counts as present until the next round says otherwise.
+        """
+        nodes = list(live)
+        if self.phase is not Phase.FROZEN:
+            return len(nodes)
+        if not self.whole:
+            return max(0, len(nodes) - self.node_count)
+        return sum(1 for node in nodes if node not in self._by_node)
 
     @property
     def node_count(self) -> int:

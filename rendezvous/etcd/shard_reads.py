@@ -55,6 +55,28 @@ def whole(client: EtcdClient, keys: RunKeys, r: Round) -> Round | None:
     return replace(r, members=shards.joined(by_shard), held=held)
 
 
+class OwnShard:
+    """One node's view of sharded rounds: ``own`` read once per round revision, whatever wakes
+    the node's join loop (a round view wakes it for every event, and a header does not change
+    without a new revision). Holds no session: the node id is passed on each call.
+    """
+
+    def __init__(self, client: EtcdClient, keys: RunKeys) -> None:
+        self._client, self._keys = client, keys
+        self._last: tuple[str, int, Round | None] | None = None
+
+    def of(self, r: Round | None, node_id: str) -> Round | None:
+        """``r`` as ``node_id`` needs it: a sharded frozen round with that node's shard; any
+        other round as it is. None when the shard is gone: the round moved on, and the watch
+        brings the newer one.
+        """
+        if r is None or r.whole:
+            return r
+        if self._last is None or self._last[:2] != (node_id, r.mod_revision):
+            self._last = (node_id, r.mod_revision, own(self._client, self._keys, r, node_id))
+        return self._last[2]
+
+
 def _read(
     client: EtcdClient, keys: RunKeys, r: Round, key: str, *, prefix: bool
 ) -> dict[int, Round]:
@@ -72,4 +94,4 @@ def _read(
     return out
 
 
-__all__ = ["own", "whole"]
+__all__ = ["OwnShard", "own", "whole"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import zlib
+from dataclasses import replace
 
 import pytest
 
@@ -137,3 +138,13 @@ def test_closing_a_sharded_round_keeps_its_layout_and_lists_nobody():
 def test_shard_keys_parse_apart_from_barriers():
     assert KEYS.parse(KEYS.shard(3, 12)) == ("shard", 3, "12")
     assert KEYS.parse(KEYS.barrier(3, "exit") + "n") == ("barrier", 3, "n")
+
+
+def test_a_round_counts_the_live_agents_it_leaves_waiting():
+    whole = frozen(4)
+    live = ["host-00000.1", "host-00003.1", "newcomer.1"]
+    assert whole.outside(live) == 1  # only the newcomer is outside a whole round
+    header = replace(shards.shard(frozen(4), 2), members=())
+    assert not header.whole and header.outside(live + ["other.1", "more.1"]) == 1  # 5 - 4
+    assert header.outside(live) == 0  # never below zero: members whose keys are gone
+    assert Round(4, Phase.JOINING, whole.members).outside(live) == 3  # nobody is placed yet
