@@ -4,7 +4,9 @@ issue 31's fan-out choice (a compact round, a per-node assignment, or etcd's grp
 Why apart and without etcd: the sizes follow from the encoding alone (codec.round_to, the real
 one), so they can be had for any N in a second, where the scale bench needs minutes per N. Every
 participant watches the round key, so a frozen round of value size V costs etcd N x V bytes of
-watch events at the least; a node needs only its own entry and the round's totals.
+watch events at the least; a node needs only its own entry and the round's totals. The last
+columns are the same round sharded (design.md §2, "Sharded rounds"): a header watched by N
+nodes, and one shard read by each.
 
 Usage: ``python -m bench.scale_fanout [--n 1000,4096,8192]``.
 """
@@ -45,20 +47,42 @@ def sizes(n: int, hosts: str) -> dict:
     own = Round(7, Phase.FROZEN, (ms[n // 2],), 2, ms[0].addr, 29500, run_lease=r.run_lease)
     need = st.RoundState.FromString(codec.round_to(own))
     need.world_size = 8 * n  # the whole job's, as the full round says
-    return {
+    out = {
         "n": n,
         "hosts": hosts,
         "round_bytes": len(value),
         "plain_bytes": len(plain.SerializeToString()),
         "need_bytes": len(need.SerializeToString()),
     }
+    return out | sharded_sizes(r)
+
+
+def sharded_sizes(r) -> dict:
+    """The same round written sharded (shards.py, whatever its size): the header every node
+    watches and the mean shard, which each node reads once. ``sharded_bytes`` is what one round
+    then costs etcd in all: N x (header + mean shard).
+    """
+    from etcdrun.rendezvous.etcd import codec, shards
+
+    whole = shards.shard(r, 2)
+    header = codec.round_to(whole)
+    each = [len(codec.shard_to(whole, ms)) for ms in shards.split(whole)]
+    mean = sum(each) / len(each)
+    n = len(r.members)
+    return {
+        "shards": len(each),
+        "header_bytes": len(header),
+        "shard_bytes": mean,
+        "sharded_bytes": n * (len(header) + mean),
+    }
 
 
 def lines(ns: list[int]) -> list[str]:
     out = [
         "| N | hosts | round key value | participants undeflated | a node needs | N x value "
-        "(watch events of one round) | N x need |",
-        "|---|---|---|---|---|---|---|",
+        "(watch events of one round) | N x need | sharded: S, header, mean shard | "
+        "sharded: N x (header + shard) | of N x value |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for n in ns:
         for hosts in ("one", "distinct"):
@@ -66,7 +90,9 @@ def lines(ns: list[int]) -> list[str]:
             out.append(
                 f"| {n} | {hosts} | {s['round_bytes']:,} B | {s['plain_bytes']:,} B | "
                 f"{s['need_bytes']} B | {n * s['round_bytes'] / 1e6:.1f} MB | "
-                f"{n * s['need_bytes'] / 1e6:.2f} MB |"
+                f"{n * s['need_bytes'] / 1e6:.2f} MB | {s['shards']}, {s['header_bytes']} B, "
+                f"{s['shard_bytes']:,.0f} B | {s['sharded_bytes'] / 1e6:.2f} MB | "
+                f"1/{n * s['round_bytes'] / s['sharded_bytes']:.0f} |"
             )
     return out
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from layout import ROOT
 
-from bench import publish, report
+from bench import publish, report, scale_fanout
 
 
 def _run(scenario, col, trials, setting="default", unit="s", n=8):
@@ -415,3 +415,13 @@ def test_agent_figures_from_etcdruns_events():
     ]
     assert agent_figures(events, 10.0) == {"notice_s": 1.5, "form_s": 0.7}
     assert agent_figures([], 10.0) == {"notice_s": None, "form_s": None}
+
+
+def test_scale_fanout_sharded_round_costs_a_fraction_of_the_listed_one():
+    s = scale_fanout.sizes(4096, "distinct")
+    assert s["shards"] == 64 and 0 < s["header_bytes"] < 100  # the header lists nobody
+    listed = 4096 * s["round_bytes"]
+    assert s["sharded_bytes"] == 4096 * (s["header_bytes"] + s["shard_bytes"])
+    assert s["sharded_bytes"] * 4 < listed  # issue 31's "<= 1/4 of today", from the encoding
+    small = scale_fanout.sizes(16, "one")
+    assert small["shards"] == 4 and small["sharded_bytes"] > 16 * small["header_bytes"]
