@@ -16,7 +16,7 @@ from etcdrun.rendezvous.client import EtcdClient, EtcdCompactedError
 from etcdrun.rendezvous.errors import RendezvousStateError
 from etcdrun.rendezvous.etcd import codec, shards
 from etcdrun.rendezvous.etcd.keys import RunKeys
-from etcdrun.rendezvous.etcd.protocol import Member, Round
+from etcdrun.rendezvous.etcd.protocol import Member, Phase, Round
 
 
 def own(client: EtcdClient, keys: RunKeys, r: Round, node_id: str) -> Round | None:
@@ -70,7 +70,7 @@ class OwnShard:
         other round as it is. None when the shard is gone: the round moved on, and the watch
         brings the newer one.
         """
-        if r is None or r.whole:
+        if r is None or r.phase is not Phase.FROZEN or r.whole:  # a CLOSED one's too: unread
             return r
         if self._last is None or self._last[:2] != (node_id, r.mod_revision):
             self._last = (node_id, r.mod_revision, own(self._client, self._keys, r, node_id))
