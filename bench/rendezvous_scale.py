@@ -81,7 +81,7 @@ def run_one(n: int, members: int, procs: int, args: argparse.Namespace) -> dict:
     run_id = "bench-" + uuid.uuid4().hex[:8]
     conf = {"last_call_timeout": 600, "join_timeout": args.timeout, "lease_ttl": args.lease_ttl}
     if args.shard_at is not None:  # 0: never sharded, whatever N
-        conf["shard_at"] = args.shard_at or n + 1
+        conf["shard_at"] = args.shard_at
     res: dict = {"n": n, "members": members, "procs": p, "counts": counts, "problems": []}
     res["arrive_over"], res["per_client"] = args.arrive_over, args.per_client
     res["keepalive"] = args.keepalive

@@ -59,7 +59,7 @@ def _round_options(ap: argparse.ArgumentParser) -> None:
         default=None,
         metavar="K",
         help="rdzv shard_at: a frozen round of K participants or more goes to shard keys "
-        "(default: the backend's, 256; 0: never, to compare with unsharded rounds)",
+        "(default: the backend's, which is 0: never)",
     )
     ap.add_argument("--timeout", type=float, default=120.0, help="per-round bound, seconds")
     ap.add_argument(

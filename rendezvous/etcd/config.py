@@ -92,7 +92,7 @@ SETTINGS = {
     "cooldown_cap": _seconds("cooldown_cap"),
     "straggler_fraction": lambda v: _fraction("straggler_fraction", v),
     "evict_stragglers": lambda v: _flag("evict_stragglers", v),
-    "shard_at": lambda v: _at_least("shard_at", v, 2),
+    "shard_at": lambda v: _off_or_at_least("shard_at", v, 2),
 }
 
 
@@ -115,10 +115,10 @@ def _flag(name: str, v: Any) -> bool:
     raise ValueError(f"rdzv_conf {name}={v!r}: expected true or false (1 or 0)")
 
 
-def _at_least(name: str, v: Any, low: int) -> int:
+def _off_or_at_least(name: str, v: Any, low: int) -> int:
     n = _count(name, v)
-    if n < low:
-        raise ValueError(f"rdzv_conf {name}={v!r}: must be at least {low}")
+    if n != 0 and n < low:
+        raise ValueError(f"rdzv_conf {name}={v!r}: must be 0 (off) or at least {low}")
     return n
 
 
@@ -162,7 +162,7 @@ class EtcdRendezvousConfig:
     cooldown_cap: float = 300.0  # the longest cooldown
     straggler_fraction: float = 0.5  # below this share of the median rate: a straggler; 0: off
     evict_stragglers: bool = False  # the leader drains a named straggler (--evict-stragglers)
-    shard_at: int = 256  # participants from which a frozen round is sharded (etcd/shards.py)
+    shard_at: int = 0  # participants from which a frozen round is sharded; 0: never (shards.py)
 
     def __post_init__(self) -> None:
         if self.cooldown_cap < self.cooldown_base:

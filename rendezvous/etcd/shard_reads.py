@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from etcdrun.rendezvous.client import EtcdClient, EtcdCompactedError
+from etcdrun.rendezvous.client import EtcdClient, EtcdCompactedError, EtcdRequestError
 from etcdrun.rendezvous.errors import RendezvousStateError
 from etcdrun.rendezvous.etcd import codec, shards
 from etcdrun.rendezvous.etcd.keys import RunKeys
@@ -77,12 +77,24 @@ class OwnShard:
         return self._last[2]
 
 
+def _at(client: EtcdClient, key: str, prefix: bool, revision: int) -> list:
+    """The keys at ``revision``, read serializably: a past revision never changes, so the
+    member that answers needs no quorum round (ReadIndex) for it, which N nodes reading at once
+    would otherwise cost etcd's leader. A member that has not applied that revision yet says
+    "future revision"; a linearizable read then waits for it.
+    """
+    try:
+        return list(client.range(key, prefix=prefix, revision=revision, serializable=True).kvs)
+    except EtcdRequestError:
+        return list(client.range(key, prefix=prefix, revision=revision).kvs)
+
+
 def _read(
     client: EtcdClient, keys: RunKeys, r: Round, key: str, *, prefix: bool
 ) -> dict[int, Round]:
     """The shards of round ``r`` under ``key`` (one, or the prefix), by index."""
     try:
-        kvs = client.range(key, prefix=prefix, revision=r.mod_revision).kvs
+        kvs = _at(client, key, prefix, r.mod_revision)
     except EtcdCompactedError:
         kvs = client.range(key, prefix=prefix).kvs
     out: dict[int, Round] = {}

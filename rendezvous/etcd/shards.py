@@ -2,9 +2,10 @@
 
 Why: every agent watches the round key, so a frozen round that lists all N participants makes
 etcd send N copies of an O(N) value, O(N^2) bytes a round, where each node needs only its own
-entry (bench/results.md, 'What a node needs from a round'). From ``SHARD_AT`` participants the
-round key holds a header (number, phase, master, world size, restart count, the shard count) and
-the participants go to S shard keys, a node's shard picked by a hash of its node id: a node reads
+entry (bench/results.md, 'What a node needs from a round'). From ``shard_at`` participants
+(rdzv_conf; 0, the default, is never: design.md §2 says why) the round key holds a header
+(number, phase, master, world size, restart count, the shard count) and the participants go to
+S shard keys, a node's shard picked by a hash of its node id: a node reads
 one shard of about N/S entries, and etcd sends O(N·N/S) bytes in all. S is at most ``MAX_SHARDS``
 so that the freeze stays one Txn under etcd's default ``--max-txn-ops`` (128): the round key, S
 shard puts, the delete of older rounds. Pure: the transitions, the checker and ``etcdrun status``
@@ -21,7 +22,6 @@ from typing import Protocol
 
 from etcdrun.rendezvous.etcd.protocol import SHARDED, Member, Phase, Round, Sharded
 
-SHARD_AT = 256  # participants from which a frozen round is sharded (rdzv_conf shard_at)
 MAX_SHARDS = 64
 
 
@@ -40,10 +40,11 @@ def index(node_id: str, shards: int) -> int:
 
 
 def shard(r: Round, shard_at: int) -> Round:
-    """``r`` as it is written: a FROZEN round of ``shard_at`` participants or more is sharded,
-    and says so to older agents with the protocol it needs (they stop with one line, run_gate).
+    """``r`` as it is written: a FROZEN round of ``shard_at`` participants or more (0: none) is
+    sharded, and says so to older agents with the protocol it needs (they stop with one line,
+    run_gate).
     """
-    if r.phase is not Phase.FROZEN or len(r.members) < shard_at:
+    if not shard_at or r.phase is not Phase.FROZEN or len(r.members) < shard_at:
         return r
     layout = Sharded(count(len(r.members)), len(r.members), r.world_size)
     return replace(r, sharded=layout, protocol=max(r.protocol, SHARDED))
@@ -96,4 +97,4 @@ def joined(got: Mapping[int, Sequence[Member]]) -> tuple[Member, ...]:
     return tuple(sorted((m for ms in got.values() for m in ms), key=lambda m: m.node_rank))
 
 
-__all__ = ["MAX_SHARDS", "SHARD_AT", "count", "index", "joined", "problems", "shard", "split"]
+__all__ = ["MAX_SHARDS", "count", "index", "joined", "problems", "shard", "split"]

@@ -10,6 +10,7 @@ import pytest
 from etcdrun.proto import etcdrun_state_pb2 as st
 from etcdrun.rendezvous.errors import RendezvousStateError
 from etcdrun.rendezvous.etcd import codec, shards, transitions
+from etcdrun.rendezvous.etcd.config import SETTINGS, EtcdRendezvousConfig
 from etcdrun.rendezvous.etcd.keys import RunKeys
 from etcdrun.rendezvous.etcd.protocol import SHARDED, Member, Phase, Round, Sharded
 
@@ -148,3 +149,12 @@ def test_a_round_counts_the_live_agents_it_leaves_waiting():
     assert not header.whole and header.outside(live + ["other.1", "more.1"]) == 1  # 5 - 4
     assert header.outside(live) == 0  # never below zero: members whose keys are gone
     assert Round(4, Phase.JOINING, whole.members).outside(live) == 3  # nobody is placed yet
+
+
+def test_shard_at_0_the_default_never_shards():
+    assert EtcdRendezvousConfig.__dataclass_fields__["shard_at"].default == 0
+    r = frozen(300)
+    assert shards.shard(r, 0) is r
+    assert SETTINGS["shard_at"]("0") == 0 and SETTINGS["shard_at"]("2") == 2
+    with pytest.raises(ValueError, match="0 \\(off\\) or at least 2"):
+        SETTINGS["shard_at"]("1")
