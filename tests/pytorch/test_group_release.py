@@ -156,4 +156,11 @@ def test_a_kept_rank_dials_the_store_once_rank_0_listens(torch_available):
         kept.kill()
     for out, err in outs:
         assert "formed" in out, err[-2000:]
-    assert "failed to connect" not in outs[0][1], outs[0][1][-2000:]
+    # A refused try is what costs the redial; a try that timed out on a loaded machine (its
+    # SYN unanswered within torch's 1 s) says nothing of when the kept rank dialled.
+    refused = [
+        line
+        for line in outs[0][1].splitlines()
+        if "failed to connect" in line and "timed out" not in line
+    ]
+    assert not refused, outs[0][1][-2000:]
