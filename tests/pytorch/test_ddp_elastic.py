@@ -45,6 +45,8 @@ from ddp_helpers import (
     worker_pids,
 )
 
+from etcdrun.agent.hang import stacks
+
 pytestmark = pytest.mark.ddp
 
 STEPS, EVERY, MIDWAY = 100, 10, 25
@@ -91,10 +93,12 @@ class Run:
         self.tolerated: list[tuple[str, int]] = []  # (agent, rank) aborts of failing workers
 
     def start(self, addr: str | None = None) -> Agent:
-        extra = ("--log-dir", str(self.job.root / f"logs{len(self.agents)}"))
+        n = len(self.agents)
+        extra = ("--log-dir", str(self.job.root / f"logs{n}"))
         if addr:
             extra += ("--local-addr", addr)
-        self.agents.append(self.job.start(*self.script, env=ENV, extra=extra))
+        env = {**ENV, **stacks.env(str(self.job.root / f"stacks{n}.log"))}
+        self.agents.append(self.job.start(*self.script, env=env, extra=extra))
         return self.agents[-1]
 
     def until(self, predicate, what: str):
@@ -108,6 +112,7 @@ class Run:
             if time.monotonic() >= deadline:
                 raise AssertionError(
                     f"timed out after {TIMEOUT:g} s waiting for {what}\n{self.logs()}"
+                    f"\n{self.stacks()}"
                 )
             time.sleep(0.02)
 
@@ -154,6 +159,31 @@ class Run:
         return "\n".join(
             f"--- {a.name} (exit {a.proc.poll()}):\n{a.stderr[-2500:]}" for a in self.agents
         )
+
+    def stacks(self) -> str:
+        """Where each live worker is stuck, for a timed-out wait: its Python stacks, dumped by the
+        faulthandler every worker arms from ETCDRUN_STACKS (agent/hang/stacks.py), and the tail
+        of its agent's log. A hang that only a loaded CI machine shows is then readable from
+        the failure alone.
+        """
+        out = []
+        for n, a in enumerate(self.agents):
+            path = self.job.root / f"stacks{n}.log"
+            for pid in worker_pids(a.pid) if a.proc.poll() is None else []:
+                size = path.stat().st_size if path.exists() else 0
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, stacks.SIGNAL)
+                deadline = time.monotonic() + 2.0
+                while time.monotonic() < deadline and (
+                    not path.exists() or path.stat().st_size == size
+                ):
+                    time.sleep(0.02)
+            if path.exists():
+                out.append(f"--- {a.name}'s workers' stacks:\n{path.read_text()[-6000:]}")
+            log = self.job.root / f"logs{n}" / "agent.log"
+            if log.exists():
+                out.append(f"--- {a.name}'s agent.log:\n{log.read_text()[-3000:]}")
+        return "\n".join(out)
 
     def close(self) -> None:
         """Kill what still runs. torchrun's workers do not die with it (no PR_SET_PDEATHSIG, as
