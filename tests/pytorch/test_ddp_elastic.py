@@ -161,25 +161,18 @@ class Run:
         )
 
     def stacks(self) -> str:
-        """Where each live worker is stuck, for a timed-out wait: its Python stacks, dumped by the
-        faulthandler every worker arms from ETCDRUN_STACKS (agent/hang/stacks.py), and the tail
-        of its agent's log. A hang that only a loaded CI machine shows is then readable from
-        the failure alone.
+        """Where each live worker is stuck, for a timed-out wait: its stacks, dumped by the
+        faulthandler every worker arms from ETCDRUN_STACKS and read back by the hang
+        watchdog's own ``stacks.dump``, and the tail of its agent's log. A hang that only a
+        loaded CI machine shows is then readable from the failure alone.
         """
         out = []
         for n, a in enumerate(self.agents):
-            path = self.job.root / f"stacks{n}.log"
-            for pid in worker_pids(a.pid) if a.proc.poll() is None else []:
-                size = path.stat().st_size if path.exists() else 0
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, stacks.SIGNAL)
-                deadline = time.monotonic() + 2.0
-                while time.monotonic() < deadline and (
-                    not path.exists() or path.stat().st_size == size
-                ):
-                    time.sleep(0.02)
-            if path.exists():
-                out.append(f"--- {a.name}'s workers' stacks:\n{path.read_text()[-6000:]}")
+            path = str(self.job.root / f"stacks{n}.log")
+            live = worker_pids(a.pid) if a.proc.poll() is None else []
+            for pid, got in stacks.dump({pid: (pid, path) for pid in live}, 2.0).items():
+                text = got.text[-6000:] if isinstance(got, stacks.Stack) else got
+                out.append(f"--- {a.name}'s worker {pid}:\n{text}")
             log = self.job.root / f"logs{n}" / "agent.log"
             if log.exists():
                 out.append(f"--- {a.name}'s agent.log:\n{log.read_text()[-3000:]}")
