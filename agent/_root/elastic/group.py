@@ -14,7 +14,21 @@ Which sockets are the group's: those that appeared while it was formed (``form``
 script formed before ``elastic.run`` (its ``init_process_group``) is adopted by the same rule
 applied to the whole process: every connected TCP socket but the store's (``MASTER_PORT``) —
 a socket the script itself opened to a peer before ``elastic.run`` would be taken for the
-group's, which is the limit of adopting.
+group's, which is the limit of adopting. Each is known by its descriptor *and* its inode, and
+shut only while the descriptor still names that socket: a descriptor the store closed can be
+reused at once by gloo's next listener, and a shut listener kills the process (gloo's
+"accept: Invalid argument").
+
+Why a group is formed on a thread of its own: once the addresses are exchanged, gloo's full
+mesh waits for each peer that is to dial this rank, with nothing from outside that ends the
+wait — not a shut store, not a signal — for several times the group's timeout. A round that ends
+in that window (its peers released and gone to the next round's store) would hold this rank
+there, and the next round with it (soak seed 5193). So the main thread waits for the form *or*
+a release; after a release, the form is told to stop (an exception raised in its thread, which
+fires the moment the thread is back in Python, before torch can take the group as its default)
+and, if it is still inside gloo a moment later, left behind. What a left-behind form holds —
+a thread, gloo's listener and the pairs it made — stays until gloo's own timeout ends the wait;
+it happens only when a round ends inside the mesh.
 
 The round is the group's fencing token: the group is formed on the round's own store (a port
 its rank 0 reserved for that round alone), and right after forming every rank checks that all
@@ -24,6 +38,7 @@ in a later round's collectives.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import socket
 import threading
@@ -35,6 +50,7 @@ from etcdrun.agent.standby.boot import await_listener
 
 FORM_TIMEOUT = timedelta(minutes=30)  # torch's default; an abort ends a wait sooner
 STORE_TRY = timedelta(seconds=1)  # one try to reach the round's store; a release ends the tries
+LEAVE_AFTER = 0.5  # seconds a told form has to end before it is left behind inside gloo
 
 
 class RoundMismatch(RuntimeError):
@@ -52,28 +68,39 @@ def _sockets() -> set[int]:
     return fds
 
 
-def _connected_tcp(fds: set[int], skip_port: int | None) -> set[int]:
-    """The connected TCP sockets among ``fds`` (no listener), without the store's."""
-    found = set()
+def _connected_tcp(fds: set[int], skip_port: int | None) -> dict[int, int]:
+    """The connected TCP sockets among ``fds`` (no listener), without the store's: descriptor
+    to inode.
+    """
+    found = {}
     for fd in fds:
-        try:
-            s = socket.socket(fileno=fd)
-        except OSError:
-            continue
+        inode = _connected_inode(fd, skip_port)
+        if inode is not None:
+            found[fd] = inode
+    return found
+
+
+def _connected_inode(fd: int, skip_port: int | None) -> int | None:
+    """The inode of the connected TCP socket ``fd`` names now, or None. It looks at a
+    duplicate, so that the socket looked at is the one whose inode is given even if ``fd`` is
+    closed and reused meanwhile.
+    """
+    try:
+        s = socket.socket(fileno=os.dup(fd))
+    except OSError:
+        return None
+    with s:
         try:
             if s.family not in (socket.AF_INET, socket.AF_INET6) or s.type != socket.SOCK_STREAM:
-                continue
+                return None
             if s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
-                continue
+                return None
             peer, local = s.getpeername(), s.getsockname()
             if skip_port is not None and skip_port in (peer[1], local[1]):
-                continue
-            found.add(fd)
+                return None
+            return os.fstat(s.fileno()).st_ino
         except OSError:
-            continue
-        finally:
-            s.detach()
-    return found
+            return None
 
 
 class Group:
@@ -83,7 +110,8 @@ class Group:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._fds: set[int] = set()
+        self._changed = threading.Condition(self._lock)  # a release, or a form's end
+        self._fds: dict[int, int] = {}
         self._released = False
 
     def adopt(self) -> None:
@@ -114,17 +142,56 @@ class Group:
         if self._released or ended():  # a release from now on shuts the store's socket
             raise ConnectionAbortedError("the round ended while its group was formed")
         _reset_group_names()
-        dist.init_process_group(
-            backend,
-            store=dist.PrefixStore("default_pg", store),
-            rank=rank,
-            world_size=world,
-            timeout=FORM_TIMEOUT,
-        )
+        self._init(backend, dist.PrefixStore("default_pg", store), rank, world)
         with self._lock:
             self._fds = _connected_tcp(_sockets() - before, None)
             if self._released:  # came while gloo connected: its new sockets are cut now
                 self._shut(self._fds)
+
+    def _init(self, backend: str, store: Any, rank: int, world: int) -> None:
+        """``init_process_group`` on a thread that a release can leave behind (see the module
+        docstring). Raises when it was left behind, or with the form's own error.
+        """
+        import torch
+        import torch.distributed as dist
+
+        device = torch.cuda.current_device() if torch.cuda.is_initialized() else None
+        ended: list[BaseException | None] = []
+
+        def init() -> None:
+            error: BaseException | None = None
+            try:
+                try:
+                    if device is not None:  # the current device is the thread's own
+                        torch.cuda.set_device(device)
+                    dist.init_process_group(
+                        backend, store=store, rank=rank, world_size=world, timeout=FORM_TIMEOUT
+                    )
+                except BaseException as e:  # _Told among them: the form's end, whatever it is
+                    error = e
+                with self._lock:
+                    ended.append(error)
+                    self._changed.notify_all()
+            except _Told:  # told just after the form ended: the caller's drop() ends the group
+                pass
+
+        former = threading.Thread(target=init, name="etcdrun-form", daemon=True)
+        former.start()
+        with self._lock:
+            self._changed.wait_for(lambda: bool(ended) or self._released)
+            if not ended:  # told under the lock, so never after its end was written
+                _raise_in(former, _Told)
+        former.join(LEAVE_AFTER)
+        with self._lock:
+            if not ended:
+                raise ConnectionAbortedError(
+                    "the round ended while its group was formed; its form was left inside gloo"
+                )
+            error = ended[0]
+        if isinstance(error, _Told):
+            raise ConnectionAbortedError("the round ended while its group was formed") from None
+        if error is not None:
+            raise error
 
     def _store(self, ended: Callable[[], bool]) -> tuple[Any, int, int]:
         """The round's store where env:// has it (rank 0 serves it at MASTER_PORT), built so
@@ -183,7 +250,8 @@ class Group:
         """
         with self._lock:
             self._released = True
-            fds = set(self._fds)
+            self._changed.notify_all()
+            fds = dict(self._fds)
         if _backend() == "nccl":
             _abort_default_group()
             return
@@ -196,21 +264,38 @@ class Group:
         if dist.is_initialized():
             _abort_default_group()
         with self._lock:
-            self._fds = set()
+            self._fds = {}
 
     @staticmethod
-    def _shut(fds: set[int]) -> None:
-        for fd in fds:
+    def _shut(fds: dict[int, int]) -> None:
+        """Shut each socket that its descriptor still names (its inode unchanged)."""
+        for fd, inode in fds.items():
             try:
-                s = socket.socket(fileno=fd)
+                s = socket.socket(fileno=os.dup(fd))
             except OSError:
                 continue
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            finally:
-                s.detach()
+            with s:
+                try:
+                    if os.fstat(s.fileno()).st_ino == inode:
+                        s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+
+class _Told(BaseException):
+    """Raised in a form's thread to stop it: a BaseException, so torch's own handlers of
+    errors cannot take it for one of theirs and go on.
+    """
+
+
+def _raise_in(thread: threading.Thread, exc: type[BaseException]) -> None:
+    """Raise ``exc`` in ``thread`` the next time it runs Python (CPython's asynchronous
+    exception: a thread inside C++ is reached when it comes back).
+    """
+    if thread.ident is not None:
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(
+            ctypes.c_ulong(thread.ident), ctypes.py_object(exc)
+        )
 
 
 def _backend() -> Any:
