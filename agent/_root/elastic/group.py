@@ -39,6 +39,7 @@ in a later round's collectives.
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import socket
 import threading
@@ -51,6 +52,7 @@ from etcdrun.agent.standby.boot import await_listener
 FORM_TIMEOUT = timedelta(minutes=30)  # torch's default; an abort ends a wait sooner
 STORE_TRY = timedelta(seconds=1)  # one try to reach the round's store; a release ends the tries
 LEAVE_AFTER = 0.5  # seconds a told form has to end before it is left behind inside gloo
+log = logging.getLogger("etcdrun.elastic")
 
 
 class RoundMismatch(RuntimeError):
@@ -184,6 +186,7 @@ class Group:
         former.join(LEAVE_AFTER)
         with self._lock:
             if not ended:
+                _say_left_behind()
                 raise ConnectionAbortedError(
                     "the round ended while its group was formed; its form was left inside gloo"
                 )
@@ -286,6 +289,17 @@ class _Told(BaseException):
     """Raised in a form's thread to stop it: a BaseException, so torch's own handlers of
     errors cannot take it for one of theirs and go on.
     """
+
+
+def _say_left_behind() -> None:
+    """One line for whoever reads the worker's log: what the process now holds, and till when."""
+    log.warning(
+        "etcdrun.elastic: run %s, round %s, rank %s: the round ended inside gloo's connection "
+        "mesh; its form is left behind (a thread, a listener) until gloo's own timeout",
+        os.environ.get("TORCHELASTIC_RUN_ID", "?"),
+        os.environ.get("ETCDRUN_ROUND", "?"),
+        os.environ.get("RANK", "?"),
+    )
 
 
 def _raise_in(thread: threading.Thread, exc: type[BaseException]) -> None:
