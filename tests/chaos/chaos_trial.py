@@ -33,8 +33,10 @@ from chaos_netcut import NetCut
 from chaos_netcut import leftovers as netcut_leftovers
 from chaos_netcut import unavailable as netcut_unavailable
 from chaos_schedule import MAX_RESTARTS, TTL, Schedule
+from ddp_helpers import worker_pids
 from rank_sampler import RESUME_WINDOW, RankSampler
 
+from etcdrun.agent.hang import stacks
 from etcdrun.proto import etcdrun_state_pb2 as st
 from etcdrun.rendezvous.client import EtcdClient
 from etcdrun.rendezvous.etcd.keys import RunKeys
@@ -181,6 +183,7 @@ class Trial:
     def _start_agent(self, job: Job, i: int, cuts: dict[int, NetCut]) -> None:
         """Agent ``i`` (a node tagged ``<tag>-<i>``), logging to ``logs<i>``."""
         env = clean_env(ETCDRUN_TEST_JOB=self.tag, **{NODE_VAR: f"{self.tag}-{i}"})
+        env.update(stacks.env(str(self.root / f"stacks{i}.log")))  # read if the agent hangs
         logs = self.root / f"logs{i}"
         wrap = cuts[i].wrap if i in cuts else ()  # a node to cut starts in its group
         job.start(*self._worker_args(job), env=env, extra=("--log-dir", str(logs)), wrap=wrap)
@@ -200,8 +203,22 @@ class Trial:
                     a.wait(max(0.1, deadline - time.monotonic()))
                 except AssertionError as e:
                     self.result.log.append(f"agent{i} hung: {str(e)[-1500:]}")
+                    self.result.log.append(self._stacks(job, i))
         self.result.recovery = self._recovery(job, ex)
         return [None if i in killed else a.proc.poll() for i, a in enumerate(job.agents)]
+
+    def _stacks(self, job: Job, i: int) -> str:
+        """Where agent ``i``'s live workers are, as the hang watchdog dumps them: a hang that
+        a replay does not show again is then read from the trial that had it.
+        """
+        a = job.agents[i]
+        path = str(self.root / f"stacks{i}.log")
+        live = worker_pids(a.pid) if a.proc.poll() is None else []
+        got = stacks.dump({pid: (pid, path) for pid in live}, 2.0)
+        return "\n".join(
+            f"  agent{i}'s worker {pid}:\n{s.text[-3000:] if isinstance(s, stacks.Stack) else s}"
+            for pid, s in got.items()
+        )
 
     def _recovery(self, job: Job, ex: Executor) -> float | None:
         hits = [t for t, what in ex.log if what.split()[1:2] and what.split()[1] in DISRUPTIVE]
