@@ -20,14 +20,14 @@ reused at once by gloo's next listener, and a shut listener kills the process (g
 "accept: Invalid argument").
 
 Why a group is formed on a thread of its own: once the addresses are exchanged, gloo's full
-mesh waits for each peer that is to dial this rank, with nothing from outside that ends the
-wait — not a shut store, not a signal — for several times the group's timeout. A round that ends
-in that window (its peers released and gone to the next round's store) would hold this rank
-there, and the next round with it (soak seed 5193). So the main thread waits for the form *or*
-a release; after a release, the form is told to stop (an exception raised in its thread, which
-fires the moment the thread is back in Python, before torch can take the group as its default)
-and, if it is still inside gloo a moment later, left behind. What a left-behind form holds —
-a thread, gloo's listener and the pairs it made — stays until gloo's own timeout ends the wait;
+mesh waits for each peer that is to dial this rank, and nothing from outside ends that wait
+(not a shut store, not a signal) for several times the group's timeout. A round that ends in
+that window (its peers released and gone to the next round's store) would hold this rank
+there, and the next round with it. So the main thread waits for the form *or* a release;
+after a release, the form is told to stop (an exception raised in its thread, which fires the
+moment the thread is back in Python, before torch can take the group as its default) and, if
+it is still inside gloo a moment later, left behind. What a left-behind form holds (a thread,
+gloo's listener and the pairs it made) stays until gloo's own timeout ends the wait;
 it happens only when a round ends inside the mesh.
 
 The round is the group's fencing token: the group is formed on the round's own store (a port
