@@ -275,6 +275,18 @@ def worker_pids(agent_pid: int) -> list[int]:
     return kids
 
 
+def worker_stacks(agent_pid: int, path: str, tail: int) -> dict[int, str]:
+    """Each live worker's stacks (the last ``tail`` characters), or why there are none, as the
+    hang watchdog's ``stacks.dump`` reads them from the faulthandler file ``path`` that the
+    agent's workers were armed with (``stacks.env(path)``).
+    """
+    from etcdrun.agent.hang import stacks
+
+    live = worker_pids(agent_pid)
+    got = stacks.dump({pid: (pid, path) for pid in live}, 2.0)
+    return {pid: s.text[-tail:] if isinstance(s, stacks.Stack) else s for pid, s in got.items()}
+
+
 ABORT = "terminate called without an active exception"
 ROUND_START = re.compile(r"^\[etcdrun [^\]]*\] round \d+: node rank ")
 WORKER_LINE = re.compile(r"^\[(\d+)\]:(.*)$")

@@ -33,7 +33,7 @@ from chaos_netcut import NetCut
 from chaos_netcut import leftovers as netcut_leftovers
 from chaos_netcut import unavailable as netcut_unavailable
 from chaos_schedule import MAX_RESTARTS, TTL, Schedule
-from ddp_helpers import worker_pids
+from ddp_helpers import worker_stacks
 from rank_sampler import RESUME_WINDOW, RankSampler
 
 from etcdrun.agent.hang import stacks
@@ -212,13 +212,10 @@ class Trial:
         a replay does not show again is then read from the trial that had it.
         """
         a = job.agents[i]
-        path = str(self.root / f"stacks{i}.log")
-        live = worker_pids(a.pid) if a.proc.poll() is None else []
-        got = stacks.dump({pid: (pid, path) for pid in live}, 2.0)
-        return "\n".join(
-            f"  agent{i}'s worker {pid}:\n{s.text[-3000:] if isinstance(s, stacks.Stack) else s}"
-            for pid, s in got.items()
-        )
+        if a.proc.poll() is not None:
+            return f"  agent{i} exited: no worker stacks"
+        got = worker_stacks(a.pid, str(self.root / f"stacks{i}.log"), 3000)
+        return "\n".join(f"  agent{i}'s worker {pid}:\n{text}" for pid, text in got.items())
 
     def _recovery(self, job: Job, ex: Executor) -> float | None:
         hits = [t for t, what in ex.log if what.split()[1:2] and what.split()[1] in DISRUPTIVE]

@@ -43,6 +43,7 @@ from ddp_helpers import (
     segments,
     tcp_sockets,
     worker_pids,
+    worker_stacks,
 )
 
 from etcdrun.agent.hang import stacks
@@ -168,11 +169,10 @@ class Run:
         """
         out = []
         for n, a in enumerate(self.agents):
-            path = str(self.job.root / f"stacks{n}.log")
-            live = worker_pids(a.pid) if a.proc.poll() is None else []
-            for pid, got in stacks.dump({pid: (pid, path) for pid in live}, 2.0).items():
-                text = got.text[-6000:] if isinstance(got, stacks.Stack) else got
-                out.append(f"--- {a.name}'s worker {pid}:\n{text}")
+            if a.proc.poll() is None:
+                path = str(self.job.root / f"stacks{n}.log")
+                for pid, text in worker_stacks(a.pid, path, 6000).items():
+                    out.append(f"--- {a.name}'s worker {pid}:\n{text}")
             log = self.job.root / f"logs{n}" / "agent.log"
             if log.exists():
                 out.append(f"--- {a.name}'s agent.log:\n{log.read_text()[-3000:]}")

@@ -87,9 +87,8 @@ def _connected_inode(fd: int, skip_port: int | None) -> int | None:
     duplicate, so that the socket looked at is the one whose inode is given even if ``fd`` is
     closed and reused meanwhile.
     """
-    try:
-        s = socket.socket(fileno=os.dup(fd))
-    except OSError:
+    s = _socket_at(fd)
+    if s is None:
         return None
     with s:
         try:
@@ -103,6 +102,16 @@ def _connected_inode(fd: int, skip_port: int | None) -> int | None:
             return os.fstat(s.fileno()).st_ino
         except OSError:
             return None
+
+
+def _socket_at(fd: int) -> socket.socket | None:
+    """A socket object over a duplicate of ``fd`` (None once ``fd`` is closed): what it is
+    then asked and told concerns one socket, whatever becomes of ``fd`` meanwhile.
+    """
+    try:
+        return socket.socket(fileno=os.dup(fd))
+    except OSError:
+        return None
 
 
 class Group:
@@ -273,9 +282,8 @@ class Group:
     def _shut(fds: dict[int, int]) -> None:
         """Shut each socket that its descriptor still names (its inode unchanged)."""
         for fd, inode in fds.items():
-            try:
-                s = socket.socket(fileno=os.dup(fd))
-            except OSError:
+            s = _socket_at(fd)
+            if s is None:
                 continue
             with s:
                 try:
