@@ -50,6 +50,7 @@ class _Group:
     def __init__(self, error: Exception | None) -> None:
         self.error = error
         self.forms = 0
+        self.inflight = None  # what the state's hook is handed; this state keeps nothing
 
     def drop(self) -> None:
         pass
@@ -72,6 +73,9 @@ class _State:
         pass
 
     def rewrap(self) -> None:
+        pass
+
+    def attach(self, inflight: object) -> None:
         pass
 
     def sync(self) -> int:

@@ -48,6 +48,7 @@ from datetime import timedelta
 from typing import Any
 
 from etcdrun.agent.standby.boot import await_listener
+from etcdrun.elastic.inflight import InFlight
 
 FORM_TIMEOUT = timedelta(minutes=30)  # torch's default; an abort ends a wait sooner
 STORE_TRY = timedelta(seconds=1)  # one try to reach the round's store; a release ends the tries
@@ -124,12 +125,14 @@ class Group:
         self._changed = threading.Condition(self._lock)  # a release, or a form's end
         self._fds: dict[int, int] = {}
         self._released = False
+        self.inflight = InFlight()  # DDP's all-reduces, which a release ends (inflight.py)
 
     def adopt(self) -> None:
         """Take the group the script formed (see the module docstring for which sockets)."""
         port = int(os.environ.get("MASTER_PORT", "0")) or None
         with self._lock:
             self._fds, self._released = _connected_tcp(_sockets(), port), False
+        self.inflight.restart()
 
     def form(self, backend: str, ended: Callable[[], bool] = lambda: False) -> None:
         """The default group of the round in ``os.environ``: the store as env:// makes it (so a
@@ -147,6 +150,7 @@ class Group:
         before = _sockets()
         with self._lock:
             self._released = False
+        self.inflight.restart()
         store, rank, world = self._store(ended)
         with self._lock:  # the store's own socket, so that a release ends a wait on it too
             self._fds = _connected_tcp(_sockets() - before, None)
@@ -195,7 +199,10 @@ class Group:
         former.join(LEAVE_AFTER)
         with self._lock:
             if not ended:
-                _say_left_behind()
+                _say(
+                    "the round ended inside gloo's connection mesh; its form is left behind "
+                    "(a thread, a listener) until gloo's own timeout"
+                )
                 raise ConnectionAbortedError(
                     "the round ended while its group was formed; its form was left inside gloo"
                 )
@@ -251,7 +258,7 @@ class Group:
 
         mine = torch.tensor([int(os.environ.get("ETCDRUN_ROUND", "0"))], dtype=torch.int64)
         rounds = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
-        dist.all_gather(rounds, mine)
+        self.inflight.wait(dist.all_gather(rounds, mine, async_op=True))
         seen = sorted({int(r.item()) for r in rounds})
         if seen != [int(mine.item())]:
             raise RoundMismatch(f"ranks of rounds {seen} met in one process group")
@@ -268,12 +275,20 @@ class Group:
             _abort_default_group()
             return
         self._shut(fds)
+        self.inflight.end()
 
     def drop(self) -> None:
         """Forget the released group (the main thread, before forming the next)."""
         import torch.distributed as dist
 
         if dist.is_initialized():
+            running = self.inflight.running()
+            if running:  # destroying the group would join the thread gloo holds
+                _keep(dist.group.WORLD)
+                _say(
+                    f"{len(running)} collective(s) of the round before are still inside gloo; "
+                    "its group is kept (its threads) until gloo's own timeout"
+                )
             _abort_default_group()
         with self._lock:
             self._fds = {}
@@ -299,14 +314,24 @@ class _Told(BaseException):
     """
 
 
-def _say_left_behind() -> None:
-    """One line for whoever reads the worker's log: what the process now holds, and till when."""
+def _keep(group: Any) -> None:
+    """Never destroy ``group``, not even when the interpreter exits: its destructor joins its
+    collectives' threads, and one that gloo still runs would hold the process there until
+    gloo's timeout. The process's end frees what the group holds.
+    """
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(group))
+
+
+def _say(what: str) -> None:
+    """One line for whoever reads the worker's log: what the process now holds of a released
+    group, and till when; it names the run, round and rank.
+    """
     log.warning(
-        "etcdrun.elastic: run %s, round %s, rank %s: the round ended inside gloo's connection "
-        "mesh; its form is left behind (a thread, a listener) until gloo's own timeout",
+        "etcdrun.elastic: run %s, round %s, rank %s: %s",
         os.environ.get("TORCHELASTIC_RUN_ID", "?"),
         os.environ.get("ETCDRUN_ROUND", "?"),
         os.environ.get("RANK", "?"),
+        what,
     )
 
 

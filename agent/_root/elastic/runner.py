@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 from etcdrun.agent.worker.control import PEER_WAIT_VAR
 from etcdrun.elastic import interrupt
 from etcdrun.elastic.group import Group
+from etcdrun.elastic.inflight import FAILED
 from etcdrun.elastic.interrupt import MembershipChanged
 from etcdrun.elastic.link import AgentLink
 from etcdrun.elastic.state import State
@@ -68,6 +69,7 @@ def _rounds(
     backend = dist.get_backend() if dist.is_initialized() else _default_backend()
     if dist.is_initialized():
         group.adopt()
+        state.attach(group.inflight)
     link.hello()
     if dist.is_initialized():
         group.check_round()
@@ -97,6 +99,7 @@ def _reform(state: State, group: Group, link: AgentLink, backend: str) -> None:
         try:
             group.form(backend, link.interrupted)
             state.rewrap()
+            state.attach(group.inflight)
             group.check_round()
             sync_bytes = state.sync()
         except Exception as exc:
@@ -131,7 +134,7 @@ def _round_over(link: AgentLink, exc: Exception) -> bool:
     return link.interrupted() or _transport(exc) and link.await_abort(_peer_wait())
 
 
-_TRANSPORT_WORDS = ("Connection closed by peer", "Connection reset", "NCCL", "Broken pipe")
+_TRANSPORT_WORDS = ("Connection closed by peer", "Connection reset", "NCCL", "Broken pipe", FAILED)
 
 
 def _transport(exc: BaseException) -> bool:

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from etcdrun.elastic import interrupt
+from etcdrun.elastic.inflight import InFlight
 from etcdrun.elastic.progress import progress
 
 
@@ -34,6 +35,7 @@ class State:
     def __init__(self, **values: Any) -> None:
         self._callbacks: list[Callable[[], None]] = []
         self._serial = 0  # commits so far: sync() takes the state of the highest
+        self._inflight: InFlight | None = None  # borrowed: see attach()
         for name, value in values.items():
             setattr(self, name, value)
         self._names = tuple(values)
@@ -74,23 +76,35 @@ class State:
 
     def sync(self) -> int:
         """Every rank takes the committed state of the rank with the newest commit; returns the
-        bytes broadcast (0 in a world of one or outside a process group).
+        bytes broadcast (0 in a world of one or outside a process group). Each collective is
+        started asynchronously and waited on through the borrowed ``InFlight`` (``attach``),
+        so that a release ends the wait even where gloo would not (``broadcast_object_list``
+        waits on gloo itself).
         """
         import torch
         import torch.distributed as dist
 
         if not dist.is_initialized() or dist.get_world_size() == 1:
             return 0
-        me = torch.tensor([self._serial, -dist.get_rank()], dtype=torch.int64)
+        inflight, on = self._inflight, _device()
+        wait = inflight.wait if inflight is not None else lambda work: work.wait()
+        me = torch.tensor([self._serial, -dist.get_rank()], dtype=torch.int64, device=on)
         every = [torch.zeros_like(me) for _ in range(dist.get_world_size())]
-        dist.all_gather(every, me)
+        wait(dist.all_gather(every, me, async_op=True))
         serial, neg_rank = max(tuple(int(x) for x in t.tolist()) for t in every)
         src = -neg_rank
-        blob = [_dumps(self._saved) if dist.get_rank() == src else None]
-        dist.broadcast_object_list(blob, src=src)
-        self._saved, self._serial = _loads(blob[0]), serial
+        if dist.get_rank() == src:
+            blob = torch.frombuffer(bytearray(_dumps(self._saved)), dtype=torch.uint8).to(on)
+            size = torch.tensor([blob.numel()], dtype=torch.int64, device=on)
+        else:
+            size = torch.zeros(1, dtype=torch.int64, device=on)
+        wait(dist.broadcast(size, src=src, async_op=True))
+        if dist.get_rank() != src:
+            blob = torch.empty(int(size.item()), dtype=torch.uint8, device=on)
+        wait(dist.broadcast(blob, src=src, async_op=True))
+        self._saved, self._serial = _loads(blob.cpu().numpy().tobytes()), serial
         self.restore()
-        return len(blob[0])
+        return int(size.item())
 
     def on_reset(self, callback: Callable[[], None]) -> None:
         """Call ``callback()`` after every re-form, once the state is synced (rebuild the data
@@ -105,6 +119,13 @@ class State:
 
     def rewrap(self) -> None:
         """After a re-form: point what holds the old group at the new one (TorchState: DDP)."""
+
+    def attach(self, inflight: InFlight) -> None:
+        """Borrow ``inflight`` (the worker's group's, elastic.run hands it after each form), so
+        that a release ends the collectives the state waits on: ``sync()``'s, and TorchState's
+        DDP all-reduces.
+        """
+        self._inflight = inflight
 
 
 class TorchState(State):
@@ -165,6 +186,23 @@ class TorchState(State):
             mixed_precision=m.mixed_precision,
         )
         m.__dict__.update(fresh.__dict__)
+
+    def attach(self, inflight: InFlight) -> None:
+        from torch.nn.parallel import DistributedDataParallel
+
+        super().attach(inflight)
+        if isinstance(self.model, DistributedDataParallel):
+            inflight.hook(self.model)
+
+
+def _device() -> Any:
+    """Where the group's tensors live: NCCL's on the worker's GPU, gloo's on the CPU."""
+    import torch
+    import torch.distributed as dist
+
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def _dumps(saved: Any) -> bytes:
