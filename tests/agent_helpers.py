@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -64,6 +65,13 @@ def suite_prewarm() -> str:
     from etcdrun.agent import flags
 
     return flags.DEFAULT_PREWARM
+
+
+def unused_port() -> str:
+    """A loopback port free now (a MASTER_PORT for a test's own process group)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
 
 
 def clean_env(**extra: str) -> dict[str, str]:

@@ -12,12 +12,11 @@ before it began that the round is over.
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 
 import pytest
-from agent_helpers import clean_env
+from agent_helpers import clean_env, unused_port
 
 FORM = """
 import os, sys, threading, time
@@ -40,15 +39,9 @@ for rank, port, early in zip((1, 0, 1), sys.argv[1:], (False, False, True), stri
 """
 
 
-def _unused_port() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
-
-
 def test_a_release_ends_a_group_whose_store_is_being_built(torch_available):
     out = subprocess.run(
-        [sys.executable, "-c", FORM, *(_unused_port() for _ in range(3))],
+        [sys.executable, "-c", FORM, *(unused_port() for _ in range(3))],
         env=clean_env(),
         capture_output=True,
         text=True,
@@ -97,7 +90,7 @@ def test_a_kept_rank_meets_a_fresh_rank_0_formed_through_env(torch_available, ke
     default group by a counter that only a destroyed WORLD resets, and groups of different
     names never meet in the store (chaos seeds 1081 and 92 hung there).
     """
-    port = _unused_port()
+    port = unused_port()
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", MEET, how],
@@ -135,7 +128,7 @@ def test_a_kept_rank_dials_the_store_once_rank_0_listens(torch_available):
     re-form waits for it (bench/results.md, 'In place against restarts and torchft'), so a kept
     rank waits for the listener before it dials: torch never logs a refused try.
     """
-    port = _unused_port()
+    port = unused_port()
 
     def start(rank: str) -> subprocess.Popen:
         env = clean_env(RANK=rank, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
@@ -213,7 +206,7 @@ def test_a_round_that_ends_inside_gloos_mesh_does_not_hold_the_next(torch_availa
     in that round's store.
     """
     trials = 6
-    ports = [_unused_port() for _ in range(2 * trials)]
+    ports = [unused_port() for _ in range(2 * trials)]
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", ENDS_IN_THE_MESH, str(rank), lag, delay, *ports],

@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 import pytest
-from agent_helpers import clean_env
+from agent_helpers import clean_env, unused_port
 
 STUCK = """
 import threading, time
@@ -53,19 +53,11 @@ print("dropped", flush=True)
 def _run(script: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-c", script, *args],
-        env=clean_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=_unused_port(), **env),
+        env=clean_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=unused_port(), **env),
         capture_output=True,
         text=True,
         timeout=120,
     )
-
-
-def _unused_port() -> str:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
 
 
 def test_a_release_ends_ddps_backward_while_gloo_still_runs_its_allreduce(torch_available):
@@ -103,7 +95,7 @@ print("max grad difference", diff, flush=True)
 
 
 def test_the_hook_averages_gradients_as_ddps_own_allreduce(torch_available):
-    port = _unused_port()
+    port = unused_port()
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", SAME],
