@@ -95,7 +95,12 @@ def job(etcd, tmp_path, torch_available):
 
 @pytest.mark.parametrize("how", ["kill", "kill_rank0", "sigstop", "arrive"])
 def test_survivors_keep_their_processes_and_lose_no_step(job, how):
-    agents = [job.start(env=clean_env()) for _ in range(3)]
+    # a newcomer's agent and its cold worker must join before the survivors' last step: at
+    # 0.05 s a step, the 52 steps left after the event took 2.6 s, which a loaded machine's
+    # agent start alone can take, and the job then ended in round 1
+    pause = "0.25" if how == "arrive" else "0.05"
+    script = (SCRIPT, str(job.steps_dir), str(STEPS), pause)
+    agents = [job.start(*script, env=clean_env()) for _ in range(3)]
     wait_for(
         lambda: (
             len(rows := rows_by_pid(job.steps_dir)) == 3
@@ -120,7 +125,7 @@ def test_survivors_keep_their_processes_and_lose_no_step(job, how):
         os.kill(victim_pid, signal.SIGKILL)
         os.kill(frozen[2], signal.SIGCONT)  # the warden sweeps what is left and leaves
     else:
-        agents.append(job.start(env=clean_env()))
+        agents.append(job.start(*script, env=clean_env()))
     # `etcdrun status` names the round taken in place (the node ranked 0 in it writes it), while
     # the job runs: the last agent out removes the run's keys
     kept_rounds = kept_in_etcd(job)

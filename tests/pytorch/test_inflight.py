@@ -180,3 +180,44 @@ def test_a_wait_ends_with_gloos_result_or_at_the_release(torch_available):
     fresh = torch.futures.Future()
     fresh.set_result([torch.zeros(1)])
     inflight.wait(_Work(fresh))
+
+
+CARRIED = """
+import os
+import torch, torch.distributed as dist
+from torch.distributed.distributed_c10d import _abort_process_group
+from etcdrun import elastic
+from etcdrun.elastic.inflight import InFlight
+
+dist.init_process_group("gloo", rank=0, world_size=1)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+calls = []
+
+
+def mine(state, bucket):
+    calls.append(1)
+    fut = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut
+
+
+model.register_comm_hook(None, mine)
+state = elastic.TorchState(model=model)
+state.attach(InFlight())
+model(torch.ones(2, 4)).sum().backward()
+_abort_process_group()  # the next round's group, as elastic.run forms it
+os.environ["MASTER_PORT"] = os.environ["NEXT_PORT"]
+dist.init_process_group("gloo", rank=0, world_size=1)
+state.rewrap()
+state.attach(InFlight())
+model(torch.ones(2, 4)).sum().backward()
+print("script's hook calls", len(calls), "hooks", len(model._comm_hooks), flush=True)
+"""
+
+
+def test_a_scripts_own_hook_is_carried_to_the_next_rounds_wrapper(torch_available):
+    """Survivors re-wrap DDP at each round while a newcomer's script registers its hook on its
+    own wrapper: without the carry, survivors and newcomers would reduce gradients differently.
+    """
+    out = _run(CARRIED, NEXT_PORT=unused_port())
+    assert "script's hook calls 2 hooks 1" in out.stdout, out.stdout + out.stderr[-2000:]

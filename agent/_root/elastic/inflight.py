@@ -71,7 +71,9 @@ class InFlight:
         self._track(work.get_future(), lambda value: None).wait()
 
     def end(self) -> None:
-        """Fail every all-reduce DDP still waits on (the group was released)."""
+        """Fail every collective still waited on through this object (the group was
+        released): DDP's all-reduces and ``wait()``'s.
+        """
         with self._lock:
             self._ended = True
             pending, self._ours = self._ours, []

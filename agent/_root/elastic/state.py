@@ -166,12 +166,20 @@ class TorchState(State):
         did, a broadcast met an allreduce, and the gradients of that step were wrong
         (tests/pytorch/test_in_place.py, "arrive"). The old reducer goes with the old
         attributes, its autograd hooks with it.
+
+        The script's own communication hooks are registered again on the fresh wrapper, as a
+        newcomer's script registers them on its own: survivors and newcomers then reduce
+        gradients the same way (a hook of another kind, PowerSGD say, runs other collectives).
+        A hook's state that names the old process group itself, rather than None for the
+        default one, would still name it: the limit of carrying a hook over. etcdrun's own hook
+        is not carried: ``attach`` gives the fresh wrapper one of the new group's.
         """
         from torch.nn.parallel import DistributedDataParallel
 
         m = self.model
         if not isinstance(m, DistributedDataParallel):
             return
+        scripts = [(h, s) for h, s in m._comm_hooks if not isinstance(s, InFlight)]
         fresh = DistributedDataParallel(
             m.module,
             device_ids=m.device_ids,
@@ -185,7 +193,11 @@ class TorchState(State):
             skip_all_reduce_unused_params=m.skip_all_reduce_unused_params,
             mixed_precision=m.mixed_precision,
         )
+        own = [h for h, _ in fresh._comm_hooks]  # DDP's own (mixed precision's) come anew
         m.__dict__.update(fresh.__dict__)
+        for hook, hook_state in scripts:
+            if hook not in own:
+                m.register_comm_hook(hook_state, hook)
 
     def attach(self, inflight: InFlight) -> None:
         from torch.nn.parallel import DistributedDataParallel
