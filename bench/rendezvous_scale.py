@@ -232,8 +232,9 @@ def check_run(pool: Pool, endpoints: str, cfg: dict, res: dict) -> None:
 
 
 def shard_sizes(c, keys, kv) -> tuple[int, float | None]:
-    """A sharded round's shard count and the mean size of a shard, which each node reads once
-    beside the header it watches (0 and None for a round that lists its participants itself).
+    """A sharded round's shard count and the mean size of a shard, which each node gets by the
+    watch of its shard key beside the header it watches (0 and None for a round that lists its
+    participants itself).
     """
     from etcdrun.proto import etcdrun_state_pb2 as st
 
@@ -242,7 +243,7 @@ def shard_sizes(c, keys, kv) -> tuple[int, float | None]:
     msg = st.RoundState.FromString(kv.value)
     if not msg.shards:
         return 0, None
-    got = c.get_prefix(keys.shards(msg.number)).kvs
+    got = c.get_prefix(keys.shards).kvs
     return msg.shards, sum(len(s.value) for s in got) / max(1, len(got))
 
 

@@ -6,7 +6,7 @@ one), so they can be had for any N in a second, where the scale bench needs minu
 participant watches the round key, so a frozen round of value size V costs etcd N x V bytes of
 watch events at the least; a node needs only its own entry and the round's totals. The last
 columns are the same round sharded (design.md §2, "Sharded rounds"): a header watched by N
-nodes, and one shard read by each.
+nodes, and one shard key watched by the nodes that hash to it.
 
 Usage: ``python -m bench.scale_fanout [--n 1000,4096,8192]``.
 """
@@ -59,21 +59,22 @@ def sizes(n: int, hosts: str) -> dict:
 
 def sharded_sizes(r) -> dict:
     """The same round written sharded (shards.py, whatever its size): the header every node
-    watches and the mean shard, which each node reads once. ``sharded_bytes`` is what one round
-    then costs etcd in all: N x (header + mean shard).
+    watches and the shard each node gets by the watch of its shard key. ``shard_bytes`` is the
+    shard a node gets, averaged over the nodes; ``sharded_bytes`` is what one round then costs
+    etcd in all: N x header plus, for each shard, its size times the nodes that watch it.
     """
     from etcdrun.rendezvous.etcd import codec, shards
 
     whole = shards.shard(r, 2)
     header = codec.round_to(whole)
-    each = [len(codec.shard_to(whole, ms)) for ms in shards.split(whole)]
-    mean = sum(each) / len(each)
+    parts = shards.split(whole)
+    got = sum(len(ms) * len(codec.shard_to(whole, ms)) for ms in parts)
     n = len(r.members)
     return {
-        "shards": len(each),
+        "shards": len(parts),
         "header_bytes": len(header),
-        "shard_bytes": mean,
-        "sharded_bytes": n * (len(header) + mean),
+        "shard_bytes": got / n,
+        "sharded_bytes": n * len(header) + got,
     }
 
 

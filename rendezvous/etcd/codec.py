@@ -241,30 +241,40 @@ def cause_from(msg: st.RoundState | None) -> RoundCause | None:
 
 
 def shard_to(r: Round, members: tuple[Member, ...]) -> bytes:
-    """One shard of the sharded round ``r`` (rounds/<n>/shard/<i>): a RoundState of its
-    number, phase FROZEN and these participants alone, deflated as a round is from PACK_AT.
+    """One shard of the sharded round ``r`` (rounds/shard/<i>): a RoundState of its number,
+    phase FROZEN and these participants alone, deflated as a round is from PACK_AT. The number
+    says which round wrote it: the keys are the same every sharded round.
     """
     return round_to(Round(r.number, Phase.FROZEN, members, held=r.held))
 
 
-def shard_message(key: bytes | str, value: bytes, number: int, run_id: str | None) -> st.RoundState:
-    """A shard of round ``number`` as stored (its participants inflated), checked to be one."""
+def shard_message(
+    key: bytes | str, value: bytes, number: int | None, run_id: str | None
+) -> st.RoundState:
+    """A shard as stored (its participants inflated), checked to be one: of round ``number``,
+    or of any round when it is None (the caller reads the number).
+    """
     msg = decode(st.RoundState, key, value, run_id)
-    if msg.number != number or msg.phase != st.FROZEN or msg.shards:
+    wrong_round = number is not None and msg.number != number
+    if wrong_round or msg.phase != st.FROZEN or msg.shards:
         k = key.decode(errors="replace") if isinstance(key, bytes) else key
         raise RendezvousStateError(
-            f"corrupt value at {k}: not a shard of round {number} (round {msg.number}, "
-            f"phase {msg.phase})",
+            f"corrupt value at {k}: not a shard of round {number or 'any'} (round "
+            f"{msg.number}, phase {msg.phase})",
             run_id=run_id,
         )
     return msg
 
 
-def shard_from(key: bytes | str, value: bytes, number: int, run_id: str | None) -> Round:
-    """A shard of round ``number``: its members and what they held (``Round.held``)."""
+def shard_from(
+    key: bytes | str, value: bytes, number: int | None, run_id: str | None, mod_revision: int = 0
+) -> Round:
+    """A shard (of round ``number``, or of any round when None): its round's number, its
+    members and what they held (``Round.held``).
+    """
     msg = shard_message(key, value, number, run_id)
     held = tuple((p.node_id, tuple(p.held_from)) for p in msg.participants if p.held_from)
-    return Round(number, Phase.FROZEN, members_from(msg), held=held)
+    return Round(msg.number, Phase.FROZEN, members_from(msg), held=held, mod_revision=mod_revision)
 
 
 def hint_to(number: int, members: tuple[Member, ...]) -> bytes:

@@ -45,7 +45,7 @@ from etcdrun.rendezvous.errors import (
     RendezvousError,
     RendezvousTimeoutError,
 )
-from etcdrun.rendezvous.etcd import codec, shard_reads
+from etcdrun.rendezvous.etcd import codec
 from etcdrun.rendezvous.etcd.context import RunContext
 from etcdrun.rendezvous.etcd.hang import EtcdHang
 from etcdrun.rendezvous.etcd.incarnation import Incarnation
@@ -55,6 +55,7 @@ from etcdrun.rendezvous.etcd.node import joining, lifecycle, node_names
 from etcdrun.rendezvous.etcd.node.cooldown import Cooldown
 from etcdrun.rendezvous.etcd.node.drain import EtcdDrain
 from etcdrun.rendezvous.etcd.node.liveness import SessionLiveness
+from etcdrun.rendezvous.etcd.node.own_shard import OwnShard
 from etcdrun.rendezvous.etcd.node.ports import NodePorts
 from etcdrun.rendezvous.etcd.node.progress import EtcdProgress
 from etcdrun.rendezvous.etcd.node.run_gate import RunGate
@@ -112,7 +113,7 @@ class EtcdRendezvousHandler(RendezvousHandler):
         self._gate = RunGate(self.ctx)
         self._shutdown = False
         self._superseded: int | None = None  # the running round whose end was reported
-        self._seat = shard_reads.OwnShard(self.client, self.keys)
+        self._seat = OwnShard(self.ctx)  # this node's shard of sharded rounds, by watch
         self.view.listen(self._on_superseded)
 
     # ---- what the run context holds, for the backend's own tests and tools -------------------
@@ -307,13 +308,14 @@ class EtcdRendezvousHandler(RendezvousHandler):
             elif seat is not None and seat.phase is Phase.FROZEN and seat.member(sess.node_id):
                 if self.view.is_fresh(seat):
                     self._spare.take(sess, seat, self.events)  # rank 0 on its spare: redraw
-                    return self._accept(sess, seat)
+                    return joining.accept(self.ctx, sess.node_id, seat)
             spare = (
                 seat is not None and seat.phase is Phase.FROZEN and not seat.member(sess.node_id)
             )
             if spare:  # a hot spare (or a newcomer about to be let in): join_timeout bounds a
                 deadline = time.monotonic() + self.cfg.join_timeout  # round that gathers
-            if not self.view.wait(r, deadline, stop=lambda: self._stop_waiting(sess)):
+            came = self._seat.arrival(r, sess.node_id)  # a shard due: its watch wakes us
+            if not self.view.wait(r, deadline, lambda c=came: c() or self._stop_waiting(sess)):
                 if spare:
                     continue  # the job runs on without us: keep waiting for a place
                 raise RendezvousTimeoutError(
@@ -348,18 +350,6 @@ class EtcdRendezvousHandler(RendezvousHandler):
             raise _Reopen()
         return outcome is joining.Joined.YES
 
-    def _accept(self, sess: Session, r: Round) -> RendezvousInfo:
-        msg = self.view.message()
-        same = msg is not None and msg.number == r.number and msg.phase == st.FROZEN
-        cause = codec.cause_from(msg) if same else None
-        got = joining.info(self.run_id, sess.node_id, r, self.settings.max_restarts, cause)
-        self.view.accept(r)
-        self.events.emit(
-            "round_accepted", round=r.number, node_rank=got.node_rank, node_count=got.node_count
-        )
-        return got
-
-    # ---- sessions ----------------------------------------------------------------------------
     def _ensure_session(self) -> Session:
         if self._shutdown:
             raise RendezvousClosedError("handler was shut down", run_id=self.run_id)
@@ -381,6 +371,7 @@ class EtcdRendezvousHandler(RendezvousHandler):
         sess.on_lost(lambda s: self._on_lost(s, driver))
         self._ports.liveness.attach(sess)
         self._ports.drain.attach(sess)
+        self._seat.place(sess.node_id, sess.create_revision)  # when sharding: its shard key
         self._now.driver = driver
         driver.start()
         rev, pid = sess.create_revision, os.getpid()
@@ -415,6 +406,7 @@ class EtcdRendezvousHandler(RendezvousHandler):
 
     def _drop_session(self) -> bool:
         self._ports.drain.detach()
+        self._seat.cancel()
         driver, self._now.driver = self._now.driver, None
         if driver is not None:
             driver.stop()

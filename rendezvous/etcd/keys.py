@@ -92,14 +92,18 @@ class RunKeys:
         """
         return self.round_dir(n) + "hint"
 
-    def shards(self, n: int) -> str:
-        """The shard keys of a sharded round n (shards.py): its participants, by hash of the
-        node id, written by the Txn that froze it; under rounds/, so they go with its records.
+    @property
+    def shards(self) -> str:
+        """The run's shard keys (shards.py): a sharded round's participants, by hash of the
+        node id, written by the Txn that froze it. The same keys every sharded round, so that a
+        node watches its own from its registration on; their value names the round. Under
+        rounds/ (so they go with the run's records) but after every round's directory, so that
+        dropping the older rounds leaves them.
         """
-        return self.round_dir(n) + "shard/"
+        return self.rounds + "shard/"
 
-    def shard(self, n: int, i: int) -> str:
-        return f"{self.shards(n)}{i}"
+    def shard(self, i: int) -> str:
+        return f"{self.shards}{i}"
 
     def barrier(self, n: int, name: str) -> str:
         return f"{self.round_dir(n)}barrier/{name}/"
@@ -152,7 +156,7 @@ class RunKeys:
 
     def parse(self, key: bytes | str) -> tuple[str, int | None, str | None]:
         """Classify a key of this run: ("agent", None, node) | ("round", None, None) |
-        ("join", n, node) | ("hint", n, None) | ("shard", n, index) | ("barrier", n, node) |
+        ("join", n, node) | ("hint", n, None) | ("shard", None, index) | ("barrier", n, node) |
         ("cooldown", None, node name) | ("kept", n, None) | ("progress", None, node) |
         ("other", None, None).
         """
@@ -171,8 +175,8 @@ class RunKeys:
             parts = k[len(self.rounds) :].split("/")
             if parts == [parts[0], "hint"] and parts[0].isdigit():
                 return "hint", int(parts[0]), None
-            if len(parts) == 3 and parts[0].isdigit() and parts[1] == "shard":
-                return "shard", int(parts[0]), parts[2]
+            if len(parts) == 2 and parts[0] == "shard":
+                return "shard", None, parts[1]
             if len(parts) >= 3 and parts[0].isdigit():
                 kind = "join" if parts[1] == "joined" else "barrier"
                 return kind, int(parts[0]), parts[-1]

@@ -21,11 +21,12 @@ from etcdrun.rendezvous.api import FailureInfo, Participant, check_node_range
 from etcdrun.rendezvous.etcd import carry
 
 # The rendezvous protocol this code follows (AgentInfo.protocol, RoundState.protocol): 2 can be
-# carried into a round without writing (design.md §3a); 3 reads a round whose participants are
-# sharded (shards.py, design.md §2). An older agent publishes none (0).
-PROTOCOL = 3
+# carried into a round without writing (design.md §3a); 4 reads a round whose participants are
+# sharded over the run's fixed shard keys (shards.py, design.md §2); 3 read them from keys of
+# each round, which sharded rounds no longer write. An older agent publishes none (0).
+PROTOCOL = 4
 CARRIED = 2  # the least protocol that follows a carried round, and that the leader carries
-SHARDED = 3  # the least protocol that reads a sharded round
+SHARDED = 4  # the least protocol that reads a sharded round
 
 
 class Phase(Enum):

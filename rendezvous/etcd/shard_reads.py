@@ -2,10 +2,10 @@
 
 Why apart from shards.py: that module is the pure layout, used by the transitions and the
 checker; this one does the reads. Both read at the round key's mod_revision (one Range), so
-what they see is what the header was written with, even after the round moved on and opening
-the next one removed the shards. When that revision was compacted, the keys as they are now
-serve: a shard key is written once, by the Txn that froze its round, so a shard still there is
-that round's; one gone means the round moved on.
+what they see is what the header was written with, even after later rounds rewrote the shard
+keys. When that revision was compacted, the keys as they are now serve if they still hold that
+round (their value names it); a shard of another round means the round moved on. A node learns
+its own shard by a watch (node/own_shard.py); it reads here only when that watch cannot say.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from etcdrun.rendezvous.client import EtcdClient, EtcdCompactedError, EtcdReques
 from etcdrun.rendezvous.errors import RendezvousStateError
 from etcdrun.rendezvous.etcd import codec, shards
 from etcdrun.rendezvous.etcd.keys import RunKeys
-from etcdrun.rendezvous.etcd.protocol import Member, Phase, Round
+from etcdrun.rendezvous.etcd.protocol import Member, Round
 
 
 def own(client: EtcdClient, keys: RunKeys, r: Round, node_id: str) -> Round | None:
@@ -27,7 +27,7 @@ def own(client: EtcdClient, keys: RunKeys, r: Round, node_id: str) -> Round | No
         return r
     assert r.sharded is not None
     i = shards.index(node_id, r.sharded.shards)
-    got = _read(client, keys, r, keys.shard(r.number, i), prefix=False)
+    got = _read(client, keys, r, keys.shard(i), prefix=False)
     if i not in got:
         return None
     return replace(r, members=got[i].members, held=got[i].held)
@@ -40,41 +40,19 @@ def whole(client: EtcdClient, keys: RunKeys, r: Round) -> Round | None:
     if r.whole:
         return r
     assert r.sharded is not None
-    got = _read(client, keys, r, keys.shards(r.number), prefix=True)
+    got = _read(client, keys, r, keys.shards, prefix=True)
     if not got:
         return None
     by_shard: dict[int, tuple[Member, ...]] = {i: s.members for i, s in got.items()}
     wrong = shards.problems(r.sharded, by_shard)
     if wrong:
         raise RendezvousStateError(
-            f"round {r.number}'s shards under {keys.shards(r.number)}: {'; '.join(wrong)}",
+            f"round {r.number}'s shards under {keys.shards}: {'; '.join(wrong)}",
             run_id=keys.run_id,
             round=r.number,
         )
     held = tuple(h for s in got.values() for h in s.held)
     return replace(r, members=shards.joined(by_shard), held=held)
-
-
-class OwnShard:
-    """One node's view of sharded rounds: ``own`` read once per round revision, whatever wakes
-    the node's join loop (a round view wakes it for every event, and a header does not change
-    without a new revision). Holds no session: the node id is passed on each call.
-    """
-
-    def __init__(self, client: EtcdClient, keys: RunKeys) -> None:
-        self._client, self._keys = client, keys
-        self._last: tuple[str, int, Round | None] | None = None
-
-    def of(self, r: Round | None, node_id: str) -> Round | None:
-        """``r`` as ``node_id`` needs it: a sharded frozen round with that node's shard; any
-        other round as it is. None when the shard is gone: the round moved on, and the watch
-        brings the newer one.
-        """
-        if r is None or r.phase is not Phase.FROZEN or r.whole:  # a CLOSED one's too: unread
-            return r
-        if self._last is None or self._last[:2] != (node_id, r.mod_revision):
-            self._last = (node_id, r.mod_revision, own(self._client, self._keys, r, node_id))
-        return self._last[2]
 
 
 def _at(client: EtcdClient, key: str, prefix: bool, revision: int) -> list:
@@ -99,11 +77,13 @@ def _read(
         kvs = client.range(key, prefix=prefix).kvs
     out: dict[int, Round] = {}
     for kv in kvs:
-        kind, n, i = keys.parse(kv.key)
-        if kind != "shard" or n != r.number or i is None or not i.isdigit():
+        kind, _, i = keys.parse(kv.key)
+        if kind != "shard" or i is None or not i.isdigit():
             continue
-        out[int(i)] = codec.shard_from(kv.key, kv.value, r.number, keys.run_id)
+        got = codec.shard_from(kv.key, kv.value, None, keys.run_id)
+        if got.number == r.number:  # another round's: this one moved on (compacted reads)
+            out[int(i)] = got
     return out
 
 
-__all__ = ["OwnShard", "own", "whole"]
+__all__ = ["own", "whole"]

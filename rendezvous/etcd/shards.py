@@ -5,16 +5,17 @@ etcd send N copies of an O(N) value, O(N^2) bytes a round, where each node needs
 entry (bench/results.md, 'What a node needs from a round'). From ``shard_at`` participants
 (rdzv_conf; 0, the default, is never: design.md §2 says why) the round key holds a header
 (number, phase, master, world size, restart count, the shard count) and the participants go to
-S shard keys, a node's shard picked by a hash of its node id: a node reads
-one shard of about N/S entries, and etcd sends O(N·N/S) bytes in all. S is at most ``MAX_SHARDS``
-so that the freeze stays one Txn under etcd's default ``--max-txn-ops`` (128): the round key, S
-shard puts, the delete of older rounds. Pure: the transitions, the checker and ``etcdrun status``
-use it without I/O; reading shards from etcd is shard_reads.py.
+the run's ``SHARDS`` shard keys, a node's shard picked by a hash of its node id; each node
+watches its own shard key, so etcd sends each node one shard of about N/SHARDS entries:
+O(N^2/SHARDS) bytes a round. The count is fixed, not grown with N, so that a node knows its key
+before any round and places its watch once per session (node/own_shard.py). It is
+``SHARDS`` = 64 so that the freeze stays one Txn under etcd's default ``--max-txn-ops`` (128): the
+round key, the shard puts, the delete of older rounds. Pure: the transitions, the checker and
+``etcdrun status`` use it without I/O; reading shards from etcd is shard_reads.py.
 """
 
 from __future__ import annotations
 
-import math
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -22,14 +23,7 @@ from typing import Protocol
 
 from etcdrun.rendezvous.etcd.protocol import SHARDED, Member, Phase, Round, Sharded
 
-MAX_SHARDS = 64
-
-
-def count(nodes: int) -> int:
-    """S for a round of ``nodes`` participants: about sqrt(N), so that the header's copies and
-    each node's shard grow alike, and never more than MAX_SHARDS.
-    """
-    return max(1, min(MAX_SHARDS, math.isqrt(max(nodes, 1) - 1) + 1))
+SHARDS = 64
 
 
 def index(node_id: str, shards: int) -> int:
@@ -46,7 +40,7 @@ def shard(r: Round, shard_at: int) -> Round:
     """
     if not shard_at or r.phase is not Phase.FROZEN or len(r.members) < shard_at:
         return r
-    layout = Sharded(count(len(r.members)), len(r.members), r.world_size)
+    layout = Sharded(SHARDS, len(r.members), r.world_size)
     return replace(r, sharded=layout, protocol=max(r.protocol, SHARDED))
 
 
@@ -97,4 +91,4 @@ def joined(got: Mapping[int, Sequence[Member]]) -> tuple[Member, ...]:
     return tuple(sorted((m for ms in got.values() for m in ms), key=lambda m: m.node_rank))
 
 
-__all__ = ["MAX_SHARDS", "count", "index", "joined", "problems", "shard", "split"]
+__all__ = ["SHARDS", "index", "joined", "problems", "shard", "split"]

@@ -76,7 +76,7 @@ def _shards(keys: RunKeys, new: Round) -> list[pb.RequestOp]:
     if new.sharded is None:
         return []
     return [
-        t.put(keys.shard(new.number, i), codec.shard_to(new, members), new.run_lease)
+        t.put(keys.shard(i), codec.shard_to(new, members), new.run_lease)
         for i, members in enumerate(shards.split(new))
     ]
 

@@ -11,8 +11,9 @@ round's (less the departed) and the arrivals; survivors keep their places or fil
 ones; and no global rank goes to a node while another node listed in the new round held it
 since the last gathered round (its old workers may still run: S4).
 
-Sharded rounds (design.md §2: the header in the round key, the participants in shard keys
-written by the same Txn) are put together from the history of the shard keys, so every check
+Sharded rounds (design.md §2: the header in the round key, the participants in the run's
+shard keys, written by the same Txn, each value naming its round) are put together from the
+history of the shard keys, so every check
 below reads one shape; the layout itself is checked too (every shard there, each node in the
 shard its id hashes to, the header's counts, the protocol it asks of older agents).
 """
@@ -82,12 +83,12 @@ def assemble(events: Iterable[pb.Event], keys: RunKeys) -> list[Version]:
         kind, n, i = keys.parse(ev.kv.key)
         if kind == "round":
             pending.append(ev)
-        elif kind == "shard" and ev.type == pb.Event.PUT and n is not None and i and i.isdigit():
+        elif kind == "shard" and ev.type == pb.Event.PUT and i and i.isdigit():
             try:
-                got = codec.shard_message(ev.kv.key, ev.kv.value, n, keys.run_id)
+                got = codec.shard_message(ev.kv.key, ev.kv.value, None, keys.run_id)
             except RendezvousStateError:
                 continue  # the round it belongs to reports a shard missing
-            shard_keys.setdefault(n, {})[int(i)] = got
+            shard_keys.setdefault(got.number, {})[int(i)] = got
     return out + [version(e, keys, shard_keys) for e in pending]
 
 

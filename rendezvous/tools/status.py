@@ -297,23 +297,26 @@ def _round_message(keys: RunKeys, kvs, unreadable: list[str]) -> st.RoundState |
 
 
 def _unsharded(keys: RunKeys, msg: st.RoundState, kvs, unreadable: list[str]) -> st.RoundState:
-    """A sharded round's header with its participants from its shard keys (read in the same
-    transaction, so at the header's revision or later: shard keys are written once). Shards
-    that do not make the round the header says leave it without participants, named unreadable.
+    """A sharded round's header with its participants from the shard keys (read in the same
+    transaction: only the Txn that froze a sharded round writes them, so while the header is
+    that round's they hold it). Shards that do not make the round the header says leave it
+    without participants, named unreadable.
     """
     got: dict[int, list[st.Participant]] = {}
     for kv in kvs:
-        kind, n, i = keys.parse(kv.key)
-        if kind != "shard" or n != msg.number or i is None or not i.isdigit():
+        kind, _, i = keys.parse(kv.key)
+        if kind != "shard" or i is None or not i.isdigit():
             continue
         try:
-            got[int(i)] = list(codec.shard_message(kv.key, kv.value, n, keys.run_id).participants)
+            got[int(i)] = list(
+                codec.shard_message(kv.key, kv.value, msg.number, keys.run_id).participants
+            )
         except RendezvousError:
             unreadable.append(kv.key.decode(errors="replace"))
     if not got and msg.phase == st.CLOSED:  # the last agent out removed them: nothing to show
         return msg
     if shards.problems(Sharded(msg.shards, msg.node_count, msg.world_size), got):
-        unreadable.append(keys.shards(msg.number))
+        unreadable.append(keys.shards)
         return msg
     out = st.RoundState()
     out.CopyFrom(msg)

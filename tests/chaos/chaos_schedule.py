@@ -60,6 +60,7 @@ IN_PLACE_FAULTS: dict[str, tuple[int, tuple[float, float] | None]] = {
 IN_PLACE_TARGETED = {"node_kill", "agent_kill"} | {k for k in IN_PLACE_FAULTS if "stop" in k}
 KILLS = ("agent_kill", "node_kill", "rank0_kill")  # each costs the job a node for good
 IN_PLACE_SHARE = 0.3
+SHARDED_SHARE = 0.5  # of every kind of trial: sharded rounds meet every fault (issue 31)
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,7 @@ class Schedule:
     busy: bool  # every core saturated by other processes for the whole trial
     faults: tuple[Fault, ...]
     in_place: bool = False  # the workers opt in through etcdrun.elastic (chaos_inplace.py)
+    sharded: bool = False  # every frozen round sharded (shard_at=2): nodes watch their shards
 
     @property
     def max_nodes(self) -> int:
@@ -96,6 +98,7 @@ class Schedule:
     def describe(self) -> str:
         head = f"seed {self.seed}: {self.agents} agents (min {self.min_nodes}) x {self.nproc}"
         head += ", in place" if self.in_place else ""
+        head += ", sharded" if self.sharded else ""
         busy = ", cores saturated" if self.busy else ""
         return f"{head}{busy}; " + "; ".join(f.describe() for f in self.faults)
 
@@ -107,8 +110,19 @@ def in_place(seed: int) -> bool:
     return random.Random(f"in-place {seed}").random() < IN_PLACE_SHARE
 
 
+def sharded(seed: int) -> bool:
+    """Whether seed's trial shards its rounds (design.md §2, ``shard_at=2``): drawn from its
+    own stream, so that every other draw of the seed stays as it was.
+    """
+    return random.Random(f"sharded {seed}").random() < SHARDED_SHARE
+
+
 def generate(seed: int) -> Schedule:
     """The schedule of trial ``seed``: 1-3 faults within the first 2 s of the running job."""
+    return replace(_generate(seed), sharded=sharded(seed))
+
+
+def _generate(seed: int) -> Schedule:
     if in_place(seed):
         return _generate_in_place(seed)
     rng = random.Random(seed)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 import uuid
 from contextlib import ExitStack
@@ -39,6 +40,7 @@ from rank_sampler import RESUME_WINDOW, RankSampler
 from etcdrun.agent.hang import stacks
 from etcdrun.proto import etcdrun_state_pb2 as st
 from etcdrun.rendezvous.client import EtcdClient
+from etcdrun.rendezvous.client.txn import prefix_end
 from etcdrun.rendezvous.etcd.keys import RunKeys
 from etcdrun.rendezvous.localetcd import LocalEtcd
 from etcdrun.rendezvous.tools import checker
@@ -68,21 +70,33 @@ class Result:
 
 class Recorder:
     """Every version of the round key from revision 1, kept as it happens (a watch callback),
-    so that a compaction mid-trial cannot take the history the checker needs.
+    so that a compaction mid-trial cannot take the history the checker needs. The watch spans
+    the round key and rounds/, so that a sharded round is put together from its shard keys
+    (checker.assemble), as the checker does from etcd's history.
     """
 
     def __init__(self, endpoints: str, keys: RunKeys) -> None:
         self.keys = keys
-        self.versions: list[checker.Version] = []
+        self._events: list = []  # of the round key and of the shard keys, in commit order
+        self._mu = threading.Lock()
         self.errors: list[str] = []
         self.client = EtcdClient(endpoints, retry_timeout=30.0)
-        self.watch = self.client.watch(keys.round, start_revision=1, callback=self._got)
+        self.watch = self.client.watch(
+            keys.round, range_end=prefix_end(keys.rounds), start_revision=1, callback=self._got
+        )
+
+    @property
+    def versions(self) -> list[checker.Version]:
+        with self._mu:
+            events = list(self._events)
+        return checker.assemble(events, self.keys)
 
     def _got(self, batch) -> None:
         if batch.error is not None:
             self.errors.append(f"history watch ended: {batch.error}")
-        for ev in batch.events:
-            self.versions.append(checker.version(ev, self.keys))
+        kept = [ev for ev in batch.events if self.keys.parse(ev.kv.key)[0] in ("round", "shard")]
+        with self._mu:
+            self._events += kept
 
     def resume_revision(self) -> int:
         return max(self.watch.next_revision, 1)
@@ -166,6 +180,7 @@ class Trial:
     def _job(self, etcd: LocalEtcd, cuts: dict[int, NetCut]) -> Job:
         s = self.s
         conf = f"lease_ttl={TTL},last_call_timeout=0.5,join_timeout=30"
+        conf += ",shard_at=2" if s.sharded else ""
         extra = ("--max-restarts", str(MAX_RESTARTS))
         job = Job(
             etcd.endpoints,

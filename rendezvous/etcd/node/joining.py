@@ -1,7 +1,8 @@
 """Joining a round: the join record a node writes, and what it learns from a frozen round.
 
-Why apart from the handler: these are the two steps of a node's part in each round, each one
-call or none, over objects the handler lends (client, keys, session). The handler keeps the loop
+Why apart from the handler: these are the two steps of a node's part in each round (join,
+accept), each one call or none, over objects the handler lends (client, keys, session, the run
+context). The handler keeps the loop
 that waits between them.
 """
 
@@ -18,6 +19,7 @@ from etcdrun.rendezvous.api import RendezvousInfo, RoundCause
 from etcdrun.rendezvous.client import EtcdClient
 from etcdrun.rendezvous.client import txn as t
 from etcdrun.rendezvous.etcd import codec
+from etcdrun.rendezvous.etcd.context import RunContext
 from etcdrun.rendezvous.etcd.keys import RunKeys
 from etcdrun.rendezvous.etcd.node.session import Session
 from etcdrun.rendezvous.etcd.protocol import PROTOCOL, Round, Settings
@@ -137,7 +139,7 @@ def info(
     run_id: str, node_id: str, r: Round, max_restarts: int, cause: RoundCause | None = None
 ) -> RendezvousInfo:
     """What this node runs with in the frozen round ``r`` (it must be a member). Of a sharded
-    round, ``participants`` are the node's own shard: what it read (shard_reads.own).
+    round, ``participants`` are the node's own shard: what its watch brought (own_shard.py).
     """
     me = r.member(node_id)
     if me is None:
@@ -159,4 +161,29 @@ def info(
     )
 
 
-__all__ = ["FoldedJoin", "Joined", "agent_info", "info", "join", "publish_spare", "record"]
+def accept(ctx: RunContext, node_id: str, r: Round) -> RendezvousInfo:
+    """Take the frozen round ``r`` (``node_id`` is a member): what the node runs with, the
+    round view told that its workers run in ``r``, and the one event of the transition. Why
+    ``r`` opened travels with it when the view still holds that round's message.
+    """
+    msg = ctx.view.message()
+    same = msg is not None and msg.number == r.number and msg.phase == st.FROZEN
+    cause = codec.cause_from(msg) if same else None
+    got = info(ctx.keys.run_id, node_id, r, ctx.settings.max_restarts, cause)
+    ctx.view.accept(r)
+    ctx.events.emit(
+        "round_accepted", round=r.number, node_rank=got.node_rank, node_count=got.node_count
+    )
+    return got
+
+
+__all__ = [
+    "FoldedJoin",
+    "Joined",
+    "accept",
+    "agent_info",
+    "info",
+    "join",
+    "publish_spare",
+    "record",
+]

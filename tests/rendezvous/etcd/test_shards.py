@@ -25,9 +25,10 @@ def frozen(n: int, number: int = 3, lws: int = 2, **kw) -> Round:
     return Round(number, Phase.FROZEN, members, 2, members[0].addr, 29500, **kw)
 
 
-def test_the_shard_count_is_about_the_square_root_and_at_most_64():
-    assert [shards.count(n) for n in (1, 2, 4, 5, 16, 17, 256, 1000)] == [1, 2, 2, 3, 4, 5, 16, 32]
-    assert shards.count(4096) == 64 and shards.count(8192) == 64 and shards.count(10**6) == 64
+def test_the_shard_count_is_fixed_so_a_node_knows_its_key_before_any_round():
+    for n in (2, 5, 256, 1000, 8192):
+        assert shards.shard(frozen(n), 2).sharded == Sharded(64, n, 2 * n)
+    assert shards.SHARDS == 64
 
 
 def test_a_node_s_shard_is_crc32_of_its_id_modulo_the_count():
@@ -44,18 +45,18 @@ def test_below_shard_at_a_round_is_written_as_before():
     assert (value.shards, value.node_count) == (0, 0) and value.participants_zlib  # packed, as ever
 
 
-def test_from_shard_at_a_frozen_round_is_sharded_and_asks_protocol_3():
+def test_from_shard_at_a_frozen_round_is_sharded_and_asks_protocol_4():
     r = shards.shard(frozen(256, carried=True, protocol=2), 256)
-    assert r.sharded == Sharded(16, 256, 512) and r.protocol == SHARDED and r.whole
+    assert r.sharded == Sharded(64, 256, 512) and r.protocol == SHARDED == 4 and r.whole
     assert (r.node_count, r.world_size) == (256, 512)
 
 
 def test_split_puts_each_member_in_its_shard_in_rank_order_and_loses_nobody():
     r = shards.shard(frozen(1000), 256)
     parts = shards.split(r)
-    assert len(parts) == 32
+    assert len(parts) == 64
     for i, ms in enumerate(parts):
-        assert all(shards.index(m.node_id, 32) == i for m in ms)
+        assert all(shards.index(m.node_id, 64) == i for m in ms)
         assert [m.node_rank for m in ms] == sorted(m.node_rank for m in ms)
     got = dict(enumerate(parts))
     assert shards.problems(r.sharded, got) == []
@@ -68,7 +69,7 @@ def test_problems_name_a_missing_shard_a_node_astray_and_wrong_counts():
     layout = r.sharded
     assert layout is not None
     missing = {i: ms for i, ms in parts.items() if i != 1}
-    assert any("shard(s) [1] of 5 missing" in p for p in shards.problems(layout, missing))
+    assert any("shard(s) [1] of 64 missing" in p for p in shards.problems(layout, missing))
     astray = dict(parts)
     moved = parts[0][0]
     astray[0], astray[1] = parts[0][1:], (*parts[1], moved)
@@ -84,7 +85,7 @@ def test_the_header_lists_nobody_and_reads_back_as_the_layout():
     value = codec.round_to(r)
     raw = st.RoundState.FromString(value)
     assert raw.schema_version == 1 and not raw.participants and not raw.participants_zlib
-    assert (raw.shards, raw.node_count, raw.world_size, raw.protocol) == (18, 300, 600, 3)
+    assert (raw.shards, raw.node_count, raw.world_size, raw.protocol) == (64, 300, 600, 4)
     assert len(value) < 200  # what every watcher receives: a few fields, not 300 entries
     back = codec.round_from(KEYS.round, value, 9, "job")
     assert back.sharded == r.sharded and back.members == () and not back.whole
@@ -94,8 +95,9 @@ def test_the_header_lists_nobody_and_reads_back_as_the_layout():
 def test_a_shard_value_round_trips_with_ranks_and_what_its_nodes_held():
     r = shards.shard(frozen(300, held=(("host-00001.1", (40,)),)), 256)
     for i, ms in enumerate(shards.split(r)):
-        back = codec.shard_from(KEYS.shard(3, i), codec.shard_to(r, ms), 3, "job")
-        assert back.members == ms
+        back = codec.shard_from(KEYS.shard(i), codec.shard_to(r, ms), 3, "job")
+        assert back.members == ms and back.number == 3
+        assert codec.shard_from(KEYS.shard(i), codec.shard_to(r, ms), None, "job") == back
         assert back.held_by("host-00001.1") == ((40,) if r.member("host-00001.1") in ms else ())
     big = codec.shard_to(r, r.members[:64])  # from PACK_AT on, deflated as a round is
     assert st.RoundState.FromString(big).schema_version == codec.PACKED_SCHEMA_VERSION
@@ -109,7 +111,7 @@ def test_a_shard_of_another_round_or_a_header_with_a_list_is_corrupt():
         codec.shard_from("k", value, 4, "job")
     bad = st.RoundState.FromString(codec.round_to(r))
     bad.participants.add(node_id="x")
-    with pytest.raises(RendezvousStateError, match="in 4 shards"):
+    with pytest.raises(RendezvousStateError, match="in 64 shards"):
         codec.round_from("k", bad.SerializeToString(), 1, "job")
 
 
@@ -118,26 +120,30 @@ def test_the_freeze_and_the_carry_stay_one_txn_under_etcd_s_128_ops(n):
     r = shards.shard(frozen(n), 256)
     current = Round(3, Phase.JOINING, mod_revision=5)
     _, ops = transitions.freeze(KEYS, current, r, None, "leader")
-    assert len(ops) == 1 + shards.count(n) <= 128
+    assert len(ops) == 1 + shards.SHARDS <= 128
     assert {op.request_put.key.decode() for op in ops[1:]} == {
-        KEYS.shard(3, i) for i in range(shards.count(n))
+        KEYS.shard(i) for i in range(shards.SHARDS)
     }
-    carried = Round(4, Phase.FROZEN, r.members, carried=True, sharded=r.sharded, protocol=3)
+    carried = Round(4, Phase.FROZEN, r.members, carried=True, sharded=r.sharded, protocol=4)
     _, ops = transitions.carry(KEYS, r, carried, codec.Why(), "leader")
-    assert len(ops) == 2 + shards.count(n) <= 128
-    assert ops[1].request_delete_range.range_end == KEYS.round_dir(4).encode()  # old shards go
+    assert len(ops) == 2 + shards.SHARDS <= 128
+    # older rounds' records go; the shard keys sort after every round and are rewritten
+    dropped = ops[1].request_delete_range
+    assert dropped.range_end == KEYS.round_dir(4).encode()
+    assert all(not (dropped.key <= KEYS.shard(i).encode() < dropped.range_end) for i in range(64))
 
 
 def test_closing_a_sharded_round_keeps_its_layout_and_lists_nobody():
     r = shards.shard(frozen(10), 4)
     closed, (_, ops) = transitions.close(KEYS, r, st.SUCCEEDED, None, 7, "n")
     msg = st.RoundState.FromString(ops[0].request_put.value)
-    assert msg.phase == st.CLOSED and msg.shards == 4 and not msg.participants
+    assert msg.phase == st.CLOSED and msg.shards == 64 and not msg.participants
     assert codec.round_from("k", ops[0].request_put.value, 1, "job").sharded == r.sharded
 
 
 def test_shard_keys_parse_apart_from_barriers():
-    assert KEYS.parse(KEYS.shard(3, 12)) == ("shard", 3, "12")
+    assert KEYS.parse(KEYS.shard(12)) == ("shard", None, "12")
+    assert KEYS.shard(12).startswith(KEYS.rounds)  # removed with the run's records
     assert KEYS.parse(KEYS.barrier(3, "exit") + "n") == ("barrier", 3, "n")
 
 

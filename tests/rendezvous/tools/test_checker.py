@@ -185,10 +185,11 @@ def test_a_sharded_round_is_checked_whole_from_its_shard_keys():
 def test_a_sharded_round_whose_shards_do_not_make_it_is_a_violation():
     names = [f"node-{i}" for i in range(9)]
     events = _sharded_freeze(1, names, 5)
-    lost = [e for e in events if not e.kv.key.endswith(b"/shard/1")]
+    i = shards.index(names[4], shards.SHARDS)
+    lost = [e for e in events if e.kv.key != SKEYS.shard(i).encode()]
     found = checker.check(checker.assemble(lost, SKEYS), 2, 9)
     assert found and all(e.startswith("S2") for e in found)
-    assert any("shard(s) [1] of 3 missing" in e for e in found)
+    assert any(f"shard(s) [{i}] of 64 missing" in e for e in found)
     # a node started workers in a round whose shard lost it: S3 as for any unlisted node
     gone = checker.assemble(lost, SKEYS)[0].state
     missing = next(n for n in names if n not in [p.node_id for p in gone.participants])
@@ -198,10 +199,23 @@ def test_a_sharded_round_whose_shards_do_not_make_it_is_a_violation():
     assert any(e.startswith("S3") for e in found)
 
 
-def test_a_sharded_round_asking_less_than_protocol_3_is_a_violation():
+def test_a_shard_key_still_holding_an_older_round_does_not_fill_a_newer_one():
+    """The shard keys are the same every sharded round: one the next freeze did not rewrite
+    (a Txn that lost a put) still names the older round, and counts as missing.
+    """
+    names = [f"node-{i}" for i in range(9)]
+    i = shards.index(names[4], shards.SHARDS)
+    second = [e for e in _sharded_freeze(2, names, 8) if e.kv.key != SKEYS.shard(i).encode()]
+    history = checker.assemble([*_sharded_freeze(1, names, 5), *second], SKEYS)
+    assert [v.state.number for v in history] == [1, 2] and history[0].layout == ()
+    assert any(f"shard(s) [{i}] of 64 missing" in p for p in history[1].layout)
+    assert names[4] not in [p.node_id for p in history[1].state.participants]
+
+
+def test_a_sharded_round_asking_less_than_protocol_4_is_a_violation():
     events = _sharded_freeze(1, ["a", "b", "c"], 5)
     header = st.RoundState.FromString(events[0].kv.value)
-    header.protocol = 2
+    header.protocol = 3  # an agent of protocol 3 read per-round shard keys: it would find none
     events[0].kv.value = header.SerializeToString()
     found = checker.check(checker.assemble(events, SKEYS), 2, 3)
-    assert any("asks protocol 2" in e for e in found)
+    assert any("asks protocol 3" in e for e in found)
