@@ -207,8 +207,8 @@ def details(res: dict) -> str:
         if res.get("shards"):
             b = res["shard_bytes"]
             out.append(
-                f"  sharded into {res['shards']} keys of {b:.0f} B on average, one read by each "
-                f"node: N x (value + shard) {n * (v + b) / 1e6:.1f} MB"
+                f"  sharded into {res['shards']} keys of {b:.0f} B on average, each watched by "
+                f"the nodes hashing to it: about N x (value + shard) {n * (v + b) / 1e6:.1f} MB"
             )
     for p in res["problems"] + r2.get("problems", []):
         out.append(f"  PROBLEM: {p}")

@@ -100,6 +100,8 @@ def encode_round(msg: st.RoundState) -> bytes:
 _ROUND_CACHE_SIZE = 8
 _round_cache: dict[tuple[str, int, bytes], tuple[Round, st.RoundState]] = {}
 _round_cache_lock = threading.Lock()
+_SHARD_CACHE_SIZE = 128  # two sharded rounds' worth of the run's shard keys (shards.SHARDS)
+_shard_cache: dict[tuple[str, int, bytes], Round] = {}
 
 
 def round_and_message(
@@ -270,11 +272,26 @@ def shard_from(
     key: bytes | str, value: bytes, number: int | None, run_id: str | None, mod_revision: int = 0
 ) -> Round:
     """A shard (of round ``number``, or of any round when None): its round's number, its
-    members and what they held (``Round.held``).
+    members and what they held (``Round.held``). Decoded once per process and version, as a
+    round is (``round_and_message``): the handlers sharing a client that hash to one shard key
+    all get its event.
     """
-    msg = shard_message(key, value, number, run_id)
-    held = tuple((p.node_id, tuple(p.held_from)) for p in msg.participants if p.held_from)
-    return Round(msg.number, Phase.FROZEN, members_from(msg), held=held, mod_revision=mod_revision)
+    k = key.decode(errors="replace") if isinstance(key, bytes) else key
+    cache_key = (k, mod_revision, bytes(value))
+    with _round_cache_lock:
+        hit = _shard_cache.get(cache_key)
+    if hit is None:
+        msg = shard_message(k, value, None, run_id)
+        held = tuple((p.node_id, tuple(p.held_from)) for p in msg.participants if p.held_from)
+        members = members_from(msg)
+        hit = Round(msg.number, Phase.FROZEN, members, held=held, mod_revision=mod_revision)
+        with _round_cache_lock:
+            if len(_shard_cache) >= _SHARD_CACHE_SIZE:
+                _shard_cache.pop(next(iter(_shard_cache)))  # the oldest entry
+            _shard_cache[cache_key] = hit
+    if number is not None and hit.number != number:
+        shard_message(k, value, number, run_id)  # raises: not a shard of that round
+    return hit
 
 
 def hint_to(number: int, members: tuple[Member, ...]) -> bytes:
