@@ -49,6 +49,7 @@ class OwnShard:
         self._since = 0  # the watch's start revision
         self._shard: Round | None = None  # the latest version of that key seen (mod_revision)
         self._ended = False  # the watch ended: fall back to reads
+        self._gen = 0  # bumped by place and cancel: a cancelled watch's late batch is dropped
         self._read: tuple[str, int, Round | None] | None = None  # the last fallback read
 
     def place(self, node_id: str, create_revision: int) -> None:
@@ -62,8 +63,10 @@ class OwnShard:
         with self._mu:
             self._node, self._since = node_id, create_revision
             self._shard, self._ended = None, False
+            self._gen += 1
+            gen = self._gen
         self._watch = self._ctx.client.watch(
-            key, start_revision=create_revision, callback=self._on_batch
+            key, start_revision=create_revision, callback=lambda b: self._on_batch(b, gen)
         )
 
     def cancel(self) -> None:
@@ -72,6 +75,7 @@ class OwnShard:
             w.cancel()
         with self._mu:
             self._node = None
+            self._gen += 1
 
     def of(self, r: Round | None, node_id: str) -> Round | None:
         """``r`` as ``node_id`` needs it: a sharded frozen round with that node's shard (the
@@ -122,12 +126,14 @@ class OwnShard:
             self._read = (node_id, r.mod_revision, got)
         return self._read[2]
 
-    def _on_batch(self, batch: WatchBatch) -> None:
-        """Watch thread: keep the newest version of the key, then wake the join loop."""
+    def _on_batch(self, batch: WatchBatch, gen: int) -> None:
+        """Watch thread: keep the newest version of the key, then wake the join loop. A batch
+        of a watch placed before the last ``place`` or ``cancel`` is another session's: dropped.
+        """
         if batch.error is not None:
             log.warning("the watch on this node's shard key ended (%s); reading it", batch.error)
             with self._mu:
-                self._ended = True
+                self._ended = self._ended or gen == self._gen
             self._ctx.view.wake()
             return
         for ev in batch.events:
@@ -141,8 +147,8 @@ class OwnShard:
                 log.error("%s; waiting for the next round", e)
                 got = Round(0, Phase.FROZEN, mod_revision=ev.kv.mod_revision)
             with self._mu:
-                if self._watch is not None and batch.watch is not self._watch:
-                    return  # a cancelled session's watch, late
+                if gen != self._gen:
+                    return
                 self._shard = got
         self._ctx.view.wake()
 
