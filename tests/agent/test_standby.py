@@ -11,6 +11,7 @@ environment reserves (``ETCDRUN_STANDBY_ROOM``, gone from /proc once the hand-ov
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -392,14 +393,26 @@ def test_wait_warm_counts_only_standbys_that_said_warm(monkeypatch, tmp_path):
 
 def hold_turns(name: str, n: int) -> list[socket.socket]:
     """Take ``n`` warm-up turns of this user (``name``: _standby_boot.TURN_NAME's form), as
-    ``n`` refills importing would.
+    ``n`` refills importing would. A turn that another etcdrun of this user holds (the turns
+    are machine-wide: a soak or a second test run beside this one) is waited for: its holder
+    frees it once its import is done.
     """
     held = []
     for i in range(n):
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.bind(name.format(uid=os.getuid(), i=i))
+        wait_for(lambda s=s, i=i: _bound(s, name.format(uid=os.getuid(), i=i)), 60, f"turn {i}")
         held.append(s)
     return held
+
+
+def _bound(s: socket.socket, name: str) -> bool:
+    try:
+        s.bind(name)
+    except OSError as e:
+        if e.errno != errno.EADDRINUSE:
+            raise
+        return False
+    return True
 
 
 def test_a_refill_waits_for_a_turn_unless_a_round_comes_first(monkeypatch, tmp_path):
