@@ -10,6 +10,7 @@ from collections.abc import Iterator, Sequence
 
 from etcdrun.rendezvous.api import RendezvousInfo, RendezvousParameters
 from etcdrun.rendezvous.client import EtcdClient
+from etcdrun.rendezvous.etcd import shard_reads
 from etcdrun.rendezvous.etcd.handler import EtcdRendezvousHandler
 from etcdrun.rendezvous.etcd.keys import RunKeys
 from etcdrun.rendezvous.tools import checker
@@ -163,3 +164,18 @@ def violations(
 def shutdown_all(handlers: Sequence[EtcdRendezvousHandler]) -> None:
     for h in handlers:
         h.shutdown()
+
+
+def shard_reads_recorded(monkeypatch) -> list[int]:
+    """Record the round number of every node's read of its own shard (shard_reads.own): with
+    the shard watch placed there is none.
+    """
+    calls: list[int] = []
+    real = shard_reads.own
+
+    def own(*a, **kw):
+        calls.append(a[2].number)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(shard_reads, "own", own)
+    return calls

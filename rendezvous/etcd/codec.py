@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -25,6 +26,7 @@ PACKED_SCHEMA_VERSION = 2  # a RoundState whose participants are deflated (parti
 PACK_AT = 64  # participants from which a round value carries them deflated
 MAX_INFLATED = 64 << 20  # a deflated list larger than this is corrupt, not a round to read
 M = TypeVar("M", bound=Message)
+_T = TypeVar("_T")
 
 
 def decode(cls: type[M], key: bytes | str, value: bytes, run_id: str | None = None) -> M:
@@ -99,7 +101,7 @@ def encode_round(msg: st.RoundState) -> bytes:
 
 _ROUND_CACHE_SIZE = 8
 _round_cache: dict[tuple[str, int, bytes], tuple[Round, st.RoundState]] = {}
-_round_cache_lock = threading.Lock()
+_cache_lock = threading.Lock()
 _SHARD_CACHE_SIZE = 128  # two sharded rounds' worth of the run's shard keys (shards.SHARDS)
 _shard_cache: dict[tuple[str, int, bytes], Round] = {}
 
@@ -118,11 +120,33 @@ def round_and_message(
     bytes etcd just sent (hashed once per bytes object) and one comparison.
     """
     k = key.decode(errors="replace") if isinstance(key, bytes) else key
-    cache_key = (k, mod_revision, bytes(value))
-    with _round_cache_lock:
-        hit = _round_cache.get(cache_key)
+    return _memo(
+        _round_cache,
+        _ROUND_CACHE_SIZE,
+        (k, mod_revision, bytes(value)),
+        lambda: _round_and_message(k, value, mod_revision, run_id),
+    )
+
+
+def _memo(cache: dict, size: int, cache_key: tuple, build: Callable[[], _T]) -> _T:
+    """``cache[cache_key]``, built on a miss; past ``size`` entries the oldest goes. Shared by
+    the round and the shard decodes (``round_and_message`` says why they are cached).
+    """
+    with _cache_lock:
+        hit = cache.get(cache_key)
     if hit is not None:
         return hit
+    made = build()
+    with _cache_lock:
+        if len(cache) >= size:
+            cache.pop(next(iter(cache)))  # the oldest entry
+        cache[cache_key] = made
+    return made
+
+
+def _round_and_message(
+    k: str, value: bytes, mod_revision: int, run_id: str | None
+) -> tuple[Round, st.RoundState]:
     msg = decode(st.RoundState, k, value, run_id)
     if msg.phase not in (st.JOINING, st.FROZEN, st.CLOSED) or msg.number < 1:
         raise RendezvousStateError(
@@ -145,10 +169,6 @@ def round_and_message(
         protocol=msg.protocol,
         sharded=sharded,
     )
-    with _round_cache_lock:
-        if len(_round_cache) >= _ROUND_CACHE_SIZE:
-            _round_cache.pop(next(iter(_round_cache)))  # the oldest entry
-        _round_cache[cache_key] = (r, msg)
     return r, msg
 
 
@@ -260,11 +280,7 @@ def shard_message(
     wrong_round = number is not None and msg.number != number
     if wrong_round or msg.phase != st.FROZEN or msg.shards:
         k = key.decode(errors="replace") if isinstance(key, bytes) else key
-        raise RendezvousStateError(
-            f"corrupt value at {k}: not a shard of round {number or 'any'} (round "
-            f"{msg.number}, phase {msg.phase})",
-            run_id=run_id,
-        )
+        raise _not_a_shard(k, number, msg.number, msg.phase, run_id)
     return msg
 
 
@@ -277,21 +293,30 @@ def shard_from(
     all get its event.
     """
     k = key.decode(errors="replace") if isinstance(key, bytes) else key
-    cache_key = (k, mod_revision, bytes(value))
-    with _round_cache_lock:
-        hit = _shard_cache.get(cache_key)
-    if hit is None:
-        msg = shard_message(k, value, None, run_id)
-        held = tuple((p.node_id, tuple(p.held_from)) for p in msg.participants if p.held_from)
-        members = members_from(msg)
-        hit = Round(msg.number, Phase.FROZEN, members, held=held, mod_revision=mod_revision)
-        with _round_cache_lock:
-            if len(_shard_cache) >= _SHARD_CACHE_SIZE:
-                _shard_cache.pop(next(iter(_shard_cache)))  # the oldest entry
-            _shard_cache[cache_key] = hit
-    if number is not None and hit.number != number:
-        shard_message(k, value, number, run_id)  # raises: not a shard of that round
-    return hit
+    got = _memo(
+        _shard_cache,
+        _SHARD_CACHE_SIZE,
+        (k, mod_revision, bytes(value)),
+        lambda: _shard(shard_message(k, value, None, run_id), mod_revision),
+    )
+    if number is not None and got.number != number:
+        raise _not_a_shard(k, number, got.number, st.FROZEN, run_id)
+    return got
+
+
+def _shard(msg: st.RoundState, mod_revision: int) -> Round:
+    held = tuple((p.node_id, tuple(p.held_from)) for p in msg.participants if p.held_from)
+    return Round(msg.number, Phase.FROZEN, members_from(msg), held=held, mod_revision=mod_revision)
+
+
+def _not_a_shard(
+    key: str, number: int | None, got: int, phase: int, run_id: str | None
+) -> RendezvousStateError:
+    return RendezvousStateError(
+        f"corrupt value at {key}: not a shard of round {number or 'any'} (round {got}, "
+        f"phase {phase})",
+        run_id=run_id,
+    )
 
 
 def hint_to(number: int, members: tuple[Member, ...]) -> bytes:

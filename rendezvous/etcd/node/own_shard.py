@@ -83,34 +83,18 @@ class OwnShard:
         the shard is still to come (``pending``) or when the round moved on (the round watch
         brings the newer one).
         """
-        if r is None or r.phase is not Phase.FROZEN or r.whole:  # a CLOSED one's too: unread
-            return r
-        assert r.sharded is not None
-        with self._mu:
-            watched = self._node == node_id and not self._ended
-            watched = watched and r.sharded.shards == shards.SHARDS
-            since, got = self._since, self._shard
-        if not watched:
+        where = self._where(r, node_id)
+        if where == "read":
+            assert r is not None
             return self._read_once(r, node_id)
-        if r.mod_revision < since:  # frozen before this node registered: it is not in it
-            return r
-        if got is None or got.mod_revision < r.mod_revision:
-            return None  # pending: the shard event is on its way
-        if got.mod_revision > r.mod_revision or got.number != r.number:
-            return None  # the shard key moved on, and so did the round
-        return replace(r, members=got.members, held=got.held)
+        if isinstance(where, Round):
+            assert r is not None
+            return replace(r, members=where.members, held=where.held)
+        return r if where == "as is" else None
 
     def pending(self, r: Round | None, node_id: str) -> bool:
         """Whether ``of(r, node_id)`` is None only because the shard's event has not come."""
-        if r is None or r.phase is not Phase.FROZEN or r.whole or r.sharded is None:
-            return False
-        with self._mu:
-            if self._node != node_id or self._ended or r.sharded.shards != shards.SHARDS:
-                return False
-            got = self._shard
-            return r.mod_revision >= self._since and (
-                got is None or got.mod_revision < r.mod_revision
-            )
+        return self._where(r, node_id) == "due"
 
     def arrival(self, r: Round | None, node_id: str) -> Callable[[], bool]:
         """For the join loop's wait on the round view: a check that turns true once the shard
@@ -118,6 +102,28 @@ class OwnShard:
         """
         due = self.pending(r, node_id)
         return lambda: due and not self.pending(r, node_id)
+
+    def _where(self, r: Round | None, node_id: str) -> str | Round:
+        """Where ``r``'s entry for ``node_id`` is: "as is" (not a sharded frozen round, or one
+        frozen before this node registered, which cannot hold it), "read" (the watch cannot
+        say), "due" (its event is on its way), "moved" (the key holds a later round), or the
+        shard the watch brought.
+        """
+        if r is None or r.phase is not Phase.FROZEN or r.whole:  # a CLOSED one's too: unread
+            return "as is"
+        assert r.sharded is not None
+        with self._mu:
+            watched = self._node == node_id and not self._ended
+            since, got = self._since, self._shard
+        if not watched or r.sharded.shards != shards.SHARDS:
+            return "read"
+        if r.mod_revision < since:
+            return "as is"
+        if got is None or got.mod_revision < r.mod_revision:
+            return "due"
+        if got.mod_revision > r.mod_revision or got.number != r.number:
+            return "moved"
+        return got
 
     def _read_once(self, r: Round, node_id: str) -> Round | None:
         """The fallback: one read per node and round revision, whatever wakes the join loop."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from rdzv_helpers import new_run_id
+from rdzv_helpers import new_run_id, shard_reads_recorded
 
 from etcdrun.rendezvous.client import EtcdClient
 from etcdrun.rendezvous.etcd import codec, shard_reads, shards, transitions
@@ -95,14 +95,7 @@ def test_a_round_frozen_before_the_node_registered_does_not_hold_it(setup, monke
 
 def test_an_ended_watch_and_an_unplaced_one_read_the_shard_once_a_round(setup, monkeypatch):
     ctx, seat = setup
-    calls: list[int] = []
-    real = shard_reads.own
-
-    def own(client, keys, r, node_id):
-        calls.append(r.number)
-        return real(client, keys, r, node_id)
-
-    monkeypatch.setattr(shard_reads, "own", own)
+    calls = shard_reads_recorded(monkeypatch)
     header = freeze(ctx, 1, ["other-0.1", ME])
     # never placed (shard_at unset on this node): one read, however often the loop asks
     assert seat.of(header, ME).member(ME) is not None

@@ -7,7 +7,15 @@ removes them; an agent of the previous protocol refuses a sharded round in one l
 from __future__ import annotations
 
 import pytest
-from rdzv_helpers import accepted_events, handler, new_run_id, rendezvous, shutdown_all, violations
+from rdzv_helpers import (
+    accepted_events,
+    handler,
+    new_run_id,
+    rendezvous,
+    shard_reads_recorded,
+    shutdown_all,
+    violations,
+)
 
 from etcdrun.proto import etcdrun_state_pb2 as st
 from etcdrun.rendezvous.client import EtcdClient
@@ -32,19 +40,6 @@ def shard_keys(c: EtcdClient, keys: RunKeys) -> dict[str, int]:
     }
 
 
-def no_shard_reads(monkeypatch) -> list:
-    """Record every node's fallback read of its shard: with the watch placed there is none."""
-    calls: list = []
-    real = shard_reads.own
-
-    def own(*a, **kw):
-        calls.append(a[2].number)
-        return real(*a, **kw)
-
-    monkeypatch.setattr(shard_reads, "own", own)
-    return calls
-
-
 def whole(c: EtcdClient, keys: RunKeys):
     kv = c.get(keys.round)
     r = codec.round_from(kv.key, kv.value, kv.mod_revision, keys.run_id)
@@ -52,7 +47,7 @@ def whole(c: EtcdClient, keys: RunKeys):
 
 
 def test_a_sharded_round_forms_carries_a_leave_and_gives_every_node_its_rank(etcd, monkeypatch):
-    reads = no_shard_reads(monkeypatch)
+    reads = shard_reads_recorded(monkeypatch)
     run = new_run_id()
     keys = RunKeys("/etcdrun", run)
     hs = [handler(etcd.endpoints, run, 2, 4, lws=2, shard_at=2) for _ in range(4)]
