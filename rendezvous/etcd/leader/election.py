@@ -5,6 +5,15 @@ freezes rounds (L5: O(N) watch events per round, not O(N^2)). Every other agent 
 one agent key just older than its own, from the revision it read + 1; when that key is deleted it
 looks again, and either finds a new predecessor or is now the oldest. A death wakes one agent.
 
+Finding the predecessor: the registering Txn read the run's tail key (``registered_after``), the
+agent registered just before. While that agent's key is the one it registered (same create
+revision), no live agent lies between, so it is the predecessor: one read of one key. Otherwise
+(it is gone, or was never named) the agent reads the line sorted by create revision, which etcd
+serves by reading every key under agents/ whatever the limit: O(N) for etcd, so an election at
+every registration would cost a job of N agents O(N^2). With the tail that full read happens
+once per departure, at the departed agent's successor. The tail only ever proves that an older
+agent lives, so a stale or foreign tail can cost a read, never a second leader.
+
 The election borrows the session (its key is the candidacy, its create revision the place in
 line); it writes nothing. Connection loss: a watch that ends in error counts as a change, so the
 owner calls ``check()`` again and reads the line afresh.
@@ -52,6 +61,8 @@ class Election:
         if self.is_leader:
             return True
         self._cancel()
+        if self._watch_registered_after():
+            return False
         below, client = self._session.create_revision - 1, self._session.client
         while True:
             res = client.range(
@@ -71,6 +82,19 @@ class Election:
                 self.is_leader = True
                 return True
             below = res.kvs[-1].create_revision - 1
+
+    def _watch_registered_after(self) -> bool:
+        """Watch the agent registered just before this one, if it is still that agent."""
+        after = self._session.registered_after
+        if after is None or after[1] >= self._session.create_revision:
+            return False
+        client = self._session.client
+        res = client.range(self._session.keys.agent(after[0]))
+        kv = res.kvs[0] if res.kvs else None
+        if kv is None or kv.create_revision != after[1] or not self._is_agent(kv):
+            return False
+        self._watch = client.watch(kv.key, start_revision=res.revision + 1, callback=self._changed)
+        return True
 
     def _is_agent(self, kv: pb.KeyValue) -> bool:
         try:

@@ -46,6 +46,19 @@ class NodeIdTaken(RendezvousStateError):
     """
 
 
+def _tail(answer: pb.ResponseOp) -> tuple[str, int] | None:
+    """The tail key as the registering Txn read it: the node id it names and the revision of
+    the Txn that put it, which is that agent key's create revision.
+    """
+    kvs = answer.response_range.kvs
+    if not kvs:
+        return None
+    try:
+        return kvs[0].value.decode(), kvs[0].mod_revision
+    except UnicodeDecodeError:
+        return None  # not ours: the election reads the line in full
+
+
 class Session:
     """Made by ``Session.open``: holds a live lease and the create revision of its agent key."""
 
@@ -57,6 +70,7 @@ class Session:
         lease: Lease,
         created: int,
         opened_with: Sequence[pb.ResponseOp] = (),
+        registered_after: tuple[str, int] | None = None,
     ) -> None:
         if created <= 0:
             raise ValueError("a session needs the create revision of its agent key")
@@ -68,6 +82,11 @@ class Session:
         # The answers to the ops ``open`` was asked to apply with the registration; empty when
         # unknown (the registration's answer was lost: the caller does that step on its own).
         self.opened_with = tuple(opened_with)
+        # The agent that registered just before this one (node id, create revision of its
+        # key), read from the run's tail key by the registering Txn; None when there was none,
+        # or the answer was lost. Only a hint for the election (election.py): that agent may
+        # be gone since, or an older etcdrun may have registered in between without a tail.
+        self.registered_after = registered_after
         self._closed = False
         self._orphaned = False
         self._watch: Watch | None = None
@@ -87,6 +106,7 @@ class Session:
 
         ``also(lease_id)`` gives ops applied in the same Txn when the key is registered (a
         newcomer's join record: one write instead of two); their answers are ``opened_with``.
+        The same Txn reads the run's tail key and puts this node there (``registered_after``).
         """
         lease = client.lease(ttl)
         key = keys.agent(info.node_id)
@@ -96,16 +116,19 @@ class Session:
         info = registered
         try:
             extra = list(also(lease.id)) if also is not None else []
+            line = [t.get(keys.tail), t.put(keys.tail, info.node_id.encode(), lease.id)]
             res = client.txn(
                 [t.create_revision(key, "==", 0)],
-                [t.put(key, codec.encode(info), lease.id), *extra],
+                [t.put(key, codec.encode(info), lease.id), *extra, *line],
                 [t.get(key)],
             )
         except BaseException:
             lease.revoke()
             raise
         if res.succeeded:
-            return cls(client, keys, info, lease, res.revision, res.responses[1:])
+            answers = res.responses[1 : 1 + len(extra)]
+            after = _tail(res.responses[1 + len(extra)])
+            return cls(client, keys, info, lease, res.revision, answers, after)
         kvs = res.responses[0].response_range.kvs
         if kvs and kvs[0].lease == lease.id:
             # Our own write, applied although its answer was lost and the call retried.
