@@ -1,6 +1,7 @@
 """OwnShard on a real etcd (rendezvous/etcd/node/own_shard.py): a node's shard of a sharded
 round comes by the watch of its shard key, in either order with the header; a round frozen
-before the node registered does not hold it; a watch that ended, or none, falls back to one read.
+before the node registered does not hold it; a watch that ended, or none, falls back to one read;
+a cancelled placement's late batch is dropped.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import time
 import pytest
 from rdzv_helpers import new_run_id, shard_reads_recorded
 
-from etcdrun.rendezvous.client import EtcdClient
+from etcdrun.rendezvous.client import EtcdClient, EtcdError, WatchBatch
 from etcdrun.rendezvous.etcd import codec, shard_reads, shards, transitions
 from etcdrun.rendezvous.etcd.config import EtcdRendezvousConfig
 from etcdrun.rendezvous.etcd.context import RunContext
@@ -108,3 +109,41 @@ def test_an_ended_watch_and_an_unplaced_one_read_the_shard_once_a_round(setup, m
     again = freeze(ctx, 2, [ME])
     assert not seat.pending(again, ME)  # ended: nothing is due by watch
     assert seat.of(again, ME).member(ME) is not None and calls == [1, 2]
+
+
+def test_a_late_batch_of_a_cancelled_placement_is_dropped(setup, monkeypatch):
+    """A batch that etcd sent to the watch of an earlier session, delivered after this node
+    placed its watch again, changes nothing: neither an old shard nor an error that would end
+    the new watch (the node would then read its shard).
+    """
+    ctx, seat = setup
+    monkeypatch.setattr(shard_reads, "own", lambda *a: pytest.fail("read, not watched"))
+    placed: list[tuple] = []  # per placement: the callback OwnShard gave, the batches it got
+    real = ctx.client.watch
+
+    def recording(key, **kw):
+        deliver, got = kw["callback"], []
+        placed.append((deliver, got))
+
+        def callback(batch):
+            got.append(batch)
+            deliver(batch)
+
+        return real(key, **{**kw, "callback": callback})
+
+    monkeypatch.setattr(ctx.client, "watch", recording)
+    seat.place(ME, ctx.client.put(ctx.keys.agent(ME), b"x"))
+    settle(ctx, seat, freeze(ctx, 1, [ME]))
+    seat.cancel()
+    seat.place(ME, ctx.client.put(ctx.keys.agent(ME), b"y"))
+    second = freeze(ctx, 2, [ME, "other-1.1"])
+    settle(ctx, seat, second)
+    deliver_late, first_batches = placed[0]
+    late = [b for b in first_batches if b.events]
+    assert late, "the first placement's watch brought no shard"
+    for batch in late:
+        deliver_late(batch)  # round 1's shard, older than round 2's
+    deliver_late(WatchBatch(late[0].watch, [], 0, EtcdError("late end")))
+    got = seat.of(second, ME)
+    assert got is not None and not seat.pending(second, ME)
+    assert got.number == 2 and got.member(ME).node_rank == 0
