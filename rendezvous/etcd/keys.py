@@ -60,9 +60,8 @@ class RunKeys:
     @property
     def tail(self) -> str:
         """The node id of the agent registered last, put by the Txn that registered it and
-        under its lease (session.py): the next agent to register reads its predecessor in line
-        here instead of sorting agents/ by create revision, which etcd does by reading every
-        agent key. Outside agents/ and rounds/, so that no agent's watch carries it.
+        under its lease (session.py); the next registration reads it there as its predecessor
+        in line (election.py). Outside agents/ and rounds/, so that no agent's watch carries it.
         """
         return self.root + "tail"
 

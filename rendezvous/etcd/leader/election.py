@@ -51,6 +51,9 @@ class Election:
         # "lease expired"): the leader this agent becomes says why the round opened.
         self.departed: dict[str, str] = {}
         self._leaving: set[str] = set()
+        # The agent registered just before this one (the session's tail read), until it is
+        # found gone: it never comes back, so a later check does not read it again.
+        self._after = session.registered_after
 
     def check(self) -> bool:
         """Find the predecessor; watch it, or become leader. Returns ``is_leader``.
@@ -74,9 +77,7 @@ class Election:
             )
             kv = next((kv for kv in res.kvs if self._is_agent(kv)), None)
             if kv is not None:
-                self._watch = client.watch(
-                    kv.key, start_revision=res.revision + 1, callback=self._changed
-                )
+                self._follow(kv, res.revision)
                 return False
             if not res.more:
                 self.is_leader = True
@@ -85,16 +86,22 @@ class Election:
 
     def _watch_registered_after(self) -> bool:
         """Watch the agent registered just before this one, if it is still that agent."""
-        after = self._session.registered_after
-        if after is None or after[1] >= self._session.create_revision:
+        if self._after is None:
             return False
-        client = self._session.client
-        res = client.range(self._session.keys.agent(after[0]))
+        node, created = self._after
+        res = self._session.client.range(self._session.keys.agent(node))
         kv = res.kvs[0] if res.kvs else None
-        if kv is None or kv.create_revision != after[1] or not self._is_agent(kv):
+        if kv is None or kv.create_revision != created or not self._is_agent(kv):
+            self._after = None
             return False
-        self._watch = client.watch(kv.key, start_revision=res.revision + 1, callback=self._changed)
+        self._follow(kv, res.revision)
         return True
+
+    def _follow(self, kv: pb.KeyValue, read_at: int) -> None:
+        """Watch the predecessor ``kv``, as read at revision ``read_at``, for what comes next."""
+        self._watch = self._session.client.watch(
+            kv.key, start_revision=read_at + 1, callback=self._changed
+        )
 
     def _is_agent(self, kv: pb.KeyValue) -> bool:
         try:
