@@ -74,7 +74,12 @@ def in_place(net, ddp, opt) -> None:
 
 
 def main() -> None:
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    if MODE == "inplace":  # etcdrun's group, which its release can end (docs/in-place.md)
+        from etcdrun import elastic
+
+        elastic.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    else:
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     LOG.write("group")  # where a newcomer's time goes before its first step
     net, opt = build()
     ddp = DistributedDataParallel(net)

@@ -1,11 +1,11 @@
 """One rank of bench/release_stress.py; argv: RANK WORLD PORT SEED ROUNDS BARRIER_DIR HOOK.
 
-Each round it trains a small gloo DDP model (``etcdrun.elastic.group.Group`` adopts or forms
-the group, as ``elastic.run`` does) until a timer releases the group at a moment drawn from the
-seed, each rank a few milliseconds apart, as agents that learn of a round change from etcd at
-slightly different times. With HOOK=1 the model's all-reduces go through ``InFlight`` (what
-``elastic.run`` does); with 0 through DDP's own, which the release cannot end when gloo keeps
-a send pending. It prints one JSON line per round it left, then DONE.
+Each round it trains a small gloo DDP model (``etcdrun.elastic.group.Group`` forms the group,
+as ``elastic.init_process_group`` and ``elastic.run`` do) until a timer releases the group at
+a moment drawn from the seed, each rank a few milliseconds apart, as agents that learn of a
+round change from etcd at slightly different times. With HOOK=1 the model's all-reduces go
+through ``InFlight`` (what ``elastic.run`` does); with 0 through DDP's own, which the release
+cannot end when gloo keeps a send pending. It prints one JSON line per round it left, then DONE.
 """
 
 import json
@@ -16,7 +16,6 @@ import threading
 import time
 
 import torch
-import torch.distributed as dist
 
 from etcdrun.elastic.group import Group
 
@@ -37,12 +36,10 @@ def _meet(k: int) -> None:
 
 for k in range(rounds):
     os.environ["MASTER_PORT"] = str(port + k)
-    if k == 0:
-        dist.init_process_group("gloo")
-        group.adopt()
-    else:
+    if k > 0:
         group.drop()
-        group.form("gloo")
+    group.form("gloo")  # the first too: elastic.init_process_group's, which a release can end
+    group.check_round()
     model = torch.nn.parallel.DistributedDataParallel(net)
     if hooked:
         group.inflight.hook(model)

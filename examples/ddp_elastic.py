@@ -250,7 +250,12 @@ def train_in_place(model, opt, args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     args.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-    dist.init_process_group("gloo")
+    if args.in_place:  # etcdrun forms the group, so that it can release it (docs/in-place.md)
+        from etcdrun import elastic
+
+        elastic.init_process_group("gloo")
+    else:
+        dist.init_process_group("gloo")
     world = dist.get_world_size()
     model = DistributedDataParallel(make_model(args))
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)

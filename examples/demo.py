@@ -404,6 +404,18 @@ def check_leftovers(known: list[subprocess.Popen[bytes]], reaper: bool) -> str:
         time.sleep(0.05)
 
 
+def _torch_version() -> tuple[int, ...]:
+    """The installed torch's (major, minor), () without torch: read from its metadata, since
+    importing torch here would cost the demo seconds.
+    """
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return tuple(int(x) for x in version("torch").split("+")[0].split(".")[:2])
+    except (PackageNotFoundError, ValueError):
+        return ()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description="Run a local elastic etcdrun job, kill a node, watch the others carry on."
@@ -438,11 +450,17 @@ def main() -> int:
             "root run: pip install -e '.[demo]'"
         )
 
-    mode = args.mode
+    from etcdrun.elastic.process_group import NEEDS as IN_PLACE_TORCH  # imports no torch
+
+    mode, torch_version = args.mode, _torch_version()
     if mode == "auto":
-        mode = "in-place" if importlib.util.find_spec("torch") is not None else "restart"
-    elif mode == "in-place" and importlib.util.find_spec("torch") is None:
-        sys.exit(f"demo: --mode in-place needs torch in {sys.executable}: pip install torch")
+        mode = "in-place" if torch_version >= IN_PLACE_TORCH else "restart"
+    elif mode == "in-place" and torch_version < IN_PLACE_TORCH:
+        have = ".".join(map(str, torch_version)) if torch_version else "no torch"
+        sys.exit(
+            f"demo: --mode in-place needs torch 2.14 or newer in {sys.executable} ({have}): "
+            "pip install -U torch"
+        )
     etcd_bin, version = find_working_etcd(args.install)
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _on_signal)

@@ -31,7 +31,7 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    dist.init_process_group("gloo")
+    elastic.init_process_group("gloo")  # etcdrun's group: a release can end it, and only it
     state = elastic.State(step=0)
 
     @elastic.run

@@ -333,3 +333,17 @@ def warden_of(agent_pid: int) -> int:
             if any(a.endswith(b"warden.py") for a in argv) and str(agent_pid).encode() in argv:
                 return int(d.name)
     raise AssertionError(f"no warden for agent {agent_pid}")
+
+
+def rows_by_pid(out: Path) -> dict[int, list[dict]]:
+    """What each worker of an in-place test logged: its ``steps_<pid>.jsonl``, line by line."""
+    found = {}
+    for path in out.glob("steps_*.jsonl"):
+        lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
+        found[int(path.stem.split("_")[1])] = [json.loads(ln) for ln in lines]
+    return found
+
+
+def parent(pid: int) -> int:
+    """The parent pid of ``pid`` (a worker's agent)."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])

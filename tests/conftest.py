@@ -45,6 +45,11 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "chaos: seeded chaos trials on real etcd and agents (tests/chaos/, ~60 s)"
     )
     config.addinivalue_line(
+        "markers",
+        "torch213: about torch older than 2.14 (in place's gate); .ci/run runs them in its "
+        "torch 2.13.0 venv, and they skip on a newer torch",
+    )
+    config.addinivalue_line(
         "markers", "ddp: examples/ddp_elastic.py under real agents and torchrun (needs torch)"
     )
     _prewarm_switch()
@@ -150,12 +155,24 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 
 @pytest.fixture
+def torch_before_2_14(torch_available) -> None:
+    """A torch older than 2.14, for the in-place gate's tests (marker ``torch213``): on a newer
+    torch they skip, since .ci/run runs them in its torch 2.13.0 venv.
+    """
+    from importlib.metadata import version
+
+    major, minor = (int(x) for x in version("torch").split("+")[0].split(".")[:2])
+    if (major, minor) >= (2, 14):
+        pytest.skip(f"needs torch < 2.14 (this is {version('torch')}): .ci/run's torch 2.13 step")
+
+
+@pytest.fixture
 def torch_available() -> None:
     """torch (a test extra, never a runtime dependency): missing skips locally, FAILS in CI."""
     import importlib.util
 
     if importlib.util.find_spec("torch") is None:
-        msg = "torch is not installed (pip install -e '.[test]' brings torch==2.13.0)"
+        msg = "torch is not installed (pip install -e '.[test]' brings torch==2.14.1)"
         if _in_ci():
             pytest.fail(f"{msg} [CI=true: a missing torch is an error]", pytrace=False)
         pytest.skip(msg)

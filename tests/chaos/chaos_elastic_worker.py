@@ -47,7 +47,7 @@ def _hold(rank: int | None, rnd: int | None) -> None:
     _write(os.path.join(out, f"held_{PID}.json"), {"start": STARTED, "rank": rank, "round": rnd})
 
 
-dist.init_process_group("gloo")
+elastic.init_process_group("gloo")
 net = torch.nn.Linear(4, 1)  # DDP gives every rank rank 0's parameters
 model = torch.nn.parallel.DistributedDataParallel(net)
 opt = torch.optim.SGD(net.parameters(), lr=2e-3)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 
 import pytest
 from agent_helpers import clean_env, unused_port
@@ -229,18 +230,21 @@ def test_a_round_that_ends_inside_gloos_mesh_does_not_hold_the_next(torch_availa
 
 REUSED = """
 import os, socket
-from etcdrun.elastic.group import Group
+from etcdrun.elastic import sockets
 
 server = socket.create_server(("127.0.0.1", 0))
+before = sockets.census()
 peer = socket.create_connection(server.getsockname())
 accepted, _ = server.accept()
-group = Group()
-group.adopt()  # takes both ends of the connection for the group's
+new = sockets.new_since(before, sockets.census())
+port = server.getsockname()[1]
+owned = sockets.the_groups(new, port, set())  # both ends: the store's port is at one end of each
+assert set(owned) == {peer.fileno(), accepted.fileno()}, (owned, peer.fileno(), accepted.fileno())
 fd = peer.fileno()
 peer.close()  # gone with the group it served (torch's store closes its ends the same way)
 listener = socket.create_server(("127.0.0.1", 0))  # takes the lowest free descriptor: peer's
 assert listener.fileno() == fd, (listener.fileno(), fd)
-group.release()
+sockets.shut(owned)
 listener.settimeout(5)
 dial = socket.create_connection(listener.getsockname())
 listener.accept()
@@ -257,3 +261,79 @@ def test_a_release_never_shuts_a_socket_that_took_a_closed_ones_descriptor():
         [sys.executable, "-c", REUSED], env=clean_env(), capture_output=True, text=True, timeout=60
     )
     assert "the listener still accepts" in out.stdout, out.stderr[-2000:]
+
+
+FOREIGN = """
+import os, socket, sys, threading, time
+import torch, torch.distributed as dist
+from etcdrun.elastic.group import Group
+
+rank = int(os.environ["RANK"])
+echo = ("127.0.0.1", int(sys.argv[1]))
+early = socket.create_connection(echo)  # the script's, from before the group
+late = []
+if rank == 0:  # the script's too, opened by a thread of its own while etcdrun forms the group
+    threading.Timer(0.3, lambda: late.append(socket.create_connection(echo))).start()
+else:
+    time.sleep(1.0)  # rank 0 waits for this rank inside the form meanwhile
+group = Group()
+group.form("gloo")
+group.check_round()
+assert rank == 1 or late, "the thread's connection was not opened during the form"
+dist.all_reduce(torch.ones(1))
+if rank == 1:
+    time.sleep(30)  # alive and silent: rank 0's next collective blocks on it
+    sys.exit(0)
+threading.Timer(0.5, group.release).start()
+began = time.monotonic()
+try:
+    dist.all_reduce(torch.ones(1))
+except RuntimeError:
+    print(f"released after {time.monotonic() - began:.2f} s", flush=True)
+for name, conn in (("early", early), ("late", late[0])):
+    conn.sendall(name.encode() + b"\\n")
+    print(name, conn.makefile().readline().strip() == name, flush=True)
+os._exit(0)
+"""
+
+
+def test_a_release_shuts_the_groups_sockets_and_none_of_the_scripts(torch_available):
+    """A release shut every connected socket of the process but the store's, a tracker's or a
+    database's too. Now it shuts only what etcdrun's form made (sockets.py): rank 0's blocked
+    collective is released, and its own connections, one from before the group and one a
+    thread opened while the group formed, still carry a line to an echo server and back.
+    """
+    import socketserver
+
+    class Echo(socketserver.StreamRequestHandler):
+        def handle(self) -> None:
+            for line in self.rfile:
+                self.wfile.write(line)
+
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Echo)
+    server.daemon_threads = True
+    serving = threading.Thread(target=server.serve_forever, name="echo", daemon=True)
+    serving.start()
+    port = unused_port()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", FOREIGN, str(server.server_address[1])],
+            env=clean_env(RANK=rank, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in ("0", "1")
+    ]
+    try:
+        out, err = procs[0].communicate(timeout=60)
+    finally:
+        for p in procs:
+            p.kill()
+            p.communicate()
+        server.shutdown()
+        server.server_close()
+        serving.join(5)
+    assert "released after" in out, err[-2000:]
+    assert float(out.split("released after ")[1].split()[0]) < 10, out  # not gloo's 30 min
+    assert "early True" in out and "late True" in out, out + err[-2000:]

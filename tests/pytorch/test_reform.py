@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ import pytest
 from etcdrun.agent.worker.control import ABORT, ROUND, encode
 from etcdrun.elastic import runner
 from etcdrun.elastic.link import AgentLink
+from etcdrun.elastic.origin import Failures
 
 
 def _link() -> tuple[AgentLink, socket.socket]:
@@ -51,6 +53,7 @@ class _Group:
         self.error = error
         self.forms = 0
         self.inflight = None  # what the state's hook is handed; this state keeps nothing
+        self.failures = Failures()  # watching no group: judges by the exception's type alone
 
     def drop(self) -> None:
         pass
@@ -66,14 +69,16 @@ class _Group:
 
 
 class _State:
-    def __init__(self, commits: int = 1) -> None:
+    def __init__(self, commits: int = 1, rewrap_error: Exception | None = None) -> None:
         self.commits = commits
+        self.rewrap_error = rewrap_error
 
     def restore(self) -> None:
         pass
 
     def rewrap(self) -> None:
-        pass
+        if self.rewrap_error is not None:
+            raise self.rewrap_error
 
     def attach(self, inflight: object) -> None:
         pass
@@ -103,7 +108,7 @@ def test_a_form_broken_by_a_lost_peer_forms_the_next_round(torch_available, monk
 
     later = threading.Timer(0.2, agent_side)
     later.start()
-    runner._reform(_State(), group, link, "gloo")
+    runner._reform(_State(), group, link, "gloo", check_first=True)
     later.join()
     assert (group.forms, link.round) == (2, 2)
     link.close()
@@ -111,13 +116,25 @@ def test_a_form_broken_by_a_lost_peer_forms_the_next_round(torch_available, monk
 
 
 @pytest.mark.parametrize("why", ["the script's own", "no word from the agent"])
-def test_a_form_that_fails_otherwise_is_the_script_failure(torch_available, monkeypatch, why):
-    monkeypatch.setenv("ETCDRUN_PEER_WAIT", "0.3")
+def test_a_re_form_that_fails_otherwise_is_the_script_failure(torch_available, monkeypatch, why):
+    """A script's error in the re-form (its module in DDP's constructor) fails at once, whatever
+    its text; a form broken on its transport fails once the agent has not ended the round
+    within the peer wait.
+    """
+    monkeypatch.setenv("ETCDRUN_PEER_WAIT", "0.3" if why != "the script's own" else "30")
     link, agent = _link()
     _send_round(agent, 1)
-    error = ValueError("a bad rewrap") if why == "the script's own" else _peer_lost()
+    if why == "the script's own":
+        error: Exception = ValueError("Connection reset by peer: NCCL error in the script's module")
+        state, group = _State(rewrap_error=error), _Group(None)
+    else:
+        error = _peer_lost()
+        state, group = _State(), _Group(error)
+    began = time.monotonic()
     with pytest.raises(type(error)):
-        runner._reform(_State(), _Group(error), link, "gloo")
+        runner._reform(state, group, link, "gloo", check_first=False)
+    if why == "the script's own":  # at once: not after the 30 s peer wait
+        assert time.monotonic() - began < 10
     link.close()
     agent.close()
 
@@ -130,7 +147,7 @@ def test_a_re_form_without_any_commit_says_so(torch_available, caplog, commits):
     link, agent = _link()
     _send_round(agent, 1)
     with caplog.at_level("WARNING", logger="etcdrun.elastic"):
-        runner._reform(_State(commits), _Group(None), link, "gloo")
+        runner._reform(_State(commits), _Group(None), link, "gloo", check_first=True)
     said = [r.getMessage() for r in caplog.records if "state.commit()" in r.getMessage()]
     assert len(said) == (1 if commits == 0 else 0), said
     link.close()

@@ -2,7 +2,9 @@
 
 Horovod's shape, on etcdrun's rounds::
 
-    state = elastic.TorchState(model=model, optimizer=opt, step=0)
+    elastic.init_process_group("gloo")          # etcdrun's group: see process_group.py
+    model = DistributedDataParallel(net)
+    state = elastic.TorchState(model=model, optimizer=opt, scheduler=sched, step=0)
 
     @elastic.run
     def train(state):
@@ -17,10 +19,13 @@ When a node dies, leaves or arrives, the workers that entered ``elastic.run`` ar
 their agent tells them the round is over (a collective blocked on a lost peer is released at
 once), they go back to the last ``commit()``, re-form the default process group for the new
 round (new RANK, WORLD_SIZE, MASTER_*, also in ``os.environ``), re-sync DDP, take the state of
-the rank with the newest commit (``sync()``), run the ``on_reset`` callbacks and call ``train``
-again. A newcomer receives the state from a survivor, not from a checkpoint. An exception of the
-script's own is a failure, as without this module. Outside an etcdrun agent (plain torchrun, a
-bare ``python``) ``run`` calls the function once: a restart is the launcher's.
+the rank with the newest commit (``sync()``, streamed tensor by tensor), check that every rank
+holds the same state, run the ``on_reset`` callbacks and call ``train`` again. A newcomer
+receives the state from a survivor, not from a checkpoint. Each value of the state is kept by
+the handler of its type (modules, optimizers, LR schedulers, samplers, ``RandomState``, plain
+values; ``register_handler`` for the rest). An exception of the script's own is a failure, as
+without this module. Outside an etcdrun agent (plain torchrun, a bare ``python``) ``run``
+calls the function once: a restart is the launcher's.
 
 A script that does not opt in can still feed the agent's hang watchdog (``--hang-timeout``):
 ``elastic.progress(step)`` once per step; ``commit()`` does it for those that do.
@@ -30,8 +35,24 @@ torch is imported where it is used, so that importing this package costs nothing
 
 from __future__ import annotations
 
+from etcdrun.elastic.agree import ReplicasDiverged
+from etcdrun.elastic.handlers import register_handler
+from etcdrun.elastic.process_group import init_process_group
 from etcdrun.elastic.progress import progress
+from etcdrun.elastic.rng import RandomState
 from etcdrun.elastic.runner import MembershipChanged, run
+from etcdrun.elastic.sampler import ElasticSampler
 from etcdrun.elastic.state import State, TorchState
 
-__all__ = ["MembershipChanged", "State", "TorchState", "progress", "run"]
+__all__ = [
+    "ElasticSampler",
+    "MembershipChanged",
+    "RandomState",
+    "ReplicasDiverged",
+    "State",
+    "TorchState",
+    "init_process_group",
+    "progress",
+    "register_handler",
+    "run",
+]

@@ -1,23 +1,19 @@
-"""The default process group across etcd rounds: adopted, released at once, formed again.
+"""The default process group across etcd rounds: formed by etcdrun, released at once, formed
+again; or the script's own, adopted and never shut.
 
-Why shut the group's sockets to release it: a *synchronous* gloo collective blocked on a frozen
-peer is not released by ``ProcessGroupGloo.abort()`` called from another thread; it ends only
-when the peer's sockets close, gloo's 30 minutes later for a frozen peer (bench/results.md,
-"In-place recovery"). Shutting down this process's own ends of the group's TCP connections makes
-every blocked send and receive fail at once, with gloo's "Connection closed by peer", in the
-main thread that waits on it, DDP's waits included. NCCL has what gloo lacks: its communicator
-abort is made to be called from another thread, so an NCCL group is released with
-``abort()`` (design.md §4a). Listening sockets are never touched: gloo's accept thread dies on a
-shut listener and takes the process with it.
-
-Which sockets are the group's: those that appeared while it was formed (``form``). A group the
-script formed before ``elastic.run`` (its ``init_process_group``) is adopted by the same rule
-applied to the whole process: every connected TCP socket but the store's (``MASTER_PORT``) —
-a socket the script itself opened to a peer before ``elastic.run`` would be taken for the
-group's, which is the limit of adopting. Each is known by its descriptor *and* its inode, and
-shut only while the descriptor still names that socket: a descriptor the store closed can be
-reused at once by gloo's next listener, and a shut listener kills the process (gloo's
-"accept: Invalid argument").
+Why etcdrun forms the group itself (``elastic.init_process_group``): a release must end a
+collective blocked on a frozen peer at once, and only shutting this process's ends of the
+group's connections does that for gloo (sockets.py). A release may shut only what etcdrun
+created, so etcdrun must have created the group: then it knows its sockets exactly (those of
+the round's store it built and of gloo's mesh, sockets.py), and every later round's group is
+formed the same way. A script that calls ``dist.init_process_group`` itself keeps working: its
+group is *adopted*, and nothing of it is shut. A release then ends what etcdrun waits on (the
+DDP all-reduces routed through ``InFlight``, etcdrun's own collectives); a synchronous
+collective of the script's own on a frozen peer waits until that peer's process ends (its
+sockets close) or gloo's timeout. From the first membership change on, the group is one
+etcdrun formed. NCCL has what gloo lacks: its communicator abort is made to be called from
+another thread, so a group etcdrun formed on NCCL is released with ``abort()`` (design.md
+§4a).
 
 Why a group is formed on a thread of its own: once the addresses are exchanged, gloo's full
 mesh waits for each peer that is to dial this rank, and nothing from outside ends that wait
@@ -32,8 +28,9 @@ it happens only when a round ends inside the mesh.
 
 The round is the group's fencing token: the group is formed on the round's own store (a port
 its rank 0 reserved for that round alone), and right after forming every rank checks that all
-ranks run the same round (one all_gather), so a worker that missed a round can never take part
-in a later round's collectives.
+ranks run the same round (one all_gather, which also tells each rank its peers' gloo
+listeners), so a worker that missed a round can never take part in a later round's
+collectives.
 """
 
 from __future__ import annotations
@@ -41,14 +38,15 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
-import socket
 import threading
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 from etcdrun.agent.standby.boot import await_listener
+from etcdrun.elastic import sockets
 from etcdrun.elastic.inflight import InFlight
+from etcdrun.elastic.origin import Failures
 
 FORM_TIMEOUT = timedelta(minutes=30)  # torch's default; an abort ends a wait sooner
 STORE_TRY = timedelta(seconds=1)  # one try to reach the round's store; a release ends the tries
@@ -60,108 +58,79 @@ class RoundMismatch(RuntimeError):
     """Ranks of different rounds met in one group: this one must not train."""
 
 
-def _sockets() -> set[int]:
-    fds = set()
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            if os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
-                fds.add(int(name))
-        except OSError:
-            continue
-    return fds
-
-
-def _connected_tcp(fds: set[int], skip_port: int | None) -> dict[int, int]:
-    """The connected TCP sockets among ``fds`` (no listener), without the store's: descriptor
-    to inode.
-    """
-    found = {}
-    for fd in fds:
-        inode = _connected_inode(fd, skip_port)
-        if inode is not None:
-            found[fd] = inode
-    return found
-
-
-def _connected_inode(fd: int, skip_port: int | None) -> int | None:
-    """The inode of the connected TCP socket ``fd`` names now, or None. It looks at a
-    duplicate, so that the socket looked at is the one whose inode is given even if ``fd`` is
-    closed and reused meanwhile.
-    """
-    s = _socket_at(fd)
-    if s is None:
-        return None
-    with s:
-        try:
-            if s.family not in (socket.AF_INET, socket.AF_INET6) or s.type != socket.SOCK_STREAM:
-                return None
-            if s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
-                return None
-            peer, local = s.getpeername(), s.getsockname()
-            if skip_port is not None and skip_port in (peer[1], local[1]):
-                return None
-            return os.fstat(s.fileno()).st_ino
-        except OSError:
-            return None
-
-
-def _socket_at(fd: int) -> socket.socket | None:
-    """A socket object over a duplicate of ``fd`` (None once ``fd`` is closed): what it is
-    then asked and told concerns one socket, whatever becomes of ``fd`` meanwhile.
-    """
-    try:
-        return socket.socket(fileno=os.dup(fd))
-    except OSError:
-        return None
-
-
 class Group:
-    """One per worker, for its whole life. ``adopt()`` or ``form()``, then ``release()`` from
-    any thread, then ``form()`` again for the next round.
+    """One per worker, for its whole life (``elastic.init_process_group`` or ``elastic.run``
+    makes it). ``form()`` or ``adopt()``, ``check_round()``, then ``release()`` from any thread,
+    then ``drop()`` and ``form()`` again for the next round.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)  # a release, or a form's end
-        self._fds: dict[int, int] = {}
+        self._fds: dict[int, int] = {}  # the group's sockets etcdrun may shut: fd to inode
+        self._dialled: dict[int, sockets.Sock] = {}  # new in the form: the group's if to a peer
+        self._listening = 0  # this rank's gloo listener of the group formed last
         self._released = False
+        self._timeout = FORM_TIMEOUT  # the collectives' timeout of every group formed
+        self.owned = False  # etcdrun formed the current group (else the script did)
         self.inflight = InFlight()  # DDP's all-reduces, which a release ends (inflight.py)
+        self.failures = Failures()  # where an exception arose (origin.py)
 
     def adopt(self) -> None:
-        """Take the group the script formed (see the module docstring for which sockets)."""
-        port = int(os.environ.get("MASTER_PORT", "0")) or None
-        with self._lock:
-            self._fds, self._released = _connected_tcp(_sockets(), port), False
-        self.inflight.restart()
+        """Take the group the script formed: watched, never shut (module docstring)."""
+        import torch.distributed as dist
 
-    def form(self, backend: str, ended: Callable[[], bool] = lambda: False) -> None:
+        with self._lock:
+            self._fds, self._dialled, self._listening = {}, {}, 0
+            self._released, self.owned = False, False
+        self.inflight.restart()
+        self.failures.watch(dist.group.WORLD)
+
+    def form(
+        self,
+        backend: str,
+        ended: Callable[[], bool] = lambda: False,
+        timeout: timedelta | None = None,
+    ) -> None:
         """The default group of the round in ``os.environ``: the store as env:// makes it (so a
         newcomer's own ``init_process_group`` meets the survivors there), then the group.
-        Raises when ``release()`` cut it short. The caller then re-wraps DDP and checks the
-        round, in the order a newcomer's script and ``elastic.run`` do.
+        Raises when ``release()`` cut it short. The caller then checks the round
+        (``check_round``) and re-wraps DDP, in the order a newcomer's script and
+        ``elastic.run`` do.
 
         ``ended()`` says whether the round being formed is over already: a release that came
         before this call (the notice can follow the round's hand-over at once) is not lost to
         the reset of ``_released`` here (chaos seed 92: a survivor tried forever to reach the
-        store of a round that had ended before it began to form it).
+        store of a round that had ended before it began to form it). ``timeout``: the group's
+        collectives' (the first form's is kept for every later round's group).
         """
         import torch.distributed as dist
 
-        before = _sockets()
+        if timeout is not None:
+            self._timeout = timeout
+        before = sockets.census()
+        store_port = int(os.environ["MASTER_PORT"])
         with self._lock:
-            self._released = False
+            self._released, self.owned = False, True
+            self._fds, self._dialled, self._listening = {}, {}, 0
         self.inflight.restart()
         store, rank, world = self._store(ended)
-        with self._lock:  # the store's own socket, so that a release ends a wait on it too
-            self._fds = _connected_tcp(_sockets() - before, None)
+        with self._lock:  # the store's own sockets, so that a release ends a wait on them too
+            self._fds = sockets.the_groups(
+                sockets.new_since(before, sockets.census()), store_port, set()
+            )
         if self._released or ended():  # a release from now on shuts the store's socket
             raise ConnectionAbortedError("the round ended while its group was formed")
         _reset_group_names()
         self._init(backend, dist.PrefixStore("default_pg", store), rank, world)
+        new = sockets.new_since(before, sockets.census())
         with self._lock:
-            self._fds = _connected_tcp(_sockets() - before, None)
+            self._listening = sockets.listener_port(new)
+            self._fds = sockets.the_groups(new, store_port, set())
+            self._dialled = {fd: s for fd, s in new.items() if fd not in self._fds}
             if self._released:  # came while gloo connected: its new sockets are cut now
-                self._shut(self._fds)
+                sockets.shut(self._fds)
+        self.failures.watch(dist.group.WORLD)
 
     def _init(self, backend: str, store: Any, rank: int, world: int) -> None:
         """``init_process_group`` on a thread that a release can leave behind (see the module
@@ -180,7 +149,7 @@ class Group:
                     if device is not None:  # the current device is the thread's own
                         torch.cuda.set_device(device)
                     dist.init_process_group(
-                        backend, store=store, rank=rank, world_size=world, timeout=FORM_TIMEOUT
+                        backend, store=store, rank=rank, world_size=world, timeout=self._timeout
                     )
                 except BaseException as e:  # _Told among them: the form's end, whatever it is
                     error = e
@@ -252,35 +221,51 @@ class Group:
             return store, rank, world
 
     def check_round(self) -> None:
-        """Every rank runs the round this worker runs in (the fencing token), or raise."""
+        """Every rank runs the round this worker runs in (the fencing token), or raise
+        ``RoundMismatch``. The same all_gather tells each rank its peers' gloo listeners: the
+        pairs it dialled to them are the group's from now on (sockets.py).
+        """
         import torch
         import torch.distributed as dist
 
-        mine = torch.tensor([int(os.environ.get("ETCDRUN_ROUND", "0"))], dtype=torch.int64)
-        rounds = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
-        self.inflight.wait(dist.all_gather(rounds, mine, async_op=True))
-        seen = sorted({int(r.item()) for r in rounds})
-        if seen != [int(mine.item())]:
+        round_ = int(os.environ.get("ETCDRUN_ROUND", "0"))
+        mine = torch.tensor([round_, self._listening], dtype=torch.int64)
+        every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+        self.inflight.wait(dist.all_gather(every, mine, async_op=True))
+        seen = sorted({int(t[0]) for t in every})
+        if seen != [round_]:
             raise RoundMismatch(f"ranks of rounds {seen} met in one process group")
+        peers = {int(t[1]) for t in every} - {0}
+        with self._lock:
+            if not self.owned:
+                return
+            store_port = int(os.environ["MASTER_PORT"])
+            dialled = sockets.the_groups(self._dialled, store_port, peers)
+            self._fds.update(dialled)
+            self._dialled = {}
+            if self._released:
+                sockets.shut(dialled)
 
     def release(self) -> None:
-        """Make every collective of this group fail now (any thread). gloo: its connections are
-        shut; NCCL: its communicators aborted.
+        """Make every collective etcdrun waits on fail now (any thread). A group etcdrun formed:
+        gloo's connections are shut, NCCL's communicators aborted. An adopted group: only the
+        collectives waited on through ``inflight`` (module docstring).
         """
         with self._lock:
             self._released = True
             self._changed.notify_all()
-            fds = dict(self._fds)
-        if _backend() == "nccl":
+            fds, owned = dict(self._fds), self.owned
+        if owned and _backend() == "nccl":
             _abort_default_group()
             return
-        self._shut(fds)
+        sockets.shut(fds)
         self.inflight.end()
 
     def drop(self) -> None:
         """Forget the released group (the main thread, before forming the next)."""
         import torch.distributed as dist
 
+        self.failures.close()
         if dist.is_initialized():
             running = self.inflight.running()
             if running:  # destroying the group would join the thread gloo holds
@@ -291,21 +276,7 @@ class Group:
                 )
             _abort_default_group()
         with self._lock:
-            self._fds = {}
-
-    @staticmethod
-    def _shut(fds: dict[int, int]) -> None:
-        """Shut each socket that its descriptor still names (its inode unchanged)."""
-        for fd, inode in fds.items():
-            s = _socket_at(fd)
-            if s is None:
-                continue
-            with s:
-                try:
-                    if os.fstat(s.fileno()).st_ino == inode:
-                        s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+            self._fds, self._dialled = {}, {}
 
 
 class _Told(BaseException):
@@ -368,18 +339,18 @@ def _reset_group_names() -> None:
 
 
 def _abort_default_group() -> None:
-    """Abort (NCCL: ncclCommAbort) and forget the default group; torch's own way to end a group
-    whose peers may never answer, where ``destroy_process_group`` would wait for them.
+    """Abort (NCCL: ncclCommAbort) and forget the default group: torch's own way to end a group
+    whose peers may never answer, where ``destroy_process_group`` alone would wait for them.
     """
-    from torch.distributed.distributed_c10d import _abort_process_group
+    import torch.distributed as dist
 
+    if not dist.is_initialized():
+        return
     try:
-        _abort_process_group()
-    except (RuntimeError, ValueError, AssertionError):
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        dist.group.WORLD.abort()
+    except RuntimeError:  # a backend without abort: destroying it is all there is
+        pass
+    dist.destroy_process_group()
 
 
 __all__ = ["FORM_TIMEOUT", "Group", "RoundMismatch"]
