@@ -39,6 +39,7 @@ import ctypes
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -267,7 +268,7 @@ class Group:
 
         self.failures.close()
         if dist.is_initialized():
-            running = self.inflight.running()
+            running = self._settled(LEAVE_AFTER)
             if running:  # destroying the group would join the thread gloo holds
                 _keep(dist.group.WORLD)
                 _say(
@@ -277,6 +278,17 @@ class Group:
             _abort_default_group()
         with self._lock:
             self._fds, self._dialled = {}, {}
+
+    def _settled(self, wait: float) -> list[Any]:
+        """gloo's collectives of the released group still running after up to ``wait`` s.
+        Why wait at all: a collective every rank had entered goes on inside gloo after the
+        release failed etcdrun's future for it (an adopted group's sockets are not shut), and
+        it ends a moment later; only one that gloo holds past that keeps the group.
+        """
+        deadline = time.monotonic() + wait
+        while (running := self.inflight.running()) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return running
 
 
 class _Told(BaseException):
