@@ -50,7 +50,22 @@ def parse_endpoint(text: str) -> Endpoint:
     port = int(m.group("port") or DEFAULT_PORT)
     if not 0 < port < 65536:
         raise ValueError(f"malformed etcd endpoint {text!r}: port {port} out of range")
+    if m.group("host") is not None and not _hostname(m.group("host")):
+        raise ValueError(
+            f"malformed etcd endpoint {text!r}: {m.group('host')!r} is not a host name"
+        )
     return Endpoint(m.group("ip6") or m.group("host"), port, secure)
+
+
+def _hostname(host: str) -> bool:
+    """Whether ``host`` can name a host: dot-separated labels of 1-63 characters, none that
+    starts or ends with a hyphen (RFC 1123). Why check: ``-1`` (a value meant for another flag)
+    was taken for a host and retried as "unreachable -1:2379" for the whole retry timeout.
+    """
+    labels = host.removesuffix(".").split(".")
+    return all(
+        0 < len(lb) <= 63 and not lb.startswith("-") and not lb.endswith("-") for lb in labels
+    )
 
 
 def parse_endpoints(spec: str | list[str] | tuple[str, ...]) -> tuple[Endpoint, ...]:

@@ -165,6 +165,17 @@ def test_a_run_id_that_is_not_a_name_is_one_line(bad, tmp_path):
     assert not any(tmp_path.parent.glob("attempt_*"))  # nothing written outside log_dir
 
 
+@pytest.mark.parametrize("bad", ["-1", "etcd-.local", "a..b:2379"])
+def test_an_endpoint_that_names_no_host_is_one_line_at_once(bad, tmp_path):
+    """``-1`` (a value meant for another flag) was taken for a host, and the agent retried
+    "unreachable -1:2379" for its whole retry timeout instead of saying so at once.
+    """
+    argv = ["--nnodes", "1", "--rdzv-backend", "etcd", "--rdzv-id", "job", "--log-dir"]
+    proc = run_cli(*argv, str(tmp_path), "--rdzv-endpoint", bad, "x.py", timeout=20)
+    assert proc.returncode == 2
+    assert_one_clear_line(proc, "--rdzv-endpoint", "is not a host name")
+
+
 def test_the_etcd_backend_requires_a_run_id(etcd):
     """Of a job of more than one node: a one-node job gets a unique id (test_launcher.py)."""
     argv = etcd_argv(etcd.endpoints, "lease_ttl=2")

@@ -35,7 +35,7 @@ def test_parse_endpoints():
         ("b", 2379, True),
         ("::1", 3, False),
     ]
-    for bad in ["", "a:b", "a:99999", "ftp://x", "a b"]:
+    for bad in ["", "a:b", "a:99999", "ftp://x", "a b", "-1", "-1:2379", "a..b", "etcd-.x"]:
         with pytest.raises(ValueError):
             parse_endpoints(bad)
 

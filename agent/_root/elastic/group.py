@@ -51,6 +51,7 @@ from etcdrun.elastic.origin import Failures
 
 FORM_TIMEOUT = timedelta(minutes=30)  # torch's default; an abort ends a wait sooner
 STORE_TRY = timedelta(seconds=1)  # one try to reach the round's store; a release ends the tries
+NCCL_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"  # read by ProcessGroupNCCL when it is made
 LEAVE_AFTER = 0.5  # seconds a told form has to end before it is left behind inside gloo
 log = logging.getLogger("etcdrun.elastic")
 
@@ -142,6 +143,11 @@ class Group:
 
         device = torch.cuda.current_device() if torch.cuda.is_initialized() else None
         ended: list[BaseException | None] = []
+        if backend == "nccl" and os.environ.get(NCCL_HANDLING) == "1":
+            # torchrun's default, which the agent sets: NCCL's watchdog tears the process down
+            # on a failed collective, and a release's abort fails them. A kept worker needs its
+            # process: the communicators are cleaned up, the error raised, nothing torn down.
+            os.environ[NCCL_HANDLING] = "2"
 
         def init() -> None:
             error: BaseException | None = None
@@ -230,13 +236,14 @@ class Group:
         import torch.distributed as dist
 
         round_ = int(os.environ.get("ETCDRUN_ROUND", "0"))
-        mine = torch.tensor([round_, self._listening], dtype=torch.int64)
+        mine = torch.tensor([round_, self._listening], dtype=torch.int64, device=device())
         every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
         self.inflight.wait(dist.all_gather(every, mine, async_op=True))
-        seen = sorted({int(t[0]) for t in every})
+        every = [t.tolist() for t in every]
+        seen = sorted({r for r, _ in every})
         if seen != [round_]:
             raise RoundMismatch(f"ranks of rounds {seen} met in one process group")
-        peers = {int(t[1]) for t in every} - {0}
+        peers = {port for _, port in every} - {0}
         with self._lock:
             if not self.owned:
                 return
@@ -257,9 +264,9 @@ class Group:
             self._changed.notify_all()
             fds, owned = dict(self._fds), self.owned
         if owned and _backend() == "nccl":
-            _abort_default_group()
-            return
-        sockets.shut(fds)
+            _abort_world()
+        else:
+            sockets.shut(fds)
         self.inflight.end()
 
     def drop(self) -> None:
@@ -348,6 +355,28 @@ def _reset_group_names() -> None:
 
     if not dist.is_initialized():
         distributed_c10d._world.group_count = 0
+
+
+def device() -> Any:
+    """Where the default group's tensors live: NCCL's on the worker's current GPU (torch 2.14
+    registers an NCCL group for CUDA tensors only), gloo's on the CPU.
+    """
+    import torch
+
+    if _backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _abort_world() -> None:
+    """Abort the default group's communicators (NCCL: ncclCommAbort), from any thread: made for
+    it. The group itself is destroyed by ``drop()``, on the main thread, which may still be
+    using it now.
+    """
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.group.WORLD.abort()
 
 
 def _abort_default_group() -> None:

@@ -66,9 +66,12 @@ class InFlight:
 
     def wait(self, work: Any) -> None:
         """Wait for a collective started with ``async_op=True``, or until the release: what
-        ``elastic.run``'s own collectives (the round check, the state's sync) wait on.
+        ``elastic.run``'s own collectives (the round check, the state's sync) wait on. Then the
+        work's own ``wait()``: NCCL's future completes once the collective is queued, and only
+        that call makes the current CUDA stream wait for its result (gloo's returns at once).
         """
         self._track(work.get_future(), lambda value: None).wait()
+        work.wait()
 
     def end(self) -> None:
         """Fail every collective still waited on through this object (the group was

@@ -84,6 +84,14 @@ def group_for_run() -> tuple[Group, Any]:
     backend = dist.get_backend()
     if not group.owned:
         group.adopt()
+        if backend == "nccl":
+            log.warning(
+                "etcdrun.elastic: rank %s: the NCCL group this script formed is its own, and "
+                "etcdrun aborts only groups it formed: until the first membership change, a "
+                "collective blocked on a lost peer waits for NCCL's timeout (form the group "
+                "with etcdrun.elastic.init_process_group)",
+                os.environ.get("RANK", "?"),
+            )
     return group, backend
 
 

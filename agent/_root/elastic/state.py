@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from etcdrun.elastic import agree, interrupt, stream
+from etcdrun.elastic.group import device
 from etcdrun.elastic.handlers import Handler, handler_for
 from etcdrun.elastic.inflight import InFlight
 from etcdrun.elastic.progress import progress
@@ -61,7 +62,17 @@ class State:
     def commit(self) -> None:
         """A safe point: keep the state as it is now; raise ``MembershipChanged`` when the
         round this worker runs in is over (``elastic.run`` then re-forms and calls again).
+
+        On NCCL the round is checked first: a release aborts the communicators, and a step
+        whose collectives it cut short may finish on the host without an error and with a
+        partial sum on the device, so a step during which the round ended is not committed
+        (it is computed again). On gloo a step that got here had every collective complete.
         """
+        if _on_device():
+            import torch
+
+            torch.cuda.synchronize()
+            interrupt.check()
         self._shared, self._own = self._take()
         self._serial += 1
         progress(self._step())
@@ -94,7 +105,7 @@ class State:
 
         if not dist.is_initialized() or dist.get_world_size() == 1:
             return 0
-        on = _device()
+        on = device()
         me = torch.tensor([self._serial, -dist.get_rank()], dtype=torch.int64, device=on)
         every = [torch.zeros_like(me) for _ in range(dist.get_world_size())]
         self._wait(dist.all_gather(every, me, async_op=True))
@@ -200,14 +211,11 @@ class TorchState(State):
         super().__init__(model=model, optimizer=optimizer, **values)
 
 
-def _device() -> Any:
-    """Where the group's tensors live: NCCL's on the worker's GPU, gloo's on the CPU."""
-    import torch
+def _on_device() -> bool:
+    """Whether the default group is NCCL's (see ``commit``)."""
     import torch.distributed as dist
 
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+    return dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl"
 
 
 __all__ = ["State", "TorchState"]
