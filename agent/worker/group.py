@@ -30,13 +30,25 @@ from etcdrun.agent.errors import ProcessFailure
 from etcdrun.agent.hang import stacks
 from etcdrun.agent.worker import beat
 from etcdrun.agent.worker import spawn as _spawn
-from etcdrun.agent.worker.logdir import LogDir, WorkerFiles, copy_stopped
+from etcdrun.agent.worker.logdir import NOTICES, LogDir, WorkerFiles, copy_stopped
 from etcdrun.agent.worker.proc import WorkerProc
 from etcdrun.agent.worker.reactor import Reactor
 from etcdrun.rendezvous.api import check_run_id
 
 if TYPE_CHECKING:  # pragma: no cover
     from etcdrun.rendezvous.api import RendezvousInfo
+
+
+def _progress_page(path: str) -> None:
+    """A worker's zeroed progress page (no beat yet), or, on a log dir that cannot take it (full,
+    read-only since), one line and a worker without one: its hang watchdog and its pace are
+    off (it never beats), and the job goes on. Unguarded, a full disk crashed the agent here
+    with a traceback.
+    """
+    try:
+        beat.create(path)
+    except OSError as e:
+        NOTICES("progress", path, e, "the workers' progress pages are off: no hang watchdog")
 
 
 def _beats(spec: WorkerSpec, paced: bool) -> bool:
@@ -193,7 +205,7 @@ class WorkerGroup:
             files = WorkerFiles.under(self._attempt_dir, rank)
             files.prepare()
             if _beats(spec, self._paced):
-                beat.create(files.progress)  # zeroed: no beat yet
+                _progress_page(files.progress)
             procs.append(WorkerProc(worker, files, _spawn.stream_modes(spec, worker)))
         self._payload_file = None
         if payload is not None:

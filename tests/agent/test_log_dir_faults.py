@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from agent_helpers import WORKER, Agent, clean_env, etcdrun_bin, wait_for
-from cli_helpers import assert_one_clear_line, run_cli
+from cli_helpers import assert_one_clear_line, etcd_argv, run_cli
 from layout import TESTS
 
 CHATTY = str(TESTS / "workers" / "chatty.py")
@@ -106,3 +106,22 @@ def test_a_redirected_worker_killed_by_a_full_disk_says_enospc(full, tmp_path):
     assert any(
         f"{full}/" in ln and "the worker's output could not be written" in ln for ln in said
     ), proc.stderr
+
+
+def test_a_full_log_dir_leaves_the_workers_without_progress_pages_not_the_agent_dead(
+    full, tmp_path, etcd
+):
+    """The etcd backend gives every worker a progress page in the log dir (the node's pace,
+    the hang watchdog), and a full disk crashed the agent there with a traceback (issue 44).
+    Now it is one line, and the job runs: the workers start and end as without the page.
+    """
+    out = tmp_path / "out"
+    out.mkdir()
+    argv = etcd_argv(etcd.endpoints, "lease_ttl=2", "--log-dir", str(full))[:-3]
+    proc = run_cli(*argv, WORKER, str(out), "exit", timeout=60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    said = [ln for ln in proc.stderr.splitlines() if "progress pages are off" in ln]
+    assert len(said) == 1 and "is full (ENOSPC)" in said[0], proc.stderr[-3000:]
+    assert list(out.glob("start_*.json")), "the worker never started"
+

@@ -126,8 +126,13 @@ class Cooldown:
     def charge(self, running: Round, failure: FailureInfo, node: str) -> None:
         """This node's workers failed in ``running`` and it opened the restart round: count
         it, and cool the node down at the policy's count (before it could join that round).
+        Not with the restart budget spent: that round closes the job as failed, unless a lost
+        node caused the failure, which then charges nothing. A cooldown there only made the
+        failed job wait it out (10 s) before saying so.
         """
         if self.policy.failures <= 0:
+            return
+        if running.restart_count >= self._ctx.settings.max_restarts:
             return
         with self._mu:
             rec = charged(self._rec, self.policy, node, describe(failure), time.time())
