@@ -4,40 +4,109 @@ Why: a sync gives every rank the same committed state, and a restore puts it int
 objects, but only through the handlers (handlers.py). A value a handler does not fully carry
 (a scheduler deep-copied away from its optimizer, a user's handler that forgets a field) leaves
 one rank on another state, and data-parallel training then goes on with replicas that part:
-each steps with its own weights or learning rate, and nothing fails. So after every sync each
-rank digests its live shared state, value by value (sha1 over each tensor's bytes and over a
-canonical text of the plain values), the ranks gather the digests in one collective, and any
-value that differs from the source's ends the round with ``ReplicasDiverged``: a failure of the
-job (restarted from its checkpoint as any failure), never a silent divergence.
+each steps with its own weights or learning rate, and nothing fails. So after every sync:
 
-Cost: one read of the state's bytes (sha1 runs at several hundred MB/s per core here and
-releases the GIL) and one all_gather of 16 bytes per value, at each re-form only.
+- each rank compares its live shared state, value by value, with the state it just synced
+  (tensors byte for byte, plain values by equality): what a handler did not carry differs;
+- the ranks gather, in one all_gather of two numbers per value, a fingerprint of the synced
+  state (a digest of its plain values and the sum of its tensors' bytes) and their own verdict,
+  so that a transport that delivered other bytes to one rank is caught too.
+
+Any value that differs ends the round with ``ReplicasDiverged``: a failure of the job
+(restarted from its checkpoint as any failure), never a silent divergence.
+
+Why not a digest of the whole live state on every rank: sha1 reads about 1.7 GB/s here, and
+the check would then cost more than the sync it checks (bench/results/state_sync.md). A
+comparison and a byte sum read memory at several GB/s, and need no more of it.
 """
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 from collections.abc import Callable
 from typing import Any
 
-CHUNK = 32 * 1024 * 1024  # a device tensor is digested through host copies of this size
+CHUNK = 32 * 1024 * 1024  # a device tensor is compared through host copies of this size
 
 
 class ReplicasDiverged(RuntimeError):
     """Ranks hold different states after a sync: training would go on with parted replicas."""
 
 
-def digest(tree: Any) -> bytes:
-    """16 bytes that differ when any tensor's bytes or any plain value of ``tree`` differ."""
+def check(
+    live: dict[str, Any],
+    synced: dict[str, Any],
+    src: int,
+    wait: Callable[[Any], None],
+    device: Any,
+) -> None:
+    """Raise ``ReplicasDiverged`` naming the values where a rank's live state is not the synced
+    one, or where ranks synced other bytes than rank ``src``. ``live`` and ``synced``: each
+    shared value's tree (its handler's, or the plain value), in the same order on every rank.
+    """
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1 or not synced:
+        return
+    names = list(synced)
+    rows = []
+    for name in names:
+        same = name in live and equal(live[name], synced[name])
+        rows.append([*fingerprint(synced[name]), int(same)])
+    mine = torch.tensor(rows, dtype=torch.int64, device=device)
+    every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+    wait(dist.all_gather(every, mine, async_op=True))
+    ref = every[src].cpu()
+    parted: dict[str, list[int]] = {}
+    for rank, theirs in enumerate(every):
+        theirs = theirs.cpu()
+        for i, name in enumerate(names):
+            if not bool(theirs[i, 2]) or not torch.equal(theirs[i, :2], ref[i, :2]):
+                parted.setdefault(name, []).append(rank)
+    if parted:
+        where = "; ".join(f"{n} on rank(s) {r}" for n, r in parted.items())
+        raise ReplicasDiverged(
+            f"after the sync, ranks hold a state other than rank {src}'s: {where} "
+            "(a handler that does not carry the whole value? see elastic.register_handler)"
+        )
+
+
+def equal(a: Any, b: Any) -> bool:
+    """Whether two trees hold the same values: tensors of one dtype and shape, byte for byte
+    (so NaNs compare equal), containers alike, plain values by ``==``.
+    """
+    import torch
+
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+            return False
+        return a.dtype == b.dtype and a.shape == b.shape and _same_bytes(a, b)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return list(a) == list(b) and all(equal(a[k], b[k]) for k in a)
+    if type(a) in (list, tuple) and type(a) is type(b):
+        return len(a) == len(b) and all(equal(x, y) for x, y in zip(a, b, strict=True))
+    try:
+        return bool(a == b) or (a != a and b != b)  # NaN == NaN here
+    except Exception:  # noqa: BLE001 - a value that cannot say: taken as different
+        return False
+
+
+def fingerprint(tree: Any) -> tuple[int, int]:
+    """Two numbers that differ, but for a vanishing chance, when the tree's plain values or its
+    tensors' bytes differ: a digest of a canonical text of the plain values and shapes, and the
+    sum of every tensor's memory as integer words.
+    """
     import torch
 
     h = hashlib.sha1()
+    total = 0
 
     def walk(x: Any) -> None:
+        nonlocal total
         if isinstance(x, torch.Tensor):
             h.update(f"T{x.dtype}{tuple(x.shape)}".encode())
-            _tensor_bytes(x.detach(), h.update)
+            total += _byte_sum(x.detach())
         elif isinstance(x, dict):
             h.update(b"{")
             for k, v in x.items():
@@ -53,59 +122,46 @@ def digest(tree: Any) -> bytes:
             h.update(_canonical(x).encode())
 
     walk(tree)
-    return h.digest()[:16]
+    return int.from_bytes(h.digest()[:8], "little", signed=True), total
 
 
-def check(named: dict[str, Any], src: int, wait: Callable[[Any], None], device: Any) -> None:
-    """Raise ``ReplicasDiverged`` naming the values where a rank differs from rank ``src``.
-    ``named``: each shared value's tree, in the same order on every rank.
+def _bytes(t: Any) -> Any:
+    """``t``'s memory as the widest integer words that divide it: torch compares and sums
+    int64 words at several GB/s, single bytes at a tenth of that.
     """
-    import torch
-    import torch.distributed as dist
-
-    if not dist.is_initialized() or dist.get_world_size() == 1 or not named:
-        return
-    names = list(named)
-    mine = torch.tensor(
-        [list(_words(digest(named[n]))) for n in names], dtype=torch.int64, device=device
-    )
-    every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
-    wait(dist.all_gather(every, mine, async_op=True))
-    ref = every[src].cpu()
-    parted: dict[str, list[int]] = {}
-    for rank, theirs in enumerate(every):
-        for i, same in enumerate((theirs.cpu() == ref).all(dim=1).tolist()):
-            if not same:
-                parted.setdefault(names[i], []).append(rank)
-    if parted:
-        where = "; ".join(f"{n} on rank(s) {r}" for n, r in parted.items())
-        raise ReplicasDiverged(
-            f"after the sync, ranks hold a state other than rank {src}'s: {where} "
-            "(a handler that does not carry the whole value? see elastic.register_handler)"
-        )
-
-
-def _words(d: bytes) -> tuple[int, int]:
-    return int.from_bytes(d[:8], "little", signed=True), int.from_bytes(
-        d[8:], "little", signed=True
-    )
-
-
-def _tensor_bytes(t: Any, update: Callable[[Any], None]) -> None:
-    """Feed ``t``'s bytes to ``update``: in place from host memory, in chunks from a device."""
     import torch
 
     flat = t.reshape(-1)
     if not flat.is_contiguous():
         flat = flat.contiguous()
-    raw = flat.view(torch.uint8) if flat.numel() else flat.new_empty(0, dtype=torch.uint8)
-    if raw.device.type == "cpu":
-        if raw.numel():
-            update(memoryview((ctypes.c_char * raw.numel()).from_address(raw.data_ptr())))
-        return
-    for start in range(0, raw.numel(), CHUNK):
-        host = raw[start : start + CHUNK].cpu()
-        update(memoryview((ctypes.c_char * host.numel()).from_address(host.data_ptr())))
+    if not flat.numel():
+        return flat.new_empty(0, dtype=torch.uint8)
+    raw = flat.view(torch.uint8)
+    for word in (torch.int64, torch.int32, torch.int16):
+        if raw.numel() % word.itemsize == 0 and raw.data_ptr() % word.itemsize == 0:
+            return raw.view(word)
+    return raw
+
+
+def _same_bytes(a: Any, b: Any) -> bool:
+    import torch
+
+    x, y = _bytes(a), _bytes(b)
+    if x.device == y.device:
+        return torch.equal(x, y)
+    for start in range(0, x.numel(), CHUNK):
+        if not torch.equal(x[start : start + CHUNK].cpu(), y[start : start + CHUNK].cpu()):
+            return False
+    return True
+
+
+def _byte_sum(t: Any) -> int:
+    """The sum of ``t``'s memory as integer words (exact, wrapping at 64 bits), read where
+    ``t`` lives.
+    """
+    import torch
+
+    return int(_bytes(t).sum(dtype=torch.int64))
 
 
 def _canonical(x: Any) -> str:
@@ -119,4 +175,4 @@ def _canonical(x: Any) -> str:
     return f"{type(x).__name__}:{x!r}"
 
 
-__all__ = ["ReplicasDiverged", "check", "digest"]
+__all__ = ["ReplicasDiverged", "check", "equal", "fingerprint"]

@@ -142,8 +142,68 @@ def _load_module(module: Any, tree: Any) -> None:
 
 
 def _load_optimizer(optimizer: Any, tree: Any) -> None:
-    optimizer.load_state_dict(tree)
+    """Into the live state tensors when the saved state has their layout (the usual case: the
+    same model, a commit of this run), else by ``load_state_dict`` on a copy of the tree.
+
+    Why in place: ``load_state_dict`` keeps the tensors it is given, so the state had to hand
+    it clones (Adam's state is twice the model: 680 MB more at the peak of a 1 GB restore,
+    bench/results/state_sync.md), and a copy into tensors that exist needs no memory at all.
+    """
+    if not _load_optimizer_in_place(optimizer, tree):
+        optimizer.load_state_dict(_cloned(tree))
     optimizer.zero_grad(set_to_none=True)  # a step cut short left its gradients
+
+
+def _load_optimizer_in_place(optimizer: Any, tree: Any) -> bool:
+    """Copy ``tree`` (an optimizer's ``state_dict()``) into ``optimizer``'s live state; False,
+    with nothing changed, when the layouts differ (other params, keys, shapes or types).
+    """
+    import torch
+
+    groups = tree.get("param_groups") if isinstance(tree, dict) else None
+    saved = tree.get("state") if isinstance(tree, dict) else None
+    live_groups = optimizer.param_groups
+    if not isinstance(groups, list) or not isinstance(saved, dict):
+        return False
+    if len(groups) != len(live_groups):
+        return False
+    params = [p for g in live_groups for p in g["params"]]
+    if [i for g in groups for i in g.get("params", ())] != list(range(len(params))):
+        return False
+    pairs = []
+    for index, p in enumerate(params):
+        want, have = saved.get(index, {}), optimizer.state.get(p, {})
+        if set(want) != set(have):
+            return False
+        for key, value in want.items():
+            live = have[key]
+            if isinstance(value, torch.Tensor) != isinstance(live, torch.Tensor):
+                return False
+            if isinstance(value, torch.Tensor):
+                if value.shape != live.shape:
+                    return False
+                pairs.append((live, value))
+            elif value != live:
+                pairs.append((have, (key, value)))
+    with torch.no_grad():
+        for live, value in pairs:
+            if isinstance(live, torch.Tensor):
+                live.copy_(value)
+            else:
+                live[value[0]] = value[1]
+    for group, want in zip(live_groups, groups, strict=True):
+        for key, value in want.items():
+            if key != "params":
+                group[key] = value
+    return True
+
+
+def _cloned(tree: Any) -> Any:
+    """``tree`` with its tensors cloned (what ``load_state_dict`` may keep)."""
+    from etcdrun.elastic.snapshot import flatten, unflatten
+
+    skeleton, leaves = flatten(tree)
+    return unflatten(skeleton, [t.clone() for t in leaves])
 
 
 def _load_stateful(obj: Any, tree: Any) -> None:
@@ -174,7 +234,9 @@ def _builtins() -> None:
     _loaded = True
     builtin = {
         torch.nn.Module: Handler(lambda m: m.state_dict(), _load_module, order=MODULE, copies=True),
-        torch.optim.Optimizer: Handler(lambda o: o.state_dict(), _load_optimizer, order=OPTIMIZER),
+        torch.optim.Optimizer: Handler(
+            lambda o: o.state_dict(), _load_optimizer, order=OPTIMIZER, copies=True
+        ),
         # a torch.Generator given as a value is the script's own stream: kept per rank
         torch.Generator: Handler(_save_generator, _load_generator, per_rank=True),
     }

@@ -121,13 +121,16 @@ class Saved:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors)
 
-    def part(self, key: Any, clone: bool) -> Any:
+    def part(self, key: Any, clone: bool, place: bool = True) -> Any:
         """The tree under ``key`` of a skeleton that is a dict (a state's values by name), each
         tensor on the device type it was saved from (the rank's current CUDA device for
-        "cuda"); ``clone``: with tensors of its own, which outlive the next commit (a tensor
-        moved to its device is a copy already).
+        "cuda"; ``place=False``: the host buffers as they are, to read); ``clone``: with
+        tensors of its own, which outlive the next commit (a tensor moved to its device is a
+        copy already).
         """
         sub = self.skeleton[key]
+        if not place:
+            return unflatten(sub, self.tensors)
         placed = {m.index: _placed(self.tensors[m.index], m.device, clone) for m in leaf_marks(sub)}
         return unflatten(sub, placed)
 

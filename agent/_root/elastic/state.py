@@ -119,7 +119,8 @@ class State:
         self._shared, self._serial = saved, serial
         if not mine:  # the source's live state is its last commit already (restore or start)
             self._load(saved)
-        agree.check(self._live(shared=True), src, self._wait, on)
+        synced = {name: saved.part(name, clone=False, place=False) for name in saved.skeleton}
+        agree.check(self._live(shared=True), synced, src, self._wait, on)
         return sent
 
     def on_reset(self, callback: Callable[[], None]) -> None:
