@@ -244,16 +244,17 @@ def _early_store(env):
         return None
 
 
-def await_listener(addr, port, wait):
+def await_listener(addr, port, wait, stop=None):
     """Until ``addr:port`` accepts a connection (closed at once: the server drops it without a
     word), or ``wait`` seconds: past torch's own retry interval, its retry is as quick. Also
-    etcdrun.elastic's group, for a kept rank dialling a round's store (agent/_root/elastic).
+    etcdrun.elastic's group, for a kept rank dialling a round's store (agent/_root/elastic),
+    which passes ``stop()``: the round ended, no one will listen (its host moved on).
     """
     import socket
     import time
 
     deadline = time.monotonic() + wait
-    while (left := deadline - time.monotonic()) > 0:
+    while (left := deadline - time.monotonic()) > 0 and not (stop is not None and stop()):
         try:
             socket.create_connection((addr, port), timeout=left).close()
             return None

@@ -36,6 +36,7 @@ collectives.
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import os
 import threading
@@ -195,9 +196,11 @@ class Group:
         the others retry their connect — for FORM_TIMEOUT (chaos seed 92: a round that ended
         while a fresh rank was still starting held the survivors 30 minutes). So rank 0 does
         not wait for the others (gloo's own exchange then waits on the store's socket, which a
-        release shuts), and the others try STORE_TRY at a time until the round ends, each try
-        dialling once rank 0 listens (a refused torch client waits ~0.5 s before it dials again,
-        and rank 0 may still be releasing its old group when the others are handed the round).
+        release shuts), and the others try STORE_TRY at a time until the round ends (a release
+        also ends the wait for rank 0 to listen: a superseded round's host may never serve),
+        each try dialling once rank 0 listens (a refused torch client waits ~0.5 s before it
+        dials again, and rank 0 may still be releasing its old group when the others are handed
+        the round).
         The others still count themselves in the store (``wait_for_workers``: a client only
         adds one to the count, never waits), as a fresh rank 0's env:// store waits for every
         rank's count (chaos seed 1010 hung there when they did not).
@@ -206,9 +209,12 @@ class Group:
 
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+        over = functools.partial(self._over, ended)
         while True:
             if rank != 0:  # dial once it listens: a refused client retries only ~0.5 s later
-                await_listener(addr, port, STORE_TRY.total_seconds())
+                await_listener(addr, port, STORE_TRY.total_seconds(), stop=over)
+                if over():
+                    raise ConnectionAbortedError("the round ended while its store was dialled")
             try:
                 store = dist.TCPStore(
                     addr,
@@ -226,6 +232,12 @@ class Group:
                 continue
             store.set_timeout(FORM_TIMEOUT)
             return store, rank, world
+
+    def _over(self, ended: Callable[[], bool]) -> bool:
+        """The round being formed ended: released, or said over before the form began."""
+        with self._lock:
+            released = self._released
+        return released or ended()
 
     def check_round(self) -> None:
         """Every rank runs the round this worker runs in (the fencing token), or raise
