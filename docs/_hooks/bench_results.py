@@ -25,7 +25,8 @@ LINK = re.compile(r"\]\(\.\./bench/")
 
 
 def on_files(files, config):
-    for path in BENCH_FILES:
+    pages = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "bench/results").glob("*.md"))
+    for path in (*BENCH_FILES, *pages):  # each benchmark's own page: bench/results/<bench>.md
         if (REPO / path).is_file():
             files.append(File(path, str(REPO), config["site_dir"], config["use_directory_urls"]))
     return files
