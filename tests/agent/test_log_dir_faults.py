@@ -124,4 +124,3 @@ def test_a_full_log_dir_leaves_the_workers_without_progress_pages_not_the_agent_
     said = [ln for ln in proc.stderr.splitlines() if "progress pages are off" in ln]
     assert len(said) == 1 and "is full (ENOSPC)" in said[0], proc.stderr[-3000:]
     assert list(out.glob("start_*.json")), "the worker never started"
-

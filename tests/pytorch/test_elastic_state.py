@@ -153,6 +153,21 @@ flat = torch.cat([p.detach().reshape(-1) for p in model.state_dict().values()
 print("SYNC", rank, sent, state.step, sched.last_epoch, round(float(flat.sum()), 6),
       opt.state_dict()["state"][0]["step"].item(), state.extra["half"].tolist(),
       bool(state.extra["flag"]), torch.equal(torch.get_rng_state(), own_rng), flush=True)
+if len(sys.argv) > 1 and sys.argv[1] == "broken":  # the stream breaks halfway
+    def breaks(saved, src, wait, device, reuse, bucket_bytes=None):
+        for buf in reuse if dist.get_rank() != src else ():  # a receiver's, before the break
+            buf.view(-1)[:1].fill_(7) if buf.numel() else None
+        raise ConnectionError("the transport broke halfway")
+    stream.broadcast = breaks
+    state.commit()  # a commit of this rank's own, which the break must not spoil
+    try:
+        state.sync()
+    except ConnectionError:
+        live = state._live(True)
+        kept = {n: state._shared.part(n, clone=False, place=False) for n in live}
+        from etcdrun.elastic import agree
+        print("BROKEN", rank, all(agree.equal(live[n], kept[n]) for n in live), flush=True)
+    sys.exit(0)
 if len(sys.argv) > 1:  # a handler that loses a field: the replicas must not train on
     class Drift:
         def __init__(self): self.v = rank
@@ -211,3 +226,12 @@ def test_replicas_that_part_fail_loudly(torch_available):
     outs = _world(SYNC, 2, "drift")
     diverged = [ln for out in outs for ln in out.splitlines() if ln.startswith("DIVERGED")]
     assert len(diverged) == 2 and all("d on rank(s) [1]" in ln for ln in diverged), outs
+
+
+def test_a_sync_broken_halfway_leaves_each_rank_its_own_commit(torch_available):
+    """A receiver takes the stream into its commit's buffers; broken halfway, they held part of
+    its commit and part of the source's, and a later round could spread that mix as a commit.
+    """
+    outs = _world(SYNC, 2, "broken")
+    said = [ln for o in outs for ln in o.splitlines() if ln.startswith("BROKEN")]
+    assert sorted(said) == ["BROKEN 0 True", "BROKEN 1 True"], outs

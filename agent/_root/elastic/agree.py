@@ -106,7 +106,7 @@ def fingerprint(tree: Any) -> tuple[int, int]:
         nonlocal total
         if isinstance(x, torch.Tensor):
             h.update(f"T{x.dtype}{tuple(x.shape)}".encode())
-            total += _byte_sum(x.detach())
+            total = _wrapped(total + _byte_sum(x.detach()))
         elif isinstance(x, dict):
             h.update(b"{")
             for k, v in x.items():
@@ -123,6 +123,11 @@ def fingerprint(tree: Any) -> tuple[int, int]:
 
     walk(tree)
     return int.from_bytes(h.digest()[:8], "little", signed=True), total
+
+
+def _wrapped(n: int) -> int:
+    """``n`` as a signed 64-bit integer wraps it: what an int64 tensor can carry."""
+    return (n + (1 << 63)) % (1 << 64) - (1 << 63)
 
 
 def _bytes(t: Any) -> Any:

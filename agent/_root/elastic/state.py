@@ -14,7 +14,11 @@ Why ``sync()`` picks the newest commit: a newcomer starts with nothing committed
 with every commit so far; each rank counts its commits, and every rank takes the state of the
 rank with the highest count (the lowest rank among equals), streamed over the new group tensor
 by tensor (stream.py). The newcomer thus starts from a survivor's memory, not from a
-checkpoint. Then every rank checks that its live state is the source's (agree.py).
+checkpoint. Then every rank checks that its live state is the source's (agree.py). A receiver
+takes the stream into its commit's own buffers (no second copy of the state), so a sync that
+breaks halfway leaves them part its, part the source's; it takes them again from its live
+objects, which hold its last commit then (restored before the re-form, or never moved from a
+newcomer's start), and a later round could otherwise spread that mix as a commit.
 
 Why ``commit()`` also beats: it is the natural progress signal of the agent's hang watchdog
 (``--hang-timeout``, elastic/progress.py), at no cost when the watchdog is off.
@@ -112,9 +116,14 @@ class State:
         serial, neg_rank = max(tuple(int(x) for x in t.tolist()) for t in every)
         src = -neg_rank
         mine = dist.get_rank() == src
-        saved, sent = stream.broadcast(
-            self._shared if mine else None, src, self._wait, on, self._shared_copy.reusable()
-        )
+        try:
+            saved, sent = stream.broadcast(
+                self._shared if mine else None, src, self._wait, on, self._shared_copy.reusable()
+            )
+        except BaseException:
+            if not mine:  # its buffers may hold part of the source's state now: take them again
+                self._shared = self._shared_copy.take(self._live(True))
+            raise
         self._shared_copy.adopt(saved)
         self._shared, self._serial = saved, serial
         if not mine:  # the source's live state is its last commit already (restore or start)
