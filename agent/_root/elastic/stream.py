@@ -8,13 +8,19 @@ containers and plain values a handler's tree holds: small); the tensors are broa
 source's host copy straight into each receiver's own buffers (the ones its last commit filled,
 where dtype and shape match), in pieces of at most ``BUCKET_BYTES``:
 
-- on gloo, a piece that is a whole stretch of one tensor is broadcast in place, from and into
-  that tensor's memory: no copy at all;
-- small tensors are packed into one bucket per broadcast (a collective per tensor would cost
+- on gloo, a tensor of ``IN_PLACE_BYTES`` or more is broadcast in place, from and into that
+  tensor's memory, a bucket at most at a time: no copy at all;
+- smaller tensors are packed into one bucket per broadcast (a collective per tensor would cost
   more in latency than in bytes), and NCCL's pieces pass through one bucket on the device.
 
-So the memory a sync needs beyond the state itself is one bucket. Every collective is waited on
-through the caller's ``wait`` (the group's ``InFlight``), so that a release ends a sync too.
+Why in place from 1 MB on gloo, not only for tensors larger than a bucket: packing copies every
+byte twice (into the bucket at the source, out of it at each receiver), and on loopback those
+copies cost more than a collective per tensor does from 1 MB up (bench/state_sync.py, a 1 GB
+Adam state: 1.4 GB/s packed, about 1.65 in place; staging then holds only the small tensors).
+
+So the memory a sync needs beyond the state itself is one bucket at most. Every collective is
+waited on through the caller's ``wait`` (the group's ``InFlight``), so that a release ends a
+sync too.
 """
 
 from __future__ import annotations
@@ -26,7 +32,8 @@ from typing import Any
 
 from etcdrun.elastic.snapshot import Leaf, Saved, leaf_marks
 
-BUCKET_BYTES = 32 * 1024 * 1024  # bench.sync_bench measures throughput against it
+BUCKET_BYTES = 32 * 1024 * 1024  # read at each broadcast; bench/state_sync.py measures others
+IN_PLACE_BYTES = 1024 * 1024  # gloo: a tensor this large goes alone, from and into its memory
 
 
 @dataclass(frozen=True)
@@ -42,10 +49,12 @@ def broadcast(
     wait: Callable[[Any], None],
     device: Any,
     reuse: Iterator[Any],
-    bucket_bytes: int = BUCKET_BYTES,
+    bucket_bytes: int | None = None,
 ) -> tuple[Saved, int]:
     """Every rank gets ``saved`` of rank ``src`` (``saved`` is None elsewhere); returns it and
     the bytes sent. ``reuse``: host tensors, in leaf order, that a receiver may overwrite.
+    ``bucket_bytes``: the pieces' size, by default ``BUCKET_BYTES`` as it is at the call (the
+    same on every rank).
     """
     import torch
     import torch.distributed as dist
@@ -60,8 +69,10 @@ def broadcast(
         pin = device.type == "cuda"
         tensors = [_destination(mark, reuse, pin) for mark in marks]
     views = [_bytes_of(t) for t in tensors]
-    plan = list(_buckets(marks, bucket_bytes))
     in_place = device.type == "cpu"  # gloo: a lone piece goes from and into its tensor
+    bucket_bytes = bucket_bytes or BUCKET_BYTES
+    alone = min(IN_PLACE_BYTES, bucket_bytes) if in_place else bucket_bytes
+    plan = list(_buckets(marks, bucket_bytes, alone))
     staged = [sum(p.length for p in b) for b in plan if not (in_place and len(b) == 1)]
     staging = torch.empty(max(staged, default=0), dtype=torch.uint8, device=device)
     for bucket in plan:
@@ -130,9 +141,9 @@ def _bytes_of(t: Any) -> Any:
     return t.reshape(-1).view(torch.uint8)
 
 
-def _buckets(marks: list[Leaf], bucket_bytes: int) -> Iterator[list[_Piece]]:
-    """The pieces to broadcast, grouped: a tensor larger than a bucket is cut into pieces of a
-    bucket each (each one broadcast alone); smaller ones share a bucket.
+def _buckets(marks: list[Leaf], bucket_bytes: int, alone: int) -> Iterator[list[_Piece]]:
+    """The pieces to broadcast, grouped: a tensor of ``alone`` bytes or more goes by itself,
+    cut into pieces of a bucket at most; smaller ones share a bucket.
     """
     bucket: list[_Piece] = []
     filled = 0
@@ -140,7 +151,7 @@ def _buckets(marks: list[Leaf], bucket_bytes: int) -> Iterator[list[_Piece]]:
         n = mark.nbytes
         if n == 0:
             continue
-        if n >= bucket_bytes:
+        if n >= alone:
             for start in range(0, n, bucket_bytes):
                 yield [_Piece(mark.index, start, min(bucket_bytes, n - start))]
             continue
@@ -153,4 +164,4 @@ def _buckets(marks: list[Leaf], bucket_bytes: int) -> Iterator[list[_Piece]]:
         yield bucket
 
 
-__all__ = ["BUCKET_BYTES", "broadcast"]
+__all__ = ["BUCKET_BYTES", "IN_PLACE_BYTES", "broadcast"]
