@@ -284,8 +284,9 @@ def sync_section(cases: list[dict[str, Any]], bucket: int) -> list[str]:
         "with the newest commit (the last rank, which committed once more) to the others, which "
         'committed the same layout before, so they receive into their own buffers ("buffers '
         'reused"). Its phases are timed from inside: the broadcast (stream.py), the restore '
-        "into the live module and optimizer, the agreement check (a sha1 of the live state on "
-        "every rank, agree.py); `sync()` is all of them plus the gather of the commit counts. "
+        "into the live module and optimizer, the agreement check (each rank's live state "
+        "against what it synced, and one all_gather, agree.py); `sync()` is all of them plus "
+        "the gather of the commit counts. "
         "`sync()` is timed on the slowest rank, its phases on the slowest receiver; GB/s is the "
         "state's bytes over that time; peak extra is the worst receiver's above its RSS just "
         "before `sync()`."
