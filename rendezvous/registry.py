@@ -152,10 +152,20 @@ def backend(name: str) -> Backend:
     with _lock:
         entry = _backends.get(name)
     if entry is None:
+        hint = _TORCHRUN_NAMES.get(name, "")
         raise ValueError(
-            f"unknown rendezvous backend {name!r}; known backends: {', '.join(known_backends())}"
+            f"unknown rendezvous backend {name!r}{hint}; known backends: "
+            f"{', '.join(known_backends())}"
         )
     return entry
+
+
+# torchrun's own names: someone switching over gets the one word to change, not a list to read
+_TORCHRUN_NAMES = dict.fromkeys(
+    ("c10d", "etcd-v2"),
+    " (torchrun's: under etcdrun an elastic job's rendezvous is --rdzv-backend etcd, with "
+    "--rdzv-endpoint naming an etcd v3, host:2379)",
+)
 
 
 def check_backend(name: str) -> None:

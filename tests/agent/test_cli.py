@@ -409,6 +409,10 @@ BAD = [
     (["--nproc-per-node", "0", "t.py"], "nproc_per_node (0) must be positive"),
     (["--nproc-per-node", "many", "t.py"], "--nproc-per-node 'many'"),
     (["--rdzv-backend", "nope", "t.py"], "unknown rendezvous backend 'nope'"),
+    (
+        ["--rdzv-backend", "c10d", "t.py"],
+        "under etcdrun an elastic job's rendezvous is --rdzv-backend etcd",
+    ),
     (["--rdzv-backend", "etcd", "t.py"], "--rdzv-endpoint is required"),
     (["--rdzv-backend", "etcd", "--rdzv-endpoint", "h:1:2", "t.py"], "malformed etcd endpoint"),
     (["--rdzv-backend", "etcd", "--rdzv-endpoint", "ftp://h", "t.py"], "malformed etcd endpoint"),

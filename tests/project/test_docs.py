@@ -163,4 +163,5 @@ def test_mkdocs_build_strict(mkdocs_available, tmp_path):
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=110)
     assert proc.returncode == 0, f"mkdocs build --strict failed:\n{proc.stdout}{proc.stderr}"
     assert (site / "index.html").is_file()
-    assert (site / "bench" / "results" / "index.html").is_file()  # the hook published it
+    assert (site / "bench" / "results.html").is_file()  # the hook published it
+    assert (site / "bench" / "results" / "reform.html").is_file()  # and each benchmark's page
