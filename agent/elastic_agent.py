@@ -154,8 +154,13 @@ class ElasticAgent:
                 pace.close()
             self._h.shutdown()  # leave before the event log closes: its node_left is kept
             self.observer.close()
-            kept = self._group.settle_logs(result is not None and not result.is_failed())
-            if kept is not None:
+            succeeded = result is not None and not result.is_failed()
+            kept = self._group.settle_logs(succeeded)
+            if kept is not None and succeeded:
+                log.info(
+                    "the run succeeded; the error files and stacks of its faults are in %s", kept
+                )
+            elif kept is not None:
                 log.info("worker logs and error files are in %s", kept)
 
     def _leave_for_hang(self) -> bool:

@@ -100,7 +100,8 @@ def logs_line(root: str, run_id: str, given: bool) -> str:
         return f"logs: {root} (agent.log, {files})"
     return (
         f"logs: {root} ({files}); a temporary folder, removed after a successful run unless "
-        "worker output goes to files (-r/-t): give --log-dir to keep it"
+        "worker output goes to files (-r/-t) or a fault left error files or stacks: give "
+        "--log-dir to keep it"
     )
 
 

@@ -145,10 +145,12 @@ class LogDir:
         return self._path
 
     def settle(self, succeeded: bool, to_files: bool) -> str | None:
-        """After the last attempt: a folder we made goes when the run succeeded and no worker
-        output was asked to go to files, or when no worker ever started (it holds the events
-        alone: the agent's error line says it all); otherwise it stays, and its path is
-        returned.
+        """After the last attempt: a folder we made goes when the run succeeded, no worker
+        output was asked to go to files and nothing in it explains a fault, or when no worker
+        ever started (it holds the events alone: the agent's error line says it all); otherwise
+        it stays, and its path is returned. What explains a fault: a worker's error file, a
+        hang's stack dumps. A run can succeed after faults (a restart, a hang handled in place),
+        and removing their record with the rest left the user nothing to look at.
         """
         if not self._made or self._path is None:
             return None
@@ -156,10 +158,27 @@ class LogDir:
             events_only = set(os.listdir(self._path)) <= {"events.jsonl"}
         except OSError:
             events_only = True
-        if (succeeded and not to_files) or events_only:
+        quiet = succeeded and not to_files and not evidence(self._path)
+        if quiet or events_only:
             shutil.rmtree(self._path, ignore_errors=True)
             return None
         return self._path
+
+
+EVIDENCE = ("error.json", "stacks.log")  # a worker's error file; a hang's stack dumps
+
+
+def evidence(root: str) -> bool:
+    """Whether a worker file under ``root`` records a fault (``EVIDENCE``, not empty)."""
+    for where, _dirs, names in os.walk(root):
+        for name in names:
+            if name in EVIDENCE:
+                try:
+                    if os.path.getsize(os.path.join(where, name)) > 0:
+                        return True
+                except OSError:
+                    continue
+    return False
 
 
 @dataclass(frozen=True)

@@ -309,6 +309,23 @@ def test_a_run_without_log_dir_leaves_no_temp_folder_and_a_failed_one_says_where
     assert dead.returncode == 1 and not list(tmp_path.glob("etcdrun_logs_*")), dead.stderr
 
 
+def test_a_run_that_succeeds_after_a_fault_keeps_what_explains_it_and_says_where(tmp_path):
+    """A successful run removed its temporary log folder, the error files and stacks of the
+    faults it survived with it (a restart, a hang handled in place): nothing left to look at.
+    """
+    from agent_helpers import clean_env
+    from layout import TESTS
+
+    env = clean_env(TMPDIR=str(tmp_path))
+    script = str(TESTS / "workers" / "fail_once.py")
+    ok = run_cli("--standalone", "--max-restarts", "1", script, env=env)
+    assert ok.returncode == 0, ok.stderr
+    kept = list(tmp_path.glob("etcdrun_logs_*"))
+    assert len(kept) == 1 and list(kept[0].rglob("error.json")), ok.stderr
+    last = [ln for ln in ok.stderr.splitlines() if ln.startswith("[etcdrun ")][-1]
+    assert f"the error files and stacks of its faults are in {kept[0]}" in last, ok.stderr
+
+
 @pytest.mark.parametrize("backend", ["static", "etcd"])
 def test_a_spent_budget_says_so_last_and_never_restarting(request, tmp_path, backend):
     """Measured before: ``restarting (restarts so far 2/2)`` right before FAILED. Now the last
