@@ -146,6 +146,39 @@ def _descendants() -> dict[int, bool]:
     return found
 
 
+class RootCause:
+    """The first root cause an agent printed ("Root cause (first failure):", then the failed
+    rank, its exit and the last lines of its stderr), as one line: every worker dying of one
+    import error is said as that error, not as an agent that left early.
+    """
+
+    def __init__(self) -> None:
+        self.who: str | None = None
+        self.last: str | None = None
+        self._reading: int | None = None  # the agent whose block is being read
+        self.done = False
+
+    def read(self, index: int, line: str) -> None:
+        if self.done or (self._reading is not None and index != self._reading):
+            return
+        text = line.strip()
+        if self._reading is None:
+            if text == "Root cause (first failure):":
+                self._reading = index
+            return
+        if text.startswith(("====", "----")):
+            self.done = True
+        elif self.who is None:
+            self.who = text  # "rank 0 (local rank 0) on host, pid N"
+        elif text and not text.startswith(("exit ", "time ", "error_file:", "stderr (")):
+            self.last = text.removeprefix("error     : ")
+
+    def text(self) -> str | None:
+        if self.who is None:
+            return None
+        return f"{self.who}: {self.last}" if self.last else self.who
+
+
 class Demo:
     def __init__(self, etcd_bin: str, log_dir: str, mode: str) -> None:
         self.etcd_bin, self.log_dir, self.mode = etcd_bin, log_dir, mode
@@ -159,6 +192,7 @@ class Demo:
         # round → {global rank: (agent index, node rank, time of its first line)}; round → world
         self.started: dict[int, dict[int, tuple[int, int, float]]] = {}
         self.world: dict[int, int] = {}
+        self.cause = RootCause()  # the first root cause an agent printed, for the summary
 
     def say(self, who: str, text: str, at: float | None = None) -> None:
         at = time.monotonic() if at is None else at
@@ -224,6 +258,7 @@ class Demo:
         while True:
             if line is not None:
                 self.say(f"agent-{index + 1}", line, at)
+                self.cause.read(index, line)
                 m = WORKER_LINE.match(line)
                 if m:
                     rnd, rank, world, node = map(int, m.groups())
@@ -284,7 +319,13 @@ class Demo:
             if first is None:
                 first = self.full_round(AGENTS * NPROC, everyone)
                 if first is None and any(p.poll() is not None for p in self.procs):
-                    raise DemoFailed("an agent exited before all three ran together")
+                    self.pump(0.5)  # the rest of what it said: its root cause
+                    why = self.cause.text()
+                    raise DemoFailed(
+                        f"the workers failed before the kill: {why}"
+                        if why
+                        else "an agent exited before all three ran together"
+                    )
             elif victim < 0 and now >= first[1] + KILL_AFTER:
                 # The middle node: the survivors' ranks close the gap (node 2 becomes node 1).
                 victim = next(a for a, node, _ in self.started[first[0]].values() if node == 1)

