@@ -218,13 +218,18 @@ def _fail(exc: BaseException, code: int) -> int:
 
 def _setup_logging() -> None:
     """The agent's own lines on stderr, short and prefixed so they stand apart from workers'.
-    ``LOGLEVEL`` (torchrun's variable) sets the level; etcdrun.events lines only at DEBUG.
+    ``LOGLEVEL`` (torchrun's variable) sets the level; etcdrun.events lines only at DEBUG. The
+    etcd client's own lines below WARNING are details (a lease in doubt, lost, or not revoked):
+    agent.log keeps them, the console gets the lines a person acts on (etcd unreachable, the
+    workers paused or fenced, etcd back), as it does at DEBUG too.
     """
     import logging
 
     level = os.environ.get("LOGLEVEL", "INFO").upper()
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("[etcdrun %(asctime)s] %(message)s", "%H:%M:%S"))
+    if level != "DEBUG":
+        handler.addFilter(_not_client_detail)
     root = logging.getLogger("etcdrun")
     if not root.handlers:
         root.addHandler(handler)
@@ -232,6 +237,11 @@ def _setup_logging() -> None:
     logging.getLogger("etcdrun.events").setLevel(
         "DEBUG" if root.level <= logging.DEBUG else "WARNING"
     )
+
+
+def _not_client_detail(record: Any) -> bool:
+    """The console's filter: the etcd client's own lines below WARNING stay off it."""
+    return record.levelno >= 30 or not record.name.startswith("etcdrun.rendezvous.client")
 
 
 def _check_script(config: LaunchConfig, entrypoint: str, args: list[str]) -> None:

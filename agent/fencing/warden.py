@@ -74,6 +74,16 @@ def sweep(tag: str, sig: int = signal.SIGKILL, skip: set[int] = frozenset()) -> 
     return hit
 
 
+
+def _stopped(pid: int) -> bool:
+    """Whether ``pid`` is stopped (SIGSTOP, a paused container): its /proc state is T or t."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state in (b"T", b"t")
+
 class Warden:
     """The loop: a socket from the agent, the agent's pidfd, and one deadline."""
 
@@ -158,10 +168,11 @@ class Warden:
         sweep(self.tag, skip={self.agent_pid})  # their trees (the workers are hit again: no count)
         self.deadline = self.kill_at = math.inf
         self.paused = False
-        print(  # etcd unreachable and the agent frozen look alike from here: say both
-            f"etcdrun warden: no keep-alive of agent {self.agent_pid} was acknowledged (etcd "
-            f"unreachable, or the agent frozen) until its lease could have expired; killed its "
-            f"{workers} worker(s) and their trees (fencing)",
+        if not _stopped(self.agent_pid):
+            return  # a running agent says it itself ("fenced: ..."): one line, not two
+        print(  # the agent frozen: nothing else says it until it thaws
+            f"etcdrun warden: agent {self.agent_pid} is frozen and its lease could have "
+            f"expired; killed its {workers} worker(s) and their trees (fencing)",
             file=sys.stderr,
             flush=True,
         )

@@ -119,8 +119,8 @@ class Lease:
             return
         self.lost_reason = reason
         self.lost.set()
-        if not self._revoked:
-            log.warning("etcd lease %x lost: %s", self.id, reason)
+        if not self._revoked:  # the owner says what it means (the agent: "fenced: ..."); here
+            log.info("etcd lease %x lost: %s", self.id, reason)  # for agent.log, not the console
         for cb in list(self._callbacks):
             try:
                 cb(self)
@@ -352,7 +352,7 @@ class LeaseKeeper:
         except EtcdLeaseNotFoundError:
             return True
         except EtcdError as e:
-            log.warning("etcd lease %x: revoke failed: %s", lease_id, e)
+            log.info("etcd lease %x: revoke failed: %s", lease_id, e)  # it expires by itself
             return False
 
     def leases(self) -> list[Lease]:
@@ -425,7 +425,7 @@ class LeaseKeeper:
                 ls._failures = 0
                 ls._next_at = sent + ls._interval
                 if ls.in_doubt.is_set():
-                    log.warning("etcd lease %x: etcd answered again (TTL %d s): alive", ls.id, ttl)
+                    log.info("etcd lease %x: etcd answered again (TTL %d s): alive", ls.id, ttl)
                 ls.in_doubt.clear()
                 ls._run_callbacks(ls._refreshed)
             elif now >= ls.expires_no_earlier_than:
@@ -436,7 +436,7 @@ class LeaseKeeper:
             else:
                 if now >= ls.presumed_lost_at and not ls.in_doubt.is_set():
                     ls.in_doubt.set()
-                    log.warning(
+                    log.info(  # the fencing's pause, which follows when it matters, is said
                         "etcd lease %x in doubt: no keep-alive acknowledged for %.1fs",
                         ls.id,
                         now - ls._acked_sent_at,
