@@ -259,6 +259,21 @@ def order(joined: Mapping[str, Join], hint: tuple[Member, ...]) -> list[Join]:
     )
 
 
+def _all_new(r: Round, agents: Mapping[str, Agent]) -> bool:
+    """Every live agent registered after ``r`` last changed (and there is one)."""
+    return bool(agents) and all(a.create_revision > r.mod_revision for a in agents.values())
+
+
+def _abandoned(r: Round, agents: Mapping[str, Agent]) -> bool:
+    """``r``'s nodes are all gone and the live agents are a new job's: every one registered
+    after ``r`` last changed, and none is a later incarnation of a member (a node id is its
+    agent process's name plus ``.<incarnation>``).
+    """
+    names = {m.node_id.rpartition(".")[0] or m.node_id for m in r.members}
+    back = any((a.rpartition(".")[0] or a) in names for a in agents)
+    return _all_new(r, agents) and not back
+
+
 def assign(chosen: list[Join]) -> tuple[Member, ...]:
     """Contiguous node ranks and global ranks (S2)."""
     members, first = [], 0
@@ -266,6 +281,10 @@ def assign(chosen: list[Join]) -> tuple[Member, ...]:
         members.append(Member(j.node_id, rank, j.local_world_size, j.addr, first, j.host, j.pid))
         first += j.local_world_size
     return tuple(members)
+
+
+FRESH_AFTER_FAILED = "a fresh run after a failed one"
+FRESH_AFTER_ABANDONED = "a fresh run after an abandoned one"  # (its nodes gone, never closed)
 
 
 def decide(view: View, settings: Settings, now: float) -> Action:
@@ -277,14 +296,20 @@ def decide(view: View, settings: Settings, now: float) -> Action:
         # A failed run's id is tried again (a Kubernetes Job retry, a Slurm requeue): a fresh
         # run opens once every live agent came after the close — an agent of the failed run
         # itself must never start it over, or its restart budget would mean nothing.
-        fresh = agents and all(a.create_revision > r.mod_revision for a in agents.values())
-        if r.failure is not None and fresh:
-            return StartRound(r.number + 1, "a fresh run after a failed one", (), 0)
+        if r.failure is not None and _all_new(r, agents):
+            return StartRound(r.number + 1, FRESH_AFTER_FAILED, (), 0)
         return Wait("run closed")
     if r.phase is Phase.FROZEN:
         if not r.whole:  # a sharded round's header: the caller reads its shards first
             return Wait("reading the round's shards")
         gone = [m.node_id for m in r.members if m.node_id not in agents]
+        if len(gone) == len(r.members) and _abandoned(r, agents):
+            # Every node of the round is gone and none of the live agents is one of them back
+            # (a later incarnation, after its lease was lost) or came before the round last
+            # changed: a new job under the id (a requeue after an etcd outage or a kill of
+            # every node). It is taken up as a failed run is, with a budget of its own; as
+            # "node(s) left", it went on silently as the dead job's next round.
+            return StartRound(r.number + 1, FRESH_AFTER_ABANDONED, (), 0)
         waiting = sorted(
             (a for a in agents.values() if r.member(a.node_id) is None and a.node_id not in rest),
             key=lambda a: a.create_revision,

@@ -11,6 +11,7 @@ behaviour ("at once" vs "after the retry budget"), not performance targets.
 from __future__ import annotations
 
 import http.server
+import json
 import re
 import shutil
 import socket
@@ -249,6 +250,36 @@ def test_a_failed_runs_id_runs_afresh_and_its_failure_is_never_replayed(etcd, tm
     said = [ln for ln in proc.stderr.splitlines() if "boom" in ln]
     assert len(said) == 1 and f"run {old.run_id} already ran: it ended FAILED" in said[0], said
     assert len(list(tmp_path.glob("start_*.json"))) == 1  # the fixed script really ran
+
+
+def test_a_run_whose_nodes_all_died_unclosed_is_taken_up_afresh_and_says_so(etcd, tmp_path):
+    """Every node of a running job gone without closing the run (an etcd outage past their
+    retries, every node killed): a new job under the id went on silently as the dead job's next
+    round, restart count and all. It starts afresh now, as after a failure, and says so once.
+    """
+    from agent_helpers import WORKER, Job, wait_for
+
+    from etcdrun.rendezvous.client import EtcdClient
+    from etcdrun.rendezvous.etcd.keys import RunKeys
+
+    old = Job(etcd.endpoints, tmp_path / "old", nnodes="1", nproc=1, conf="lease_ttl=2")
+    try:
+        agent = old.start(WORKER, str(old.out), "sleep")
+        old.wait_round(1, timeout=60)
+        agent.proc.kill()  # kill -9: its workers go with it, and nothing closes the run
+        agent.proc.wait()
+        keys = RunKeys("/etcdrun", old.run_id)
+        with EtcdClient(etcd.endpoints) as c:
+            wait_for(lambda: not c.get_prefix(keys.agents).kvs, 30, "the dead agent's key gone")
+            assert c.get(keys.round) is not None, "the run's record outlived its agents"
+    finally:
+        old.close()
+    proc = run_cli(*_same_id(etcd.endpoints, old.run_id, str(tmp_path), "exit"))
+    assert proc.returncode == 0, proc.stderr
+    said = [ln for ln in proc.stderr.splitlines() if "left without closing it" in ln]
+    assert len(said) == 1 and "starting it afresh as round 2" in said[0], proc.stderr
+    (start,) = [json.loads(p.read_text()) for p in tmp_path.glob("start_*.json")]
+    assert start["env"]["TORCHELASTIC_RESTART_COUNT"] == "0"
 
 
 def test_a_succeeded_runs_id_is_refused_with_when_it_frees_up(etcd, tmp_path):

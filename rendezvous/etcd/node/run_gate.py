@@ -15,7 +15,7 @@ from etcdrun.rendezvous._version import __version__
 from etcdrun.rendezvous.errors import RendezvousClosedError, RendezvousStateError
 from etcdrun.rendezvous.etcd.context import RunContext
 from etcdrun.rendezvous.etcd.node import lifecycle
-from etcdrun.rendezvous.etcd.protocol import PROTOCOL, Phase, Round
+from etcdrun.rendezvous.etcd.protocol import FRESH_AFTER_ABANDONED, PROTOCOL, Phase, Round
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +27,7 @@ class RunGate:
         self._view = ctx.view
         self.saw_live = False  # this node saw the run live (a round not CLOSED), in any session
         self._retry_noted: int | None = None  # said once: waiting to retry a failed run
+        self._taken_up: int | None = None  # said once: the round that took up an abandoned run
 
     def check(self, r: Round | None, node: str) -> None:
         """Raise when this node cannot take part: the run closed (or ran before, under another
@@ -44,6 +45,7 @@ class RunGate:
             )
         if r is not None and r.phase is not Phase.CLOSED:
             self.saw_live = True
+            self._say_taken_up(r)
         elif r is None and self.saw_live:  # the run's state vanished while in it: aborted
             raise RendezvousClosedError(
                 lifecycle.describe_vanished(self._client, self._keys), **ctx
@@ -60,6 +62,24 @@ class RunGate:
         if self._retry_noted != r.number:
             self._retry_noted = r.number
             log.warning("%s; starting it afresh once its last agent has left", self._before())
+
+    def _say_taken_up(self, r: Round) -> None:
+        """One line, once, when the round is the one that took up an abandoned run: the
+        rule for every end state but success is that a new job under the id starts it afresh
+        (docs/rendezvous.md, "Reusing a run id"), and the user must know it was not empty.
+        """
+        msg = self._view.message()
+        if self._taken_up == r.number or msg is None or msg.reason != FRESH_AFTER_ABANDONED:
+            return
+        self._taken_up = r.number
+        log.warning(
+            "run %s: round %d's nodes all left without closing it (etcd unreachable past their "
+            "retries, or every node killed); starting it afresh as round %d, with a restart "
+            "budget of its own",
+            self._keys.run_id,
+            r.number - 1,
+            r.number,
+        )
 
     def _before(self) -> str:
         return lifecycle.describe_closed(self._client, self._keys, self._view.message())

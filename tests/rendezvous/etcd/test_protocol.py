@@ -8,6 +8,7 @@ import pytest
 
 from etcdrun.rendezvous.api import FailureInfo
 from etcdrun.rendezvous.etcd.protocol import (
+    FRESH_AFTER_ABANDONED,
     Agent,
     CloseFailed,
     Freeze,
@@ -256,6 +257,26 @@ def test_a_failed_runs_id_opens_a_fresh_run_once_only_newcomers_are_alive():
     ok = Round(4, Phase.CLOSED, mod_revision=50)  # a run that succeeded stays closed
     assert decide(View(ok, new), Settings(1, 2), 0.0) == Wait("run closed")
     assert decide(View(closed, {}), Settings(1, 2), 0.0) == Wait("run closed")
+
+
+def test_a_round_whose_nodes_all_left_unclosed_is_taken_up_afresh_by_a_new_job():
+    """Every node of a running job gone without closing it (an etcd outage that outlasted the
+    agents' retries, every node killed): a new job under the id went on silently as the dead
+    job's next round, its restart count carried. It starts afresh now, as after a failure;
+    the same job's nodes back as later incarnations (their leases were lost) still carry on.
+    """
+    ms = (Member("job1-aaaaa.1", 0, 1, "h1", 0), Member("job1-bbbbb.1", 1, 1, "h2", 1))
+    r = Round(3, Phase.FROZEN, ms, 2, "h1", 1000, mod_revision=100)
+    new_job = {"job2-ccccc.1": Agent("job2-ccccc.1", 200)}
+    action = decide(View(r, new_job), Settings(1, 2), 0.0)
+    assert action == StartRound(4, FRESH_AFTER_ABANDONED, (), 0)
+    back = {"job1-aaaaa.2": Agent("job1-aaaaa.2", 200)}  # fenced by the outage, rejoined
+    action = decide(View(r, back), Settings(1, 2), 0.0)
+    assert isinstance(action, StartRound) and action.restart_count == 2
+    assert action.reason != FRESH_AFTER_ABANDONED
+    spare = {"job1-ddddd.1": Agent("job1-ddddd.1", 50)}  # the job's own spare, from before
+    action = decide(View(r, spare), Settings(1, 2), 0.0)
+    assert isinstance(action, StartRound) and action.restart_count == 2
 
 
 def test_member_lookup_and_world_size_agree_with_the_members():
