@@ -158,13 +158,14 @@ def _pace_lines(s: Any) -> list[str]:
 
 
 def _job_line(s: Any) -> str:
+    """The job's state in people's words first (``RunStatus.state``), then the round."""
     size = "" if s.min_nodes is None else f" (nodes {s.min_nodes}..{s.max_nodes})"
     budget = "" if s.max_restarts is None else f"/{s.max_restarts}"
     if s.round is None:
-        return f"run {s.run_id}: agents registered, no round yet{size}"
+        return f"run {s.run_id}: {s.state}: agents registered, no round yet{size}"
     nodes = f", {len(s.participants)} nodes, world size {s.world_size}" if s.participants else ""
     return (
-        f"run {s.run_id}: round {s.round} {s.phase}{nodes}{size}, "
+        f"run {s.run_id}: {s.state}: round {s.round}{nodes}{size}, "
         f"restarts {s.restart_count}{budget}"
     )
 

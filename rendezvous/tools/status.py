@@ -126,9 +126,37 @@ class RunStatus:
     straggler_fraction: float = 0.5  # the reader's setting (--rdzv-conf straggler_fraction)
     read_unix_ms: int = field(default_factory=lambda: int(time.time() * 1000))
 
+    @property
+    def state(self) -> str:
+        """What people ask of a job, in their words (``phase`` is the protocol's): running,
+        forming, waiting for nodes, finished, failed, cancelled; unknown while the nodes'
+        liveness cannot be read. Why not the phase: a healthy running job showed "FROZEN",
+        the word the docs use for a stopped node.
+        """
+        if not self.exists:
+            return "unknown"
+        if self.phase == "CLOSED":
+            words = {"SUCCEEDED": "finished", "FAILED": "failed", "CANCELLED": "cancelled"}
+            return words.get(self.outcome or "", "finished")
+        if self.round is None:
+            return "forming"
+        if self.phase == "JOINING":
+            live = len(self.joining)
+            short = self.min_nodes is not None and live < self.min_nodes
+            return "waiting for nodes" if short else "forming"
+        left = [n for n in self.participants if n.node_id not in self.missing]
+        if self.missing:
+            live = len(left) + len(self.waiting)
+            short = self.min_nodes is not None and live < self.min_nodes
+            return "waiting for nodes" if short else "forming"
+        if any(n.lease_ttl_left is None for n in left):
+            return "unknown"  # a node's lease could not be read: alive or not, nobody can say
+        return "running"
+
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["schema"] = SCHEMA
+        out["state"] = self.state
         return out
 
 

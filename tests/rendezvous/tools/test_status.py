@@ -50,6 +50,7 @@ def test_a_job_that_lost_a_node_which_node_which_round_why(etcd, monkeypatch):
         infos = rendezvous(hs)
         before = as_json(etcd.endpoints, run)
         assert (before["round"], before["phase"], before["world_size"]) == (1, "FROZEN", 3)
+        assert before["state"] == "running"  # people's word, not the protocol's phase
         assert [n["node_rank"] for n in before["participants"]] == [0, 1, 2]
         assert all(n["lease_ttl_left"] is not None for n in before["participants"])
         victim = next(h for h, i in zip(hs, infos, strict=True) if i.node_rank == 1)
@@ -63,7 +64,8 @@ def test_a_job_that_lost_a_node_which_node_which_round_why(etcd, monkeypatch):
         assert during["missing"] == [lost] and during["departed"] == [lost]  # which node, why
         assert lost in during["reason"] and lost not in [n["node_id"] for n in during["previous"]]
         text = status(etcd.endpoints, run).stdout
-        assert f"MISSING: {lost}" in text and "round 2 JOINING" in text
+        assert f"MISSING: {lost}" in text and f"run {run}: forming: round 2" in text
+        assert during["state"] == "forming"  # 2 live, min 2: the next round forms
         assert "(the next round goes on without it)" in text  # 2 live, min 2
         rendezvous(rest)
         after = as_json(etcd.endpoints, run)
@@ -82,6 +84,7 @@ def test_a_failed_run_shows_its_outcome_and_root_cause(etcd):
         h.close_with_failure(FailureInfo("n", "host-b", 3, 1, "", "ValueError: boom", "tb", 1.0, 1))
         s = as_json(etcd.endpoints, run)
         assert (s["phase"], s["outcome"]) == ("CLOSED", "FAILED") and s["closed_unix_ms"] > 0
+        assert s["state"] == "failed"
         cause = s["root_cause"]
         assert (cause["global_rank"], cause["host"], cause["message"]) == (
             3,
@@ -90,6 +93,7 @@ def test_a_failed_run_shows_its_outcome_and_root_cause(etcd):
         )
         text = status(etcd.endpoints, run).stdout
         assert "ended: FAILED" in text and "root cause: rank 3 (local 1) on host-b" in text
+        assert f"run {run}: failed: round " in text
     finally:
         shutdown_all([h])
 
@@ -194,11 +198,11 @@ def test_watch_redraws_in_a_real_terminal_when_the_run_changes(etcd, tmux):
                 ["tmux", "capture-pane", "-p", "-t", tmux], capture_output=True, text=True
             ).stdout
 
-        wait_for(lambda: "round 1 FROZEN, 1 nodes" in screen(), 20, "the first drawing")
+        wait_for(lambda: "running: round 1, 1 nodes" in screen(), 20, "the first drawing")
         hs.append(handler(etcd.endpoints, run, 1, 3, lease_ttl=2))
         rendezvous(hs)  # a newcomer: round 2 with both
-        wait_for(lambda: "round 2 FROZEN, 2 nodes" in screen(), 20, "a redraw after the change")
-        assert "round 1 FROZEN" not in screen()  # redrawn in place, not appended
+        wait_for(lambda: "running: round 2, 2 nodes" in screen(), 20, "a redraw after the change")
+        assert "round 1," not in screen()  # redrawn in place, not appended
     finally:
         shutdown_all(hs)
 
@@ -223,6 +227,46 @@ def test_missing_line_says_whether_the_next_round_can_form(alive, said):
     )
     line = next(x for x in render(s).splitlines() if "MISSING: n0" in x)
     assert said in line, line
+
+
+@pytest.mark.parametrize(
+    ("phase", "kw", "state"),
+    [
+        ("FROZEN", {}, "running"),
+        ("FROZEN", {"missing": ("n0",)}, "forming"),  # 2 of 3 left, min 2: a round forms
+        ("FROZEN", {"missing": ("n0", "n1")}, "waiting for nodes"),
+        ("FROZEN", {"ttl": None}, "unknown"),  # a lease that could not be read
+        ("JOINING", {"joining": 2}, "forming"),
+        ("JOINING", {"joining": 1}, "waiting for nodes"),
+        ("CLOSED", {"outcome": "SUCCEEDED"}, "finished"),
+        ("CLOSED", {"outcome": "FAILED"}, "failed"),
+        ("CLOSED", {"outcome": "CANCELLED"}, "cancelled"),
+    ],
+)
+def test_the_state_is_said_in_peoples_words(phase, kw, state):
+    """A healthy running job showed "round 1 FROZEN" (the docs say "frozen" of a stopped node):
+    the first line says running, forming, waiting for nodes, finished, failed or cancelled, and
+    unknown when a node's liveness cannot be read.
+    """
+    ttl = kw.get("ttl", 3)
+    nodes = tuple(Node(f"n{i}", host="h", node_rank=i, lease_ttl_left=ttl) for i in range(3))
+    joining = tuple(Node(f"n{i}", host="h") for i in range(kw.get("joining", 0)))
+    s = RunStatus(
+        "r",
+        "/etcdrun",
+        7,
+        True,
+        round=1,
+        phase=phase,
+        min_nodes=2,
+        max_nodes=4,
+        participants=nodes if phase == "FROZEN" else (),
+        missing=kw.get("missing", ()),
+        joining=joining,
+        outcome=kw.get("outcome"),
+    )
+    assert s.state == state and s.to_json()["state"] == state
+    assert render(s).splitlines()[0].startswith(f"run r: {state}: round 1")
 
 
 def test_a_mistyped_endpoint_gets_an_answer_in_seconds_not_the_agents_30():
