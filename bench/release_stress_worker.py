@@ -37,7 +37,10 @@ def _meet(k: int) -> None:
 for k in range(rounds):
     os.environ["MASTER_PORT"] = str(port + k)
     if k > 0:
+        held = group.held.collectives
         group.drop()
+        if group.held.collectives > held:  # Group counts it (Held); release_stress.py reads this
+            print("a collective of the round before is still inside gloo", flush=True)
     group.form("gloo")  # the first too: elastic.init_process_group's, which a release can end
     group.check_round()
     model = torch.nn.parallel.DistributedDataParallel(net)

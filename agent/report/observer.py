@@ -193,6 +193,9 @@ class AgentObserver:
             pause_s=msg.get("pause_s"),
             form_s=msg.get("form_s"),
             sync_bytes=msg.get("sync_bytes"),
+            # what gloo still holds of released groups (elastic/group.py Held), so far
+            held_collectives=msg.get("held_collectives"),
+            forms_left_in_mesh=msg.get("forms_left_in_mesh"),
         )
         with self._lock:
             info, prev = self._info, self._kept_from

@@ -17,6 +17,7 @@ import pytest
 
 from etcdrun.agent.worker.control import ABORT, ROUND, encode
 from etcdrun.elastic import runner
+from etcdrun.elastic.group import Held
 from etcdrun.elastic.link import AgentLink
 from etcdrun.elastic.origin import Failures
 
@@ -54,6 +55,7 @@ class _Group:
         self.forms = 0
         self.inflight = None  # what the state's hook is handed; this state keeps nothing
         self.failures = Failures()  # watching no group: judges by the exception's type alone
+        self.held = Held()
 
     def drop(self) -> None:
         pass

@@ -37,11 +37,11 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import logging
 import os
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -54,11 +54,23 @@ FORM_TIMEOUT = timedelta(minutes=30)  # torch's default; an abort ends a wait so
 STORE_TRY = timedelta(seconds=1)  # one try to reach the round's store; a release ends the tries
 NCCL_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"  # read by ProcessGroupNCCL when it is made
 LEAVE_AFTER = 0.5  # seconds a told form has to end before it is left behind inside gloo
-log = logging.getLogger("etcdrun.elastic")
 
 
 class RoundMismatch(RuntimeError):
     """Ranks of different rounds met in one group: this one must not train."""
+
+
+@dataclass
+class Held:
+    """What this process still holds of released groups until gloo's own timeout ends it: a
+    collective gloo still ran at the release (its group is kept), a form left inside gloo's
+    mesh (a thread, a listener). Why counted, not printed: nothing is for the user to do (it
+    costs a thread and a few sockets for a while), so it goes to the agent with the next
+    ``resumed`` and into its events.jsonl, not onto the console (a plain scale-up printed it).
+    """
+
+    collectives: int = 0
+    left_in_mesh: int = 0
 
 
 class Group:
@@ -78,6 +90,7 @@ class Group:
         self.owned = False  # etcdrun formed the current group (else the script did)
         self.inflight = InFlight()  # DDP's all-reduces, which a release ends (inflight.py)
         self.failures = Failures()  # where an exception arose (origin.py)
+        self.held = Held()  # what gloo still holds of released groups, for the agent's events
 
     def adopt(self) -> None:
         """Take the group the script formed: watched, never shut (module docstring)."""
@@ -176,10 +189,7 @@ class Group:
         former.join(LEAVE_AFTER)
         with self._lock:
             if not ended:
-                _say(
-                    "the round ended inside gloo's connection mesh; its form is left behind "
-                    "(a thread, a listener) until gloo's own timeout"
-                )
+                self.held.left_in_mesh += 1
                 raise ConnectionAbortedError(
                     "the round ended while its group was formed; its form was left inside gloo"
                 )
@@ -290,10 +300,7 @@ class Group:
             running = self._settled(LEAVE_AFTER)
             if running:  # destroying the group would join the thread gloo holds
                 _keep(dist.group.WORLD)
-                _say(
-                    f"{len(running)} collective(s) of the round before are still inside gloo; "
-                    "its group is kept (its threads) until gloo's own timeout"
-                )
+                self.held.collectives += len(running)
             _abort_default_group()
         with self._lock:
             self._fds, self._dialled = {}, {}
@@ -322,19 +329,6 @@ def _keep(group: Any) -> None:
     gloo's timeout. The process's end frees what the group holds.
     """
     ctypes.pythonapi.Py_IncRef(ctypes.py_object(group))
-
-
-def _say(what: str) -> None:
-    """One line for whoever reads the worker's log: what the process now holds of a released
-    group, and till when; it names the run, round and rank.
-    """
-    log.warning(
-        "etcdrun.elastic: run %s, round %s, rank %s: %s",
-        os.environ.get("TORCHELASTIC_RUN_ID", "?"),
-        os.environ.get("ETCDRUN_ROUND", "?"),
-        os.environ.get("RANK", "?"),
-        what,
-    )
 
 
 def _raise_in(thread: threading.Thread, exc: type[BaseException]) -> None:

@@ -130,7 +130,12 @@ def _reform(state: State, group: Group, link: AgentLink, backend: str, check_fir
         if state.commits == 0:
             _never_committed(link.round)
         state.reset()
-        link.resumed(sync_bytes=sync_bytes, form_s=round(time.monotonic() - started, 4))
+        link.resumed(
+            sync_bytes=sync_bytes,
+            form_s=round(time.monotonic() - started, 4),
+            held_collectives=group.held.collectives,
+            forms_left_in_mesh=group.held.left_in_mesh,
+        )
         return
 
 
