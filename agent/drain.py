@@ -7,16 +7,26 @@ holds the one pending request and wakes the driver; the driver reads it between 
 ``loop.next_step`` decides what follows (stop the workers normally, leave, exit 0). It decides
 nothing itself, except whether a SIGTERM is a drain (``take_signal``) and whether a node blamed
 for a hang may leave (``take_blame``).
+
+Why a SIGTERM is decided on a thread: whether it drains or stops is the backend's word
+(``DrainPort.claim``: in etcd, so that nodes signalled together agree, and a job-wide teardown
+is not taken for every node draining), and no etcd call may run in a signal handler. So the
+handler starts the decision and returns; the thread then drains the node, or sends the main
+thread the same signal again, which the handler now takes as a stop (torchrun's meaning).
 """
 
 from __future__ import annotations
 
+import logging
 import signal
+import threading
 from collections.abc import Callable
 
 from etcdrun.agent.loop import DrainRequested
 from etcdrun.rendezvous.api import DrainPort
 from etcdrun.rendezvous.api import DrainRequest as Request
+
+log = logging.getLogger(__name__)
 
 
 class Drain:
@@ -29,6 +39,8 @@ class Drain:
         self._run_id = run_id
         self._wake = wake
         self._unsubscribe: Callable[[], None] | None = None
+        self._deciding = False  # a SIGTERM's decision is under way (its thread)
+        self._refused = False  # decided: the SIGTERM is a stop
         self.pending: DrainRequested | None = None
 
     def start(self) -> None:
@@ -40,18 +52,59 @@ class Drain:
             self._unsubscribe = None
 
     def take_signal(self, signum: int, sigterm: str) -> bool:
-        """In the signal handler: True when this signal drains the node instead of stopping
-        it. Only SIGTERM, only with ``--on-sigterm drain``, only the first one, and only while the
-        job keeps its min nodes without this node (``room``): at min nodes a drain would stop
-        the job all the same, and torchrun's meaning (forward, exit 128 + 15) says so plainly.
-        A second SIGTERM during the drain is torchrun's: the impatient sender means "now".
+        """In the signal handler: True when this signal may drain the node instead of stopping
+        it (the decision is then under way: see the module docstring). Only SIGTERM, only with
+        ``--on-sigterm drain``, only the first one, and only while the job keeps its min nodes
+        without this node and the nodes signalled before it (``DrainPort.claim``): at min
+        nodes a drain would stop the job all the same, and torchrun's meaning (forward, exit
+        128 + 15) says so plainly. A second SIGTERM while it is decided or during the drain is
+        torchrun's: the impatient sender means "now".
         """
         if signum != signal.SIGTERM or sigterm != "drain" or self.pending is not None:
             return False
-        if not self._port.room():
+        if self._refused or self._deciding:
             return False
-        self._ask("SIGTERM")
+        self._deciding = True
+        main = threading.main_thread().ident
+        decide = threading.Thread(
+            target=self._decide, args=(main,), name="etcdrun-sigterm", daemon=True
+        )
+        decide.start()
         return True
+
+    def stopped(self, by: str) -> bool:
+        """This node stops on signal ``by`` (the driver, on its way out): tell the backend,
+        which closes the run CANCELLED when every node of the round went so (True then, and
+        said). Never an error of its own: an unreachable etcd must not hold the stop.
+        """
+        try:
+            cancelled = self._port.stopped(by)
+        except Exception as e:  # noqa: BLE001 - the stop goes on whatever the backend says
+            log.info("could not record this node's stop in the rendezvous: %s", e)
+            return False
+        if cancelled:
+            log.warning(
+                "every node of run %s was stopped by a signal: the run is CANCELLED", self._run_id
+            )
+        return cancelled
+
+    def _decide(self, main: int | None) -> None:
+        """The SIGTERM's thread: the backend's word (its own view when it has none), then a
+        drain, or the signal again for the handler to take as a stop.
+        """
+        try:
+            verdict = self._port.claim("SIGTERM")
+        except Exception as e:  # noqa: BLE001 - a SIGTERM must be taken whatever the backend does
+            log.info("the rendezvous could not decide this SIGTERM: %s", e)
+            verdict = None
+        if verdict is None:
+            verdict = self._port.room()
+        if verdict:
+            self._ask("SIGTERM")
+            return
+        self._refused = True
+        if main is not None:
+            signal.pthread_kill(main, signal.SIGTERM)
 
     def take_blame(self, by: str) -> bool:
         """From the hang watchdog's thread: this node was blamed for a hang and its workers run

@@ -156,12 +156,8 @@ class ElasticAgent:
             self.observer.close()
             succeeded = result is not None and not result.is_failed()
             kept = self._group.settle_logs(succeeded)
-            if kept is not None and succeeded:
-                log.info(
-                    "the run succeeded; the error files and stacks of its faults are in %s", kept
-                )
-            elif kept is not None:
-                log.info("worker logs and error files are in %s", kept)
+            if kept is not None:
+                log.info(story.logs_kept(kept, succeeded))
 
     def _leave_for_hang(self) -> bool:
         """The hang watchdog's thread: blamed for a hang, this node leaves the job when its
@@ -198,6 +194,7 @@ class ElasticAgent:
         try:
             return self._drive()
         except SignalException as e:
+            self._drain.stopped(e.sigval.name)  # the run CANCELLED when every node went so
             self._perform(self._step(loop.Signal(int(e.sigval))))
             raise
         finally:

@@ -19,6 +19,7 @@ class Outcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SUCCEEDED: _ClassVar[Outcome]
     FAILED: _ClassVar[Outcome]
     ABORTED: _ClassVar[Outcome]
+    CANCELLED: _ClassVar[Outcome]
 PHASE_UNSPECIFIED: Phase
 JOINING: Phase
 FROZEN: Phase
@@ -27,6 +28,7 @@ OUTCOME_UNSPECIFIED: Outcome
 SUCCEEDED: Outcome
 FAILED: Outcome
 ABORTED: Outcome
+CANCELLED: Outcome
 
 class AgentInfo(_message.Message):
     __slots__ = ("schema_version", "node_id", "host", "addr", "pid", "local_world_size", "version", "started_unix_ms", "lease_id", "min_nodes", "max_nodes", "max_restarts", "leaving", "protocol", "spare_port")

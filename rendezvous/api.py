@@ -380,7 +380,8 @@ class DrainPort:
 
     ``subscribe`` callbacks run on a backend thread (a watch) or in a signal handler, once per
     request, and must return at once (set an event). ``request`` and ``room`` do no I/O: the
-    agent calls them from its signal handler.
+    agent calls them from its signal handler. ``claim`` and ``stopped`` may: the agent calls
+    them from a thread of its own and on its way out.
     """
 
     def __init__(self) -> None:
@@ -398,6 +399,22 @@ class DrainPort:
     def room(self) -> bool:
         """Whether the job would keep at least its min nodes without this node, as the backend
         knows it now (no I/O). Default: unknown, so no.
+        """
+        return False
+
+    def claim(self, by: str) -> bool | None:
+        """A signal came: whether this node drains (True) or stops (False), decided where
+        every node decides it, so that nodes signalled together agree (the first ones drain
+        while the job keeps its min nodes). None: the backend cannot say (the agent then takes
+        ``room()``). Default: None.
+        """
+        return None
+
+    def stopped(self, by: str) -> bool:
+        """This node stops on a signal, not a drain (``by``: the signal): the backend records
+        it, and when every node of the round has now been stopped or drained by a signal, it
+        closes the run CANCELLED (a job-wide teardown). True when the run is CANCELLED.
+        Default: False.
         """
         return False
 

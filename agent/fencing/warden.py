@@ -74,7 +74,6 @@ def sweep(tag: str, sig: int = signal.SIGKILL, skip: set[int] = frozenset()) -> 
     return hit
 
 
-
 def _stopped(pid: int) -> bool:
     """Whether ``pid`` is stopped (SIGSTOP, a paused container): its /proc state is T or t."""
     try:
@@ -83,6 +82,7 @@ def _stopped(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state in (b"T", b"t")
+
 
 class Warden:
     """The loop: a socket from the agent, the agent's pidfd, and one deadline."""

@@ -105,4 +105,13 @@ def logs_line(root: str, run_id: str, given: bool) -> str:
     )
 
 
-__all__ = ["failure_text", "logs_line", "round_change", "who", "why_class"]
+def logs_kept(where: str, succeeded: bool) -> str:
+    """The agent's last line when its temporary log folder stays: after a failure, or after a
+    success that survived faults (their error files and stacks are what it keeps).
+    """
+    if succeeded:
+        return f"the run succeeded; the error files and stacks of its faults are in {where}"
+    return f"worker logs and error files are in {where}"
+
+
+__all__ = ["failure_text", "logs_kept", "logs_line", "round_change", "who", "why_class"]

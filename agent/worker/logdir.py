@@ -171,14 +171,17 @@ EVIDENCE = ("error.json", "stacks.log")  # a worker's error file; a hang's stack
 def evidence(root: str) -> bool:
     """Whether a worker file under ``root`` records a fault (``EVIDENCE``, not empty)."""
     for where, _dirs, names in os.walk(root):
-        for name in names:
-            if name in EVIDENCE:
-                try:
-                    if os.path.getsize(os.path.join(where, name)) > 0:
-                        return True
-                except OSError:
-                    continue
+        found = [os.path.join(where, name) for name in names if name in EVIDENCE]
+        if any(_size(path) > 0 for path in found):
+            return True
     return False
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:  # gone meanwhile: nothing in it
+        return 0
 
 
 @dataclass(frozen=True)

@@ -168,6 +168,7 @@ def _round_and_message(
         held=tuple((p.node_id, tuple(p.held_from)) for p in msg.participants if p.held_from),
         protocol=msg.protocol,
         sharded=sharded,
+        cancelled=msg.phase == st.CLOSED and msg.outcome == st.CANCELLED,
     )
     return r, msg
 

@@ -132,6 +132,16 @@ class RunKeys:
         return k[len(self.drains) :] if k.startswith(self.drains) else ""
 
     @property
+    def signalled_rounds(self) -> str:
+        """Which nodes of a round a signal took (rendezvous/etcd/node/signalled.py): written only
+        when a node is signalled, under the run lease; outside agents/ and rounds/.
+        """
+        return self.root + "signalled/"
+
+    def signalled(self, round_number: int) -> str:
+        return f"{self.signalled_rounds}{round_number}"
+
+    @property
     def cooldowns(self) -> str:
         """Bad-host cooldowns (rendezvous/etcd/node/cooldown.py): one key per node name (the
         node id without its ``.<incarnation>``), so a node's failures count across its

@@ -108,6 +108,7 @@ class Round:
     # shard keys, and ``members`` holds those read so far (none from the round key alone, one
     # shard for a node that read its own, all once ``whole``).
     sharded: Sharded | None = None
+    cancelled: bool = False  # CLOSED because every node of it was stopped by a signal
 
     def member(self, node_id: str) -> Member | None:
         return self._by_node.get(node_id)
@@ -284,6 +285,7 @@ def assign(chosen: list[Join]) -> tuple[Member, ...]:
 
 
 FRESH_AFTER_FAILED = "a fresh run after a failed one"
+FRESH_AFTER_CANCELLED = "a fresh run after a cancelled one"
 FRESH_AFTER_ABANDONED = "a fresh run after an abandoned one"  # (its nodes gone, never closed)
 
 
@@ -298,6 +300,8 @@ def decide(view: View, settings: Settings, now: float) -> Action:
         # itself must never start it over, or its restart budget would mean nothing.
         if r.failure is not None and _all_new(r, agents):
             return StartRound(r.number + 1, FRESH_AFTER_FAILED, (), 0)
+        if r.cancelled and _all_new(r, agents):  # a cancelled job resubmitted, the same way
+            return StartRound(r.number + 1, FRESH_AFTER_CANCELLED, (), 0)
         return Wait("run closed")
     if r.phase is Phase.FROZEN:
         if not r.whole:  # a sharded round's header: the caller reads its shards first

@@ -14,9 +14,7 @@ from agent_helpers import WORKER, Job, clean_env, wait_for
 from etcd_helpers import require_local
 
 
-def test_an_etcd_outage_says_what_matters_on_the_console_and_the_rest_in_agent_log(
-    etcd, tmp_path
-):
+def test_an_etcd_outage_says_what_matters_on_the_console_and_the_rest_in_agent_log(etcd, tmp_path):
     local = require_local(etcd)
     logs = tmp_path / "logs"
     job = Job(

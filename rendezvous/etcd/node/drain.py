@@ -9,7 +9,9 @@ id) is never drained by a request meant for the old one, and nothing outlives th
 
 Why ``room`` reads the round view only: the agent asks from its signal handler (SIGTERM), where
 no etcd call may run. The frozen round this node runs in says how many nodes the job has; a
-node that is no member of it (a hot spare, a newcomer) can always leave.
+node that is no member of it (a hot spare, a newcomer) can always leave. ``claim`` and
+``stopped`` are etcd's word on the same question when several nodes are signalled at once
+(signalled.py); the agent asks them from a thread of its own and on its way out.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ from etcdrun.rendezvous.errors import RendezvousError
 from etcdrun.rendezvous.etcd import codec
 from etcdrun.rendezvous.etcd.context import RunContext
 from etcdrun.rendezvous.etcd.incarnation import Incarnation
+from etcdrun.rendezvous.etcd.node import signalled
 from etcdrun.rendezvous.etcd.node.session import Session
-from etcdrun.rendezvous.etcd.protocol import Phase
+from etcdrun.rendezvous.etcd.protocol import Phase, Round
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +46,7 @@ class EtcdDrain(DrainPort):
         self._watch: Watch | None = None
         self._mu = threading.Lock()
         self._taken = False
+        self._signalled_in: Round | None = None  # the round a signal's claim was made in
         self.requested: DrainRequest | None = None
 
     def node_id(self) -> str:
@@ -53,6 +57,23 @@ class EtcdDrain(DrainPort):
         if r is None or r.phase is not Phase.FROZEN or me is None or r.member(me) is None:
             return r is None or r.phase is not Phase.CLOSED
         return r.node_count > s.min_nodes
+
+    def claim(self, by: str) -> bool | None:
+        """The signalled-nodes record decides (signalled.py); a node that is no member of the
+        frozen round it sees (a spare, a newcomer) can always leave, as ``room`` says.
+        """
+        r, me = self._ctx.view.placed(), self._now.node_id
+        if r is None or r.phase is not Phase.FROZEN or me is None or r.member(me) is None:
+            return self.room()
+        self._signalled_in = r
+        return signalled.claim(self._ctx, r, me, by)
+
+    def stopped(self, by: str) -> bool:
+        r = self._signalled_in or self._ctx.view.placed()
+        me = self._now.node_id
+        if r is None or r.phase is not Phase.FROZEN or me is None or r.member(me) is None:
+            return False
+        return signalled.stopped(self._ctx, r, me, by)
 
     def request(self, by: str) -> None:
         """From the agent's signal handler: the work (an event, a lock, the subscribers) runs

@@ -264,7 +264,7 @@ def describe_closed(client: EtcdClient, keys: RunKeys, msg: st.RoundState | None
             expires = f" in {client.lease_ttl(kv.lease).TTL} s"
     except EtcdError:
         pass
-    if msg is not None and msg.outcome == st.FAILED:
+    if msg is not None and msg.outcome in (st.FAILED, st.CANCELLED):  # taken up afresh
         return f"run {keys.run_id} already ran: it ended {outcome}{when}{cause}"
     return (
         f"run {keys.run_id} already ran: it ended {outcome}{when}{cause}. Use a new --rdzv-id, or "

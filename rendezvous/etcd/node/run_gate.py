@@ -55,9 +55,9 @@ class RunGate:
             raise RendezvousStateError(bad[1], **ctx)
         if r is None or r.phase is not Phase.CLOSED:
             return
-        if self.saw_live or r.failure is None:
+        if self.saw_live or (r.failure is None and not r.cancelled):
             why = "the run is closed" if self.saw_live else self._before()
-            ok = self.saw_live and r.failure is None
+            ok = self.saw_live and r.failure is None and not r.cancelled
             raise RendezvousClosedError(why, succeeded=ok, round=r.number, **ctx)
         if self._retry_noted != r.number:
             self._retry_noted = r.number
