@@ -404,7 +404,7 @@ class ElasticAgent:
             self._signals.check_deferred()
             if self._drain.pending is not None:  # leaving anyway: no round change matters
                 return self._drain.pending
-            if changed.is_set():
+            if changed.is_set() and not self._in_place.finished(self._group):
                 if self._lost() or self._liveness.confirm() is Liveness.LOST:
                     return loop.LeaseLost()  # our own lease vanished: fencing, not a change
                 paused = self._fencing.paused_at is not None  # a broken world: no grace
@@ -416,8 +416,7 @@ class ElasticAgent:
             result = self._group.poll()
             if result is not None:
                 if result.state == WorkerState.SUCCEEDED:
-                    info = self._group.info
-                    done = info is not None and self._in_place.finished_before(info.round)
+                    done = self._in_place.done_early(self._group, changed.is_set())
                     return loop.WorkersSucceeded(earlier=done)
                 if self._fencing.fenced() or self._lost():
                     return loop.LeaseLost()  # the warden killed them: fencing, not a failure

@@ -39,6 +39,7 @@ class InPlace:
         self._lock = threading.Lock()
         self._handed: int | None = None  # the last round handed over, and who resumed in it
         self._resumed: set[int] = set()
+        self._finished: set[int] = set()  # pids whose training function returned
 
     @property
     def env(self) -> dict[str, str]:
@@ -137,7 +138,30 @@ class InPlace:
             time.sleep(COMMIT_POLL_S)
         return False
 
+    def done_early(self, group: WorkerGroup, changed: bool) -> bool:
+        """The workers succeeded in a round another one came after: they were handed it and
+        never resumed (``finished_before``), or they had finished as it came (``changed``).
+        The run then closes as succeeded at once: the new round's nodes wait for no one.
+        """
+        info = group.info
+        if info is None:
+            return False
+        return (changed and self.finished(group)) or self.finished_before(info.round)
+
+    def finished(self, group: WorkerGroup) -> bool:
+        """Every local worker's training function returned: they exit next, and a round
+        change meanwhile is no reason to stop them (the job's work is done; the agent waits for
+        their exit, and the run closes as succeeded, its newcomers told so).
+        """
+        pids = set(group.pids().values())
+        with self._lock:
+            return bool(pids) and pids <= self._finished
+
     def _on_message(self, local_rank: int, msg: dict[str, Any]) -> None:
+        if msg["op"] == control.FINISHED:
+            with self._lock:
+                self._finished.add(int(msg["pid"]))
+            return
         if msg["op"] == control.RESUMED:
             with self._lock:
                 if msg.get("round") == self._handed:

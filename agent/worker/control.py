@@ -14,8 +14,10 @@ the other end, so the agent hears only processes it started (the caller checks t
 
 Wire: one JSON object per line, ``op`` first. Worker → agent: ``hello`` (local_rank, pid,
 round: it entered ``elastic.run``), ``resumed`` (round, pause_s, lost_steps, sync_bytes: it
-trains in the new round). Agent → worker: ``abort`` (round: that round is over) and ``round``
-(round, env: the new round's environment, every variable the worker would get if started now).
+trains in the new round), ``finished`` (its training function returned: it exits next, and a
+round change while it does so is no reason to restart it). Agent → worker: ``abort`` (round:
+that round is over) and ``round`` (round, env: the new round's environment, every variable the
+worker would get if started now).
 A connection that breaks is the worker's end (it exited); the agent then stops it the usual way.
 """
 
@@ -37,6 +39,7 @@ log = logging.getLogger("etcdrun.agent")
 VAR = "ETCDRUN_CONTROL"  # the channel's abstract socket name, in every worker's environment
 PEER_WAIT_VAR = "ETCDRUN_PEER_WAIT"  # how long a worker's failed collective awaits the verdict
 HELLO, RESUMED, ABORT, ROUND = "hello", "resumed", "abort", "round"
+FINISHED = "finished"  # worker -> agent: its training function returned; it exits next
 _CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
@@ -194,8 +197,8 @@ class ControlServer:
                 peer.local_rank, peer.round = int(msg["local_rank"]), int(msg["round"])
         elif peer.local_rank is None:
             raise ValueError(f"{msg['op']!r} before hello")
-        if self._on_message is not None:
-            self._on_message(peer.local_rank, msg)
+        if self._on_message is not None:  # the pid the kernel names (SO_PEERCRED), not a claim
+            self._on_message(peer.local_rank, {**msg, "pid": peer.pid})
 
     def _drop(self, sock: socket.socket) -> None:
         with self._lock:
@@ -221,6 +224,7 @@ def connect(environ: dict[str, str] | None = None) -> socket.socket | None:
 
 __all__ = [
     "ABORT",
+    "FINISHED",
     "HELLO",
     "PEER_WAIT_VAR",
     "RESUMED",

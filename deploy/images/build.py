@@ -85,7 +85,8 @@ def docker_build(tag: str, dockerfile: Path, context: Path, base: str, key: str)
 
 def base_ref(base: str) -> str:
     """What a key says about a base: its image id when local (a registry base not pulled yet
-    is named by its reference: a moved tag there is seen only once pulled)."""
+    is named by its reference: a moved tag there is seen only once pulled).
+    """
     return image_id(base) or base
 
 
@@ -172,7 +173,8 @@ def agent_image(args: argparse.Namespace) -> str:
     """Keyed by what goes in (base, Dockerfile, etcdrun's sources, Python, torch, examples),
     not by the wheels: a wheel built again in a fresh clone differs in its timestamps alone, and
     a hit must not need pip at all. Dependency versions are fixed when the image is built
-    (pyproject's bounds are part of the key)."""
+    (pyproject's bounds are part of the key).
+    """
     base = args.agent_base or debian_base(args)
     pyver = python_version(base, args.cache)
     examples = sorted((REPO / "examples").glob("*.py"))

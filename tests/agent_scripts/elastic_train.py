@@ -7,7 +7,8 @@ function returns only once that file exists (after its last step): a test makes 
 change while the work is already done. With ``HANG_AT=R:S`` in the environment, rank R sleeps
 at step S of the first round, inside the step, while its peers wait for it in DDP's all_reduce
 (the hang watchdog's in-place test, tests/pytorch/test_hang.py). With ``COMMIT_EVERY=K``, the
-state is committed every K steps instead of every step (the drain's test).
+state is committed every K steps instead of every step (the drain's test). With ``LINGER=S``,
+the process stays S seconds after its training function returned, as a slow exit does.
 """
 
 import json
@@ -69,3 +70,4 @@ def train(state: elastic.TorchState) -> None:
 
 train(state)
 log.close()
+time.sleep(float(os.environ.get("LINGER", "0")))

@@ -195,6 +195,33 @@ def test_a_newcomer_handed_a_round_as_the_survivors_finish_ends_the_job(job):
     assert not events(job.logs, "worker_resumed")
 
 
+def test_a_newcomer_that_comes_while_the_workers_exit_after_training_restarts_nothing(job):
+    """A newcomer came while the workers, their training done, were still exiting (gloo's
+    teardown takes seconds): their links had closed, so they no longer counted as kept, and the
+    agents restarted them, which trained the whole job again (the in-place soak's seed 13089).
+    A worker now says when its training function returns, and the agent waits for its exit.
+    """
+    steps = 12
+    script = (SCRIPT, str(job.steps_dir), str(steps), "0.05")
+    env = clean_env(LINGER="15")
+    agents = [job.start(*script, env=env) for _ in range(2)]
+    wait_for(
+        lambda: (
+            len(rows := rows_by_pid(job.steps_dir)) == 2
+            and all(len(r) == steps for r in rows.values())
+        ),
+        90,
+        "two workers done with their last step",
+    )
+    newcomer = job.start(*script, env=env)
+    for a in [*agents, newcomer]:
+        assert a.wait(90) == 0, a.stderr[-3000:]
+    assert not any("restarting workers" in a.stderr for a in agents), agents[0].stderr[-3000:]
+    assert "the job finished (SUCCEEDED)" in newcomer.stderr, newcomer.stderr[-3000:]
+    rows = rows_by_pid(job.steps_dir)
+    assert sorted(len(r) for r in rows.values()) == [steps, steps]  # nothing trained again
+
+
 def test_a_drained_node_leaves_at_its_workers_next_commit_and_no_step_is_redone(job):
     """Committing every 10 steps: the drained node's workers stop just after a commit, so the
     survivors, whose collective then breaks, go back to that same commit and redo nothing.

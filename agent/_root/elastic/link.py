@@ -21,7 +21,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from etcdrun.agent.worker.control import ABORT, HELLO, RESUMED, ROUND, connect, decode, encode
+from etcdrun.agent.worker.control import (
+    ABORT,
+    FINISHED,
+    HELLO,
+    RESUMED,
+    ROUND,
+    connect,
+    decode,
+    encode,
+)
 
 
 class AgentGone(RuntimeError):
@@ -91,6 +100,15 @@ class AgentLink:
                 self._abort_came.clear()  # a notice of an earlier round says nothing of this one
         os.environ.update({k: str(v) for k, v in msg["env"].items()})
         return msg
+
+    def finished(self) -> None:
+        """The training function returned: the process exits next. A round that changes
+        meanwhile (a newcomer as training ends) must not restart it (agent/in_place.py).
+        """
+        try:
+            self._send(FINISHED, round=self.round)
+        except OSError:  # the agent is gone: nothing to tell
+            pass
 
     def resumed(self, **figures: Any) -> None:
         """Training goes on in the new round: say how long it paused (events, status)."""

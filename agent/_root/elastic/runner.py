@@ -58,7 +58,9 @@ def run(fn: Callable[..., T]) -> Callable[..., T]:
             return fn(state, *args, **kwargs)
         interrupt.watch(link)
         try:
-            return _rounds(fn, state, group, link, backend, args, kwargs)
+            result = _rounds(fn, state, group, link, backend, args, kwargs)
+            link.finished()
+            return result
         finally:
             interrupt.watch(None)
             link.close()
