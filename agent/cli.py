@@ -190,7 +190,8 @@ def config_from_args(
             restart_grace=ns.restart_grace,
             entrypoint_kind=kind,
             logs_specs=find_logs_specs(ns.logs_specs),
-            log_line_prefix_template=os.environ.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"),
+            log_line_prefix_template=ns.log_line_prefix_template
+            or os.environ.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"),
             event_log_handler=ns.event_log_handler,
             numa_options=ns.numa_binding,
             signals_to_handle=ns.signals_to_handle,

@@ -94,6 +94,23 @@ class _EnvFlag(argparse.Action):
         setattr(namespace, self.dest, True)
 
 
+class _Completion(argparse.Action):
+    """torchrun's ``--print-completion``: a shell completion script made by the optional
+    ``shtab`` package from this parser, so it cannot drift from the options. Without shtab,
+    torchrun's own line and exit status: it is not a dependency of either launcher.
+    """
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None):
+        try:
+            import shtab  # type: ignore[import-not-found]
+        except ImportError:
+            parser.exit(
+                1, f"{PROG}: {option_string} requires the 'shtab' package: pip install shtab\n"
+            )
+        sys.stdout.write(shtab.complete(parser, shell=values) + "\n")
+        parser.exit()
+
+
 class _Version(argparse.Action):
     def __init__(self, option_strings: list[str], dest: str, **kw: Any):
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kw)
@@ -251,6 +268,16 @@ def _add_output_options(p: argparse.ArgumentParser) -> None:
     )
     _opt(
         p,
+        "--log-line-prefix-template",
+        action=_Env,
+        default=None,
+        metavar="TEMPLATE",
+        help="prefix of each worker console line, with ${role_name}, ${rank}, ${local_rank}, "
+        "${hostname} (e.g. '${hostname}:${rank}: '); default: [${role_name}${local_rank}]: on "
+        "teed lines, as torchrun (also TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE)",
+    )
+    _opt(
+        p,
         "--event-log-handler",
         action=_Env,
         default="null",
@@ -325,9 +352,17 @@ def _add_node_options(p: argparse.ArgumentParser) -> None:
 
 
 def _add_torch_213_options(p: argparse.ArgumentParser) -> None:
-    """torchrun 2.13's newer options, with its meanings (and where they are not honoured here,
-    one line at start says so: LaunchConfig.notices).
+    """torchrun 2.13's and 2.14's newer options, with its meanings (and where they are not
+    honoured here, one line at start says so: LaunchConfig.notices).
     """
+    _opt(
+        p,
+        "--print-completion",
+        action=_Completion,
+        choices=["bash", "zsh", "tcsh"],
+        help="print a shell completion script for etcdrun and exit (needs the optional "
+        "'shtab' package, as under torchrun)",
+    )
     _opt(
         p,
         "--logs-specs",

@@ -6,7 +6,8 @@ Why its own module: the look of the output (prefix template, torchrun's tee head
 
 torchrun prefixes teed lines only, with ``[${role_name}${local_rank}]:`` (``[default0]:``;
 torch's TailLog header) or ``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE`` (``${role_name}``,
-``${rank}``, ``${local_rank}``, string.Template's safe_substitute); a worker that is not teed
+``${rank}``, ``${local_rank}``, since torch 2.14 ``${hostname}``, the short name; string.Template's
+safe_substitute); a worker that is not teed
 writes to the console itself, bare. The ``[rank0]:`` seen in torchrun's output is torch's own
 logging inside the worker (torch._logging; c10d's C++ warnings), printed under both launchers.
 """
@@ -14,6 +15,7 @@ logging inside the worker (torch._logging; c10d's C++ warnings), printed under b
 from __future__ import annotations
 
 import os
+import socket
 import string
 from typing import TYPE_CHECKING, Any
 
@@ -44,7 +46,10 @@ def line_prefix(spec: WorkerSpec, worker: Worker, mode: str) -> bytes:
     if template is None:
         template = DEFAULT_TEE_PREFIX if mode == TEE else ""
     text = string.Template(template).safe_substitute(
-        role_name=spec.role, rank=worker.global_rank, local_rank=worker.local_rank
+        role_name=spec.role,
+        rank=worker.global_rank,
+        local_rank=worker.local_rank,
+        hostname=socket.gethostname(),
     )
     return text.encode()
 

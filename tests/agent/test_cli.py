@@ -387,7 +387,11 @@ def test_prefixes_never_touch_the_scripts_arguments():
     [
         (["--master", "h"], "--master-addr, --master-port"),
         (["--rdzv", "x"], "--rdzv-backend, --rdzv-conf, --rdzv-endpoint, --rdzv-id"),
-        (["--lo", "x"], "--local-addr, --local-ranks-filter, --log-dir, --logs-specs"),
+        (
+            ["--lo", "x"],
+            "--local-addr, --local-ranks-filter, --log-dir, --log-line-prefix-template, "
+            "--logs-specs",
+        ),
         (
             ["--s", "x"],
             "--shutdown-timeout, --signals-to-handle, --standalone, --start-method, --stop-grace",
@@ -596,3 +600,34 @@ def test_evict_stragglers_is_off_by_default_and_on_by_flag_or_pet_variable(monke
     assert parse_args(["--evict-stragglers", "t.py"])[0].evict_stragglers is True
     monkeypatch.setenv("PET_EVICT_STRAGGLERS", "1")
     assert parse_args(["t.py"])[0].evict_stragglers is True
+
+
+def test_print_completion_needs_shtab_as_under_torchrun(tmp_path):
+    """torch 2.14's --print-completion: shtab is optional for both launchers. Without it,
+    torchrun's line and exit 1; with it (a stand-in here: shtab is not a declared dependency),
+    the script is made from etcdrun's own parser, so every option completes.
+    """
+    proc = run_cli("--print-completion", "bash", env={"PYTHONPATH": ""})
+    assert proc.returncode == 1, proc
+    assert (
+        proc.stderr
+        == "etcdrun: --print-completion requires the 'shtab' package: pip install shtab\n"
+    )
+    (tmp_path / "shtab.py").write_text(
+        "def complete(parser, shell):\n"
+        "    names = ' '.join(sorted(parser._option_string_actions))\n"
+        "    return shell + ' ' + parser.prog + ' ' + names\n"
+    )
+    proc = run_cli("--print-completion", "zsh", env={"PYTHONPATH": str(tmp_path)})
+    assert proc.returncode == 0, proc
+    assert proc.stdout.startswith("zsh etcdrun ") and "--rdzv-endpoint" in proc.stdout
+
+
+def test_log_line_prefix_template_flag_wins_over_the_variable(monkeypatch):
+    """torch 2.14's --log-line-prefix-template; TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE is its
+    fallback, as in torchrun's config_from_args.
+    """
+    monkeypatch.setenv("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[env]")
+    c, _, _ = parse_args(["--log-line-prefix-template", "${hostname}:${rank}: ", "t.py"])
+    assert c.log_line_prefix_template == "${hostname}:${rank}: "
+    assert parse_args(["t.py"])[0].log_line_prefix_template == "[env]"

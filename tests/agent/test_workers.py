@@ -6,6 +6,7 @@ import io
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -21,6 +22,7 @@ from etcdrun.agent.worker.group import WorkerGroup
 from etcdrun.rendezvous.api import RendezvousInfo
 
 WORKERS = TESTS / "workers"
+HOST = socket.gethostname()  # torch 2.14's ${hostname}: the short name
 sys.path.insert(0, str(WORKERS))  # wr_callables: importable here and in spawned workers
 
 import wr_callables  # noqa: E402
@@ -442,6 +444,7 @@ def test_binary_and_partial_lines_do_not_break_the_relay(group, console):
         ("[${rank}]:", None, [b"[4]:out 4", b"[5]:out 5"]),  # torch's own example
         ("${role_name}/${local_rank}/${rank} ", 3, [b"trainer/0/4 out 4", b"trainer/1/5 out 5"]),
         ("[$nothing]", None, [b"[$nothing]out 4", b"[$nothing]out 5"]),  # safe_substitute
+        ("${hostname}:${rank}: ", None, [f"{HOST}:4: out 4".encode(), f"{HOST}:5: out 5".encode()]),
     ],
 )
 def test_log_line_prefix_template(group, console, monkeypatch, template, tee, out):

@@ -174,14 +174,7 @@ def test_a_newcomer_handed_a_round_as_the_survivors_finish_ends_the_job(job):
     steps, hold = 12, job.steps_dir / "hold"
     script = (SCRIPT, str(job.steps_dir), str(steps), "0.05", str(hold))
     agents = [job.start(*script, env=clean_env()) for _ in range(2)]
-    wait_for(
-        lambda: (
-            len(rows := rows_by_pid(job.steps_dir)) == 2
-            and all(len(r) == steps for r in rows.values())
-        ),
-        90,
-        "two workers done with their last step",
-    )
+    wait_for_two_done(job, steps)
     newcomer = job.start(*script, env=clean_env())
     frozen = lambda: [e for e in events(job.logs, "round_frozen") if e["round"] == 2]  # noqa: E731
     wait_for(frozen, 60, "round 2 frozen with the newcomer")
@@ -195,6 +188,17 @@ def test_a_newcomer_handed_a_round_as_the_survivors_finish_ends_the_job(job):
     assert not events(job.logs, "worker_resumed")
 
 
+def wait_for_two_done(job, steps: int) -> None:
+    wait_for(
+        lambda: (
+            len(rows := rows_by_pid(job.steps_dir)) == 2
+            and all(len(r) == steps for r in rows.values())
+        ),
+        90,
+        "two workers done with their last step",
+    )
+
+
 def test_a_newcomer_that_comes_while_the_workers_exit_after_training_restarts_nothing(job):
     """A newcomer came while the workers, their training done, were still exiting (gloo's
     teardown takes seconds): their links had closed, so they no longer counted as kept, and the
@@ -205,14 +209,7 @@ def test_a_newcomer_that_comes_while_the_workers_exit_after_training_restarts_no
     script = (SCRIPT, str(job.steps_dir), str(steps), "0.05")
     env = clean_env(LINGER="15")
     agents = [job.start(*script, env=env) for _ in range(2)]
-    wait_for(
-        lambda: (
-            len(rows := rows_by_pid(job.steps_dir)) == 2
-            and all(len(r) == steps for r in rows.values())
-        ),
-        90,
-        "two workers done with their last step",
-    )
+    wait_for_two_done(job, steps)
     newcomer = job.start(*script, env=env)
     for a in [*agents, newcomer]:
         assert a.wait(90) == 0, a.stderr[-3000:]

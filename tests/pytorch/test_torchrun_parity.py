@@ -244,7 +244,9 @@ def documented_flags() -> dict[str, tuple[str, str]]:
 
 
 def test_docs_list_every_torchrun_flag_with_its_status(torch_available):
-    """docs/torchrun.md's flag table names exactly torch 2.13's options: it cannot drift."""
+    """docs/torchrun.md's flag table names exactly the installed torchrun's options (2.14 in
+    CI): it cannot drift.
+    """
     listed = documented_flags()
     assert set(listed) == set(torch_options()), (
         sorted(set(torch_options()) - set(listed)),
