@@ -319,7 +319,10 @@ class ElasticAgent:
         grace = stop_grace(action.grace, action.restart, spec.stop_grace, spec.restart_grace)
         st = self._state
         if st.then is loop.Then.DRAIN:  # in place: at the workers' next commit
-            grace = self._in_place.stop_at_commit(self._group, spec.local_world_size, grace)
+            changed = self._h.membership_changed
+            grace = self._in_place.stop_at_commit(
+                self._group, spec.local_world_size, grace, changed.is_set
+            )
         result = self._stop_workers(grace=grace)
         why = st.reason or (st.then.value if st.then is not None else "")
         self.observer.stopped(result, self._group.workers, why)

@@ -97,16 +97,27 @@ class InPlace:
         ttl = lease.time_left + lease.keepalive_age
         return {PEER_WAIT_VAR: f"{max(5.0, ttl + lease.margin + 2.0):.1f}"}
 
-    def stop_at_commit(self, group: WorkerGroup, local_world_size: int, grace: float) -> float:
+    def stop_at_commit(
+        self,
+        group: WorkerGroup,
+        local_world_size: int,
+        grace: float,
+        superseded: Callable[[], bool],
+    ) -> float:
         """A drain's stop: when the workers run in place, first wait for their next commit.
         Returns the grace left for the stop itself. One budget for the wait and the stop: a
         platform that grants ``--stop-grace`` and a margin after SIGTERM must not see the two
         add up. The workers still get a short SIGTERM grace after a commit that never came.
+
+        ``superseded``: the round is over (its other nodes left, or the run closed, as in a
+        job-wide teardown where the first node signalled drains and the rest stop): no commit
+        can come then, and the workers, left waiting in a broken collective, are stopped at
+        once rather than failing on their own with a traceback.
         """
         if not self.ready(group, local_world_size):
             return grace
         t0 = time.monotonic()
-        committed = self.await_commit(group, grace)
+        committed = self.await_commit(group, grace, superseded)
         log.info(
             "drain: %s",
             "stopping after the workers' commit"
@@ -116,7 +127,9 @@ class InPlace:
         return max(min(DEFAULT_RESTART_GRACE, grace), grace - (time.monotonic() - t0))
 
     @staticmethod
-    def await_commit(group: WorkerGroup, timeout: float) -> bool:
+    def await_commit(
+        group: WorkerGroup, timeout: float, superseded: Callable[[], bool] = lambda: False
+    ) -> bool:
         """Wait until every local worker made its next commit, for a drain (docs/drain.md).
 
         Why: a node that leaves mid-step breaks its peers' collective, and every survivor then
@@ -124,14 +137,14 @@ class InPlace:
         job's work are lost. Stopped just after a commit, the survivors lose only the step they
         had begun. The commit is read from the workers' progress pages, a local read and no
         message, so a worker needs no new call. False, and no wait, when the workers have no
-        pages; False after ``timeout`` or once a worker ended.
+        pages; False after ``timeout``, once a worker ended, or once ``superseded()``.
         """
         start = {f.progress: beat.read(f.progress) for f in group.log_paths.values()}
         if not start or None in start.values():
             return False  # no pages, or a worker that never committed: nothing to wait for
         paths = list(start)
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and group.poll() is None:
+        while time.monotonic() < deadline and group.poll() is None and not superseded():
             now = {p: beat.read(p) for p in paths}
             if all(now[p] is not None and now[p].beats > start[p].beats for p in paths):
                 return True

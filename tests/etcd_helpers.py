@@ -159,6 +159,33 @@ def assert_no_leases(
         time.sleep(0.05)
 
 
+def assert_only_the_closed_record(
+    endpoints: str | Sequence[str], run_id: str, outcome: str, *, within: float = 0.0
+) -> None:
+    """Every lease gone but the closed run's record (its round key, under the ``closed_ttl``
+    lease of its own, saying ``outcome``): a record people and schedulers read, which expires
+    by itself, not a leak. Waits up to ``within`` s, as assert_no_leases does.
+    """
+    from etcdrun.proto import etcdrun_state_pb2 as st
+    from etcdrun.rendezvous.etcd import codec
+
+    key = f"/etcdrun/{run_id}/round".encode()
+    deadline = time.monotonic() + within
+    while True:
+        leases = list_leases(endpoints)
+        others = {lid: keys for lid, keys in leases.items() if keys != [key]}
+        if not others and len(leases) == 1:
+            break
+        if time.monotonic() >= deadline:
+            shown = ", ".join(f"{lid:x} keys={keys[:5]}" for lid, keys in list(leases.items())[:10])
+            pytest.fail(f"expected only {key!r} under a lease; left: {shown}", pytrace=False)
+        time.sleep(0.05)
+    with grpc_channel(_split(endpoints)[0]) as ch:
+        kv = bind(ch, "Range")(pb.RangeRequest(key=key), timeout=2).kvs[0]
+    msg = codec.round_message(kv.value, key.decode(), run_id)
+    assert st.Outcome.Name(msg.outcome) == outcome, msg
+
+
 def enable_auth(endpoints: str, **tls) -> None:
     """root + a user ``alice`` whose role covers only /jobs/42/ (the auth tests' setup)."""
     admin = EtcdClient(endpoints, **tls)

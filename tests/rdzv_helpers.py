@@ -151,14 +151,17 @@ def violations(
     accepted: Sequence[dict] = (),
     prefix: str = "/etcdrun",
 ) -> list[str]:
+    """The invariant checker's findings over ``run_id``'s history. A run with no history at
+    all is a finding too: a test that names the wrong run would otherwise pass unchecked.
+    """
+    keys = RunKeys(prefix, run_id)
     with EtcdClient(endpoints) as c:
-        return checker.check_run(
-            c,
-            RunKeys(prefix, run_id),
-            min_nodes,
-            max_nodes,
-            [e for e in accepted if e["run_id"] == run_id],
-        )
+        history = checker.round_history(c, keys)
+    if not history:
+        return [f"no history of run {run_id} in etcd: nothing to check"]
+    return checker.check(
+        history, min_nodes, max_nodes, [e for e in accepted if e["run_id"] == run_id]
+    )
 
 
 def shutdown_all(handlers: Sequence[EtcdRendezvousHandler]) -> None:

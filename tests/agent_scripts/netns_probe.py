@@ -9,6 +9,7 @@ Commands:
   check <endpoint> <run_id> <min> <max>      the checker's violations (round_accepted events,
                                              a JSON list, on stdin)
   leases <endpoint>                          keys attached to any lease
+  outcome <endpoint> <run_id>                a closed run's outcome (CANCELLED, ...), or null
 """
 
 import faulthandler
@@ -53,6 +54,19 @@ def ready(endpoint: str, timeout: str) -> bool:
     sys.exit(f"etcd at {endpoint} not ready after {timeout} s ({last})")
 
 
+def outcome(endpoint: str, run_id: str) -> str | None:
+    from etcdrun.proto import etcdrun_state_pb2 as st
+    from etcdrun.rendezvous.etcd import codec
+
+    key = f"/etcdrun/{run_id}/round"
+    with grpc_channel(endpoint) as ch:
+        kvs = bind(ch, "Range")(pb.RangeRequest(key=key.encode()), timeout=5).kvs
+    if not kvs:
+        return None
+    msg = codec.round_message(kvs[0].value, key, run_id)
+    return st.Outcome.Name(msg.outcome) if msg.outcome else None
+
+
 def main() -> None:
     cmd, endpoint, *rest = sys.argv[1:]
     step("imports")
@@ -65,6 +79,8 @@ def main() -> None:
         out = violations(endpoint, run_id, int(lo), int(hi), accepted)
     elif cmd == "leases":
         out = sorted(k.decode() for keys in list_leases(endpoint).values() for k in keys)
+    elif cmd == "outcome":
+        out = outcome(endpoint, *rest)
     else:
         sys.exit(f"unknown command {cmd!r}")
     step(cmd)

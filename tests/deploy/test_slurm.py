@@ -57,7 +57,10 @@ class Slurm:
     def host_of_node(self, node: str) -> str:
         return next(h for h, n in self.cluster.nodes.items() if n == node)
 
-    def violations(self, job: Job, out: Path, lo: int, hi: int) -> list[str]:
+    def violations(self, job_id: int, out: Path, lo: int, hi: int) -> list[str]:
+        """The invariant checker over the Slurm job's run (``slurm-<job id>``, as the sbatch
+        script names it), with the agents' round_accepted events from the job's output.
+        """
         accepted = [
             json.loads(line[line.find("{") :])
             for line in out.read_text(errors="replace").splitlines()
@@ -67,7 +70,7 @@ class Slurm:
             "head",
             "check",
             self.etcd.endpoint,
-            job.run_id,
+            f"slurm-{job_id}",
             str(lo),
             str(hi),
             stdin=json.dumps(accepted),
@@ -128,8 +131,13 @@ def test_sbatch_one_agent_per_node_and_the_scripts_signal_stops_them(slurm, repo
     assert {pid: sigs.get(pid, {}).get("signal") for pid in (st.pid for st in starts)} == {
         st.pid: signal.SIGTERM for st in starts
     }
-    assert slurm.net.probe("head", "leases", slurm.etcd.endpoint) == []  # all revoked on leaving
-    assert slurm.violations(job, out, 2, 3) == []
+    # All revoked on leaving but the run's record: every node signalled, it says CANCELLED and
+    # expires by itself (docs/drain.md).
+    assert slurm.net.probe("head", "leases", slurm.etcd.endpoint) == [
+        f"/etcdrun/slurm-{job_id}/round"
+    ]
+    assert slurm.net.probe("head", "outcome", slurm.etcd.endpoint, f"slurm-{job_id}") == "CANCELLED"
+    assert slurm.violations(job_id, out, 2, 3) == []
     report_slurm(
         "sbatch --nodes=3 --time=1, the script's --signal",
         submit_to_workers_running=t_running - t0,
@@ -159,11 +167,15 @@ def test_sbatch_job_goes_on_when_one_agent_dies(slurm, report_slurm):
     assert text.count("Exited with exit code 143") == 2, text[-3000:]
     assert ended["JobState"] == "FAILED", ended
     wait_for(
-        lambda: slurm.net.probe("head", "leases", slurm.etcd.endpoint) == [],
+        lambda: (
+            slurm.net.probe("head", "leases", slurm.etcd.endpoint)
+            == [f"/etcdrun/slurm-{job_id}/round"]
+        ),
         5,
-        "every lease gone",
+        "every lease gone but the run's CANCELLED record",
     )
-    assert slurm.violations(job, out, 2, 3) == []
+    assert slurm.net.probe("head", "outcome", slurm.etcd.endpoint, f"slurm-{job_id}") == "CANCELLED"
+    assert slurm.violations(job_id, out, 2, 3) == []
     report_slurm(
         "sbatch --nodes=3, one agent killed -9, lease_ttl 2",
         kill_to_survivors_running=max(st.t for st in smaller) - t_kill,
