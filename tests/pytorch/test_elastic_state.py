@@ -180,6 +180,50 @@ if len(sys.argv) > 1:  # a handler that loses a field: the replicas must not tra
 """
 
 
+SYNC_AFTER_DDP = """
+import os
+import torch, torch.distributed as dist
+from etcdrun import elastic
+
+rank = int(os.environ["RANK"])
+dist.init_process_group("gloo")
+torch.manual_seed(rank)
+model = torch.nn.Linear(16, 8)
+state = elastic.TorchState(model=model, step=0)
+for _ in range(3 if rank == 1 else 1):  # rank 1 has the newest commit
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    state.step += 1
+    state.commit()
+newest = float(model.weight.sum()) if rank == 1 else None
+# A re-form rebuilds DDP, whose constructor broadcasts rank 0's live parameters: the source's
+# live state is then rank 0's, not its own commit.
+model = torch.nn.parallel.DistributedDataParallel(model)
+try:
+    state.sync()
+    print("SYNCED", rank, state.step, round(float(model.module.weight.sum()), 4), flush=True)
+except elastic.ReplicasDiverged as e:
+    print("DIVERGED", rank, e, flush=True)
+if newest is not None:
+    print("NEWEST", round(newest, 4), flush=True)
+"""
+
+
+def test_a_sync_after_ddp_broadcast_rank_0s_model_gives_every_rank_the_newest_commit(
+    torch_available,
+):
+    """The in-place soak's seed 13241: a newcomer at node rank 0, a survivor with the newest
+    commit at rank 1. The re-form's DDP rebuild broadcast rank 0's fresh model into the
+    survivor, which took its live state for its commit, sent the commit, and then found itself
+    diverged from it. The source now loads its own commit too.
+    """
+    outs = _world(SYNC_AFTER_DDP, 2)
+    synced = sorted(ln for out in outs for ln in out.splitlines() if ln.startswith("SYNCED"))
+    newest = [ln.split()[1] for out in outs for ln in out.splitlines() if ln.startswith("NEWEST")]
+    assert len(synced) == 2 and len(newest) == 1, outs
+    assert [ln.split()[2:] for ln in synced] == [["3", newest[0]]] * 2, outs
+
+
 def _world(script: str, world: int, *args: str, env: dict[str, str] | None = None) -> list[str]:
     port = unused_port()
     procs = [

@@ -126,8 +126,10 @@ class State:
             raise
         self._shared_copy.adopt(saved)
         self._shared, self._serial = saved, serial
-        if not mine:  # the source's live state is its last commit already (restore or start)
-            self._load(saved)
+        # The source loads its own commit too: its live state may no longer be it. A re-form
+        # rebuilds DDP, whose constructor broadcasts rank 0's live parameters, and rank 0 may be
+        # a newcomer or a survivor with an older commit (the in-place soak's seed 13241).
+        self._load(saved)
         synced = {name: saved.part(name, clone=False, place=False) for name in saved.skeleton}
         agree.check(self._live(shared=True), synced, src, self._wait, on)
         return sent
