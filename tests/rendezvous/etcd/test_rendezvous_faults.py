@@ -42,7 +42,14 @@ def test_etcd_leader_killed_mid_round_round_completes_without_extra_round(etcd_c
             results: list = []
             th = threading.Thread(target=lambda: results.append(rendezvous(hs[:3])))
             th.start()
-            time.sleep(0.5)  # three joined and wait for the fourth
+            # Three joined and wait for the fourth: the kill must come mid-round.
+            keys = RunKeys("/etcdrun", run)
+            with EtcdClient(eps) as c:
+                wait_for(
+                    lambda: c.get_prefix(keys.joined(1), count_only=True).count == 3,
+                    30,
+                    "three nodes joined round 1",
+                )
             etcd_cluster.leader().kill()
             infos = rendezvous(hs[3:])
             th.join(30)
