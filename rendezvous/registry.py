@@ -168,11 +168,6 @@ _TORCHRUN_NAMES = dict.fromkeys(
 )
 
 
-def check_backend(name: str) -> None:
-    """Raise the unknown-backend ValueError for ``name``, without importing the backend."""
-    backend(name)
-
-
 def backend_groups() -> list[tuple[str, list[str], Backend]]:
     """(name, aliases, entry) once per backend, in registration order: names registered with
     an equal entry are aliases of the first one.
@@ -274,7 +269,6 @@ __all__ = [
     "HandlerFactory",
     "backend",
     "backend_groups",
-    "check_backend",
     "create_handler",
     "describe_backends",
     "known_backends",

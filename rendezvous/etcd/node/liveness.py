@@ -17,6 +17,7 @@ from etcdrun.rendezvous.api import LeaseReading, Liveness, LivenessPort
 from etcdrun.rendezvous.client.lease import fence_margin
 from etcdrun.rendezvous.etcd.incarnation import Incarnation
 from etcdrun.rendezvous.etcd.node.session import Session
+from etcdrun.rendezvous.listeners import Listeners
 
 Listener = Callable[[LeaseReading], None]
 
@@ -39,7 +40,7 @@ class SessionLiveness(LivenessPort):
 
     def __init__(self, incarnation: Incarnation) -> None:
         self._now = incarnation
-        self._listeners: list[Listener] = []
+        self._listeners: Listeners[LeaseReading] = Listeners()
 
     def read(self) -> LeaseReading:
         return reading(self._now.session)
@@ -61,8 +62,7 @@ class SessionLiveness(LivenessPort):
             sess.abandon(why)
 
     def subscribe(self, callback: Listener) -> Callable[[], None]:
-        self._listeners.append(callback)
-        return lambda: self._listeners.remove(callback)
+        return self._listeners.add(callback)
 
     def attach(self, sess: Session) -> None:
         """A new session: its keep-alives move the fence deadline, its doubt wakes the agent."""
@@ -70,9 +70,7 @@ class SessionLiveness(LivenessPort):
         sess.on_doubt(lambda: self._tell(sess))
 
     def _tell(self, sess: Session) -> None:
-        now = reading(sess)
-        for cb in list(self._listeners):
-            cb(now)
+        self._listeners.tell(reading(sess))
 
 
 __all__ = ["SessionLiveness", "reading"]
