@@ -90,6 +90,29 @@ def _metrics_config(config: LaunchConfig) -> MetricsConfig:
     return metrics
 
 
+def _one_value(conf: dict[str, Any], key: str, value: Any, *, flag: str, always: bool) -> None:
+    """One rule for a setting that is both a flag (a LaunchConfig field) and an ``--rdzv-conf``
+    key: a flag left at its default (off, 0) yields to the key; a flag set otherwise and the
+    key must say the same, else one line naming both. Before, ``max_restarts`` raised and
+    ``evict_stragglers`` silently lost to the key. ``always``: the key is passed even at the
+    default (the budget's one value feeds TORCHELASTIC_MAX_RESTARTS and the log lines).
+    """
+    if key not in conf:
+        if value or always:
+            conf[key] = value
+        return
+    if value and _conf_text(conf[key]) != _conf_text(value):
+        raise ValueError(
+            f"{key} is given twice with different values: {flag} and --rdzv-conf {key}={conf[key]}"
+        )
+
+
+def _conf_text(value: Any) -> str:
+    """A key's value as compared: true/yes/on are 1, false/no/off are 0 (the backend's words)."""
+    text = str(value).strip().lower()
+    return {"true": "1", "yes": "1", "on": "1", "false": "0", "no": "0", "off": "0"}.get(text, text)
+
+
 def _make_rdzv_handler(config: LaunchConfig) -> RendezvousHandler:
     """The rendezvous handler for ``config`` (the reference's rules, plus min/max as fields)."""
     entry = registry.backend(config.rdzv_backend)
@@ -107,15 +130,12 @@ def _make_rdzv_handler(config: LaunchConfig) -> RendezvousHandler:
     if entry.node_rank_key is not None:
         rdzv_configs.setdefault(entry.node_rank_key, config.node_rank)
     # The rendezvous owns the restart budget (every backend): one value feeds its decisions,
-    # TORCHELASTIC_MAX_RESTARTS and the log lines. Given twice, the two must agree.
-    given = rdzv_configs.setdefault("max_restarts", config.max_restarts)
-    if config.max_restarts and str(given).strip() != str(config.max_restarts):
-        raise ValueError(
-            f"max_restarts is given twice with different values: --max-restarts "
-            f"{config.max_restarts} and --rdzv-conf max_restarts={given}"
-        )
-    if config.evict_stragglers:  # the leader decides it (rendezvous/etcd/leader/stragglers.py)
-        rdzv_configs.setdefault("evict_stragglers", "1")
+    # TORCHELASTIC_MAX_RESTARTS and the log lines. The leader decides evictions
+    # (rendezvous/etcd/leader/stragglers.py).
+    n = config.max_restarts
+    _one_value(rdzv_configs, "max_restarts", n, flag=f"--max-restarts {n}", always=True)
+    evict = "1" if config.evict_stragglers else ""
+    _one_value(rdzv_configs, "evict_stragglers", evict, flag="--evict-stragglers", always=False)
     params = RendezvousParameters(
         backend=config.rdzv_backend,
         endpoint=endpoint,

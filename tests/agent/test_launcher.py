@@ -6,6 +6,7 @@ records the RendezvousParameters the launcher builds.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
@@ -32,7 +33,9 @@ def captured():
 
     def factory(params):
         seen.append(params)
-        return StaticRendezvousHandler(params)
+        # The static backend has no leader to evict anyone: the key is recorded, not served.
+        conf = {k: v for k, v in params.config.items() if k != "evict_stragglers"}
+        return StaticRendezvousHandler(dataclasses.replace(params, config=conf))
 
     registry.register_backend("capture", factory)
     yield seen
@@ -200,4 +203,28 @@ def test_max_restarts_given_twice_must_agree(captured):
     assert captured[-1].config["max_restarts"] == 5
     clash = LaunchConfig(rdzv_backend="capture", max_restarts=3, rdzv_configs={"max_restarts": 5})
     with pytest.raises(ValueError, match=r"--max-restarts 3 and --rdzv-conf max_restarts=5"):
+        _make_rdzv_handler(clash)
+
+
+def test_evict_stragglers_given_twice_follows_the_same_rule(captured):
+    """It silently lost to the key before: --evict-stragglers with evict_stragglers=0 ran
+    without eviction. Now a flag that is on and a key that says off are one line.
+    """
+    on = LaunchConfig(rdzv_backend="capture", evict_stragglers=True)
+    _make_rdzv_handler(on)
+    assert captured[-1].config["evict_stragglers"] == "1"
+    _make_rdzv_handler(LaunchConfig(rdzv_backend="capture"))
+    assert "evict_stragglers" not in captured[-1].config  # off: the backend's default
+    both = LaunchConfig(
+        rdzv_backend="capture", evict_stragglers=True, rdzv_configs={"evict_stragglers": "true"}
+    )
+    _make_rdzv_handler(both)
+    assert captured[-1].config["evict_stragglers"] == "true"
+    only_conf = LaunchConfig(rdzv_backend="capture", rdzv_configs={"evict_stragglers": "yes"})
+    _make_rdzv_handler(only_conf)
+    assert captured[-1].config["evict_stragglers"] == "yes"
+    clash = LaunchConfig(
+        rdzv_backend="capture", evict_stragglers=True, rdzv_configs={"evict_stragglers": "0"}
+    )
+    with pytest.raises(ValueError, match=r"--evict-stragglers and --rdzv-conf evict_stragglers=0"):
         _make_rdzv_handler(clash)
