@@ -92,10 +92,9 @@ class InPlace:
         and a margin; 30 s without a lease.
         """
         lease = liveness.read()
-        if lease.time_left is None or lease.keepalive_age is None:
+        if lease.ttl is None:
             return {PEER_WAIT_VAR: "30"}
-        ttl = lease.time_left + lease.keepalive_age
-        return {PEER_WAIT_VAR: f"{max(5.0, ttl + lease.margin + 2.0):.1f}"}
+        return {PEER_WAIT_VAR: f"{max(5.0, lease.ttl + lease.margin + 2.0):.1f}"}
 
     def stop_at_commit(
         self,

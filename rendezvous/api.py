@@ -185,7 +185,8 @@ class LeaseReading:
     ``deadline`` is the monotonic moment the place must be presumed in doubt (the workers are
     paused then), None when the backend has no such limit; ``margin`` runs from that moment to
     the one the place could be gone for good (the warden kills just before it). ``time_left``
-    and ``keepalive_age`` are for people and metrics; None without a lease.
+    and ``keepalive_age`` are for people and metrics; ``ttl`` is the lease's whole length (how
+    long a lost peer takes to be seen: the in-place peer wait); all three None without a lease.
     """
 
     state: Liveness = Liveness.LIVE
@@ -193,6 +194,7 @@ class LeaseReading:
     margin: float = 0.0
     time_left: float | None = None
     keepalive_age: float | None = None
+    ttl: float | None = None
 
 
 class LivenessPort:

@@ -28,9 +28,9 @@ def reading(sess: Session | None) -> LeaseReading:
         return LeaseReading()
     margin, left, age = fence_margin(sess.ttl), sess.lease_time_left(), sess.keepalive_age()
     if sess.lost.is_set():
-        return LeaseReading(Liveness.LOST, None, margin, left, age)
+        return LeaseReading(Liveness.LOST, None, margin, left, age, sess.ttl)
     state = Liveness.IN_DOUBT if sess.in_doubt else Liveness.LIVE
-    return LeaseReading(state, sess.presumed_lost_at, margin, left, age)
+    return LeaseReading(state, sess.presumed_lost_at, margin, left, age, sess.ttl)
 
 
 class SessionLiveness(LivenessPort):
