@@ -78,14 +78,36 @@ class FailureInfo:
     stderr_tail: tuple[str, ...] = ()
 
 
+class DepartureCause(str, enum.Enum):
+    """How a node of the previous round went. Its value is the word etcd keeps (the round's
+    ``departed_cause``, read by every node and by ``etcdrun status``), so a value written by an
+    older etcdrun reads the same; ``parse`` takes an unknown or empty word as GONE.
+    """
+
+    LEFT = "left"  # its agent marked itself leaving, then revoked its lease
+    LEASE_EXPIRED = "lease expired"  # lost: its lease ran out
+    GONE = "gone"  # not seen going (it went before this leader's term)
+
+    @classmethod
+    def parse(cls, word: str) -> DepartureCause:
+        try:
+            return cls(word)
+        except ValueError:
+            return cls.GONE
+
+
 @dataclass(frozen=True)
 class Departure:
-    """A node of the previous round that is not in this one, and why (``cause``: "lease
-    expired" — lost —, "left" — its agent revoked its lease —, or "gone" when unknown).
+    """A node of the previous round that is not in this one, and why. A backend may give the
+    cause as its word ("lease expired"): it is taken as the DepartureCause it names.
     """
 
     node_id: str
-    cause: str = "gone"
+    cause: DepartureCause = DepartureCause.GONE
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.cause, DepartureCause):
+            object.__setattr__(self, "cause", DepartureCause.parse(str(self.cause)))
 
 
 @dataclass(frozen=True)

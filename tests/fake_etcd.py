@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from etcdrun.proto import etcd_api_pb2 as pb
 from etcdrun.rendezvous.client import (
     EtcdLeaseNotFoundError,
+    LeaseLoss,
     RangeResult,
     RetryPolicy,
     TxnResult,
@@ -37,6 +38,7 @@ class FakeLease:
         self.id, self.ttl = lease_id, ttl
         self.lost = threading.Event()
         self.lost_reason = ""
+        self.lost_how: LeaseLoss | None = None
         self.in_doubt = threading.Event()  # never set: keep-alives are never unanswered
         self.keys: set[bytes] = set()
         self._etcd = etcd
@@ -58,16 +60,16 @@ class FakeLease:
         if self.lost.is_set():
             callback(self)
 
-    def mark_lost(self, reason: str) -> None:
+    def mark_lost(self, how: LeaseLoss, reason: str) -> None:
         if self.lost.is_set():
             return
-        self.lost_reason = reason
+        self.lost_how, self.lost_reason = how, reason
         self.lost.set()
         for cb in list(self._callbacks):
             cb(self)
 
     def abandon(self, reason: str) -> None:
-        self.mark_lost(reason)
+        self.mark_lost(LeaseLoss.ABANDONED, reason)
 
     def confirm(self, timeout: float) -> bool:
         return not self.lost.is_set()
@@ -78,7 +80,7 @@ class FakeLease:
     def revoke(self, timeout: float | None = None) -> bool:
         if self.orphaned:
             return True
-        self._etcd.drop_lease(self.id, "revoked")
+        self._etcd.drop_lease(self.id, LeaseLoss.REVOKED, "revoked")
         return True
 
 
@@ -130,7 +132,7 @@ class FakeEtcd:
 
     def expire(self, lease_id: int) -> None:
         """The lease's TTL passed on the server: its keys go, its holder learns it."""
-        self.drop_lease(lease_id, "expired on the server")
+        self.drop_lease(lease_id, LeaseLoss.EXPIRED, "expired on the server")
 
     def live_leases(self) -> list[int]:
         with self._lock:
@@ -232,7 +234,7 @@ class FakeEtcd:
         return lease
 
     def revoke(self, lease_id: int, timeout: float | None = None) -> bool:
-        self.drop_lease(lease_id, "revoked")
+        self.drop_lease(lease_id, LeaseLoss.REVOKED, "revoked")
         return True
 
     def close(self, revoke_leases: bool = True) -> None:
@@ -342,7 +344,7 @@ class FakeEtcd:
             self.leases[old.lease].keys.discard(key)
         events.append(pb.Event(type=pb.Event.DELETE, kv=pb.KeyValue(key=key, mod_revision=rev)))
 
-    def drop_lease(self, lease_id: int, reason: str) -> None:
+    def drop_lease(self, lease_id: int, how: LeaseLoss, reason: str) -> None:
         with self._lock:
             lease = self.leases.pop(lease_id, None)
             if lease is None:
@@ -355,7 +357,7 @@ class FakeEtcd:
                 self.revision, self.writes = rev, self.writes + 1
                 batches = self._batches(events, rev)
         self._deliver(batches)
-        lease.mark_lost(reason)
+        lease.mark_lost(how, reason)
 
     def _batches(self, events, rev, only: FakeWatch | None = None):
         if rev:

@@ -11,7 +11,13 @@ tests/agent/test_story.py without processes, and in the e2e tests by their text.
 
 from __future__ import annotations
 
-from etcdrun.rendezvous.api import FailureInfo, Participant, RendezvousInfo, RoundCause
+from etcdrun.rendezvous.api import (
+    DepartureCause,
+    FailureInfo,
+    Participant,
+    RendezvousInfo,
+    RoundCause,
+)
 
 _GENERIC = ("exited with code", "Signal ")  # ProcessFailure's words when there is no error file
 
@@ -45,7 +51,7 @@ def why_class(cause: RoundCause | None, lease_lost: bool) -> str:
     if cause is None or cause.reason in ("", "first agent"):
         return "first"
     if cause.departed:
-        lost = any(d.cause != "left" for d in cause.departed)
+        lost = any(d.cause is not DepartureCause.LEFT for d in cause.departed)
         return "node_lost" if lost else "node_left"
     if cause.failure is not None:
         return "worker_failed"
@@ -78,7 +84,7 @@ def round_change(
     now = {p.node_id: p for p in info.participants}
     facts = []
     for d in cause.departed:
-        verb = "left" if d.cause == "left" else f"lost: {d.cause}"
+        verb = "left" if d.cause is DepartureCause.LEFT else f"lost: {d.cause.value}"
         facts.append(f"{who(before.get(d.node_id), d.node_id)} {verb}")
     if cause.failure is not None and info.restart_count > prev.restart_count:
         facts.append(failure_text(cause.failure))

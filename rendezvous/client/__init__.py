@@ -34,6 +34,7 @@ _WHERE = {
     "EtcdTokenExpiredError": "errors",
     "KeepAliveStats": "lease",
     "Lease": "lease",
+    "LeaseLoss": "lease",
     "RetryPolicy": "policy",
     "Watch": "watch",
     "WatchBatch": "watch",

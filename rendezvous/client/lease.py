@@ -24,6 +24,7 @@ from __future__ import annotations  # noqa: I001 - _grpc_quiet first
 
 from etcdrun.rendezvous.client import _grpc_quiet  # noqa: F401 - GRPC_VERBOSITY, before grpc
 
+import enum
 import logging
 import threading
 import time
@@ -46,6 +47,18 @@ def fence_margin(ttl: float) -> float:
     return min(max(0.2 * ttl, 0.5), ttl / 2)
 
 
+class LeaseLoss(enum.Enum):
+    """How a lease was lost, for code to decide on (``Lease.lost_reason`` is the line for
+    people, with its details). Only REVOKED is this process's own doing: its agent left.
+    """
+
+    REVOKED = "revoked"  # revoke(): this process gave it back
+    ABANDONED = "abandoned"  # abandon(): its owner learnt it has no place left
+    GONE = "gone"  # confirm(): etcd no longer knows it (revoked or expired there)
+    EXPIRED = "expired"  # a keep-alive's answer: TTL 0
+    UNANSWERED = "unanswered"  # no keep-alive acknowledged for its TTL: presumed lost
+
+
 class Lease:
     """A granted lease. ``lost`` is set once it expired, was revoked, or etcd could have expired it.
 
@@ -61,7 +74,8 @@ class Lease:
         self.id = lease_id
         self.ttl = ttl
         self.lost = threading.Event()
-        self.lost_reason = ""
+        self.lost_reason = ""  # the line for people
+        self.lost_how: LeaseLoss | None = None  # what code decides on
         self._keeper = keeper
         self._callbacks: list[Callable[[Lease], None]] = []
         self._refreshed: list[Callable[[Lease], None]] = []
@@ -114,10 +128,10 @@ class Lease:
         if self.lost.is_set():
             callback(self)
 
-    def _mark_lost(self, reason: str) -> None:
+    def _mark_lost(self, how: LeaseLoss, reason: str) -> None:
         if self.lost.is_set():
             return
-        self.lost_reason = reason
+        self.lost_how, self.lost_reason = how, reason
         self.lost.set()
         if not self._revoked:  # the owner says what it means (the agent: "fenced: ..."); here
             log.info("etcd lease %x lost: %s", self.id, reason)  # for agent.log, not the console
@@ -147,7 +161,7 @@ class Lease:
         except EtcdError:
             return None
         self._keeper.forget(self)
-        self._mark_lost("gone on the server (revoked or expired)")
+        self._mark_lost(LeaseLoss.GONE, "gone on the server (revoked or expired)")
         return False
 
     def abandon(self, reason: str) -> None:
@@ -159,7 +173,7 @@ class Lease:
         self._abandoned = True
         if self._keeper is not None:
             self._keeper.forget(self)
-        self._mark_lost(reason)
+        self._mark_lost(LeaseLoss.ABANDONED, reason)
 
     def orphan(self) -> None:
         """Stop keeping it alive, and forget it, without revoking: on the server it expires
@@ -181,11 +195,11 @@ class Lease:
         self._keeper.forget(self)
         was_lost = self.lost.is_set()
         self._revoked = True
-        self._mark_lost("revoked")
+        self._mark_lost(LeaseLoss.REVOKED, "revoked")
         if was_lost and self._presumed:  # etcd did not answer: revoke when it next does
             self._keeper.revoke_later(self.id)
             return True  # nothing of this node's left to wait for here
-        if was_lost and self.lost_reason != "revoked" and not self._abandoned:
+        if was_lost and self.lost_how is not LeaseLoss.REVOKED and not self._abandoned:
             return True  # gone on the server already
         return self._keeper.revoke(self.id, timeout)
 
@@ -416,7 +430,7 @@ class LeaseKeeper:
             ttl = acked.get(ls.id)
             if ttl is not None and ttl <= 0:
                 self.forget(ls)
-                ls._mark_lost("expired on the server")
+                ls._mark_lost(LeaseLoss.EXPIRED, "expired on the server")
             elif ttl is not None:
                 self._acked += 1  # the keeper thread alone writes these counters
                 self._gap_max = max(self._gap_max, (sent - ls._acked_sent_at) / ls._interval)
@@ -432,7 +446,8 @@ class LeaseKeeper:
                 self.forget(ls)
                 self._lapsed += 1
                 ls._presumed = True  # etcd may still hold it: revoke() defers to revoke_later
-                ls._mark_lost(f"no keep-alive acknowledged for {now - (ls._acked_sent_at):.1f}s")
+                waited = now - ls._acked_sent_at
+                ls._mark_lost(LeaseLoss.UNANSWERED, f"no keep-alive acknowledged for {waited:.1f}s")
             else:
                 if now >= ls.presumed_lost_at and not ls.in_doubt.is_set():
                     ls.in_doubt.set()

@@ -17,7 +17,7 @@ from typing import TypeVar
 from google.protobuf.message import DecodeError, Message
 
 from etcdrun.proto import etcdrun_state_pb2 as st
-from etcdrun.rendezvous.api import Departure, FailureInfo, RoundCause
+from etcdrun.rendezvous.api import Departure, DepartureCause, FailureInfo, RoundCause
 from etcdrun.rendezvous.errors import RendezvousStateError
 from etcdrun.rendezvous.etcd.protocol import Agent, Join, Member, Phase, Round, Sharded
 
@@ -256,7 +256,7 @@ def cause_from(msg: st.RoundState | None) -> RoundCause | None:
         return None
     causes = list(msg.departed_cause)
     departed = tuple(
-        Departure(n, causes[i] if i < len(causes) and causes[i] else "gone")
+        Departure(n, DepartureCause.parse(causes[i] if i < len(causes) else ""))
         for i, n in enumerate(msg.departed)
     )
     failure = failure_from(msg.failure) if msg.HasField("failure") else None

@@ -37,6 +37,7 @@ from etcdrun.rendezvous.client import (
     EtcdClient,
     EtcdError,
     EtcdPermissionError,
+    LeaseLoss,
     RetryPolicy,
 )
 from etcdrun.rendezvous.errors import (
@@ -415,7 +416,7 @@ class EtcdRendezvousHandler(RendezvousHandler):
 
     def _on_lost(self, sess: Session, driver: Driver) -> None:
         """Keep-alive thread: fence (wake the agent, stop leading) — unless we left ourselves."""
-        if sess.lost_reason == "revoked":
+        if sess.lost_how is LeaseLoss.REVOKED:
             self.view.wake()
             return  # our own leave (node_left says so), not a loss
         self.events.emit("session_lost", reason=sess.lost_reason)

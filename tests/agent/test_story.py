@@ -8,6 +8,7 @@ from __future__ import annotations
 from etcdrun.agent.report import story
 from etcdrun.rendezvous.api import (
     Departure,
+    DepartureCause,
     FailureInfo,
     Participant,
     RendezvousInfo,
@@ -42,7 +43,7 @@ def info(number: int, members: tuple[Participant, ...], restarts: int = 0, cause
 
 def test_a_lost_node_in_one_line():
     prev = info(4, (A, B, C, node(3, "host-d", 9)))
-    gone = RoundCause("node(s) lost: ...", (Departure(B.node_id, "lease expired"),))
+    gone = RoundCause("node(s) lost: ...", (Departure(B.node_id, DepartureCause.LEASE_EXPIRED),))
     after = (A, node(1, "host-c", 300), node(2, "host-d", 9))
     line = story.round_change(prev, info(5, after, cause=gone))
     assert line == (
@@ -53,7 +54,7 @@ def test_a_lost_node_in_one_line():
 
 def test_a_node_that_left_and_one_that_joined():
     prev = info(2, (A, B))
-    left = info(3, (A,), cause=RoundCause("", (Departure(B.node_id, "left"),)))
+    left = info(3, (A,), cause=RoundCause("", (Departure(B.node_id, DepartureCause.LEFT),)))
     assert story.round_change(prev, left) == (
         "node 1 (host-b, pid 4711) left; new round 3 with 1 node (no restart charged)"
     )
@@ -89,7 +90,9 @@ def test_a_failure_caused_by_a_death_is_not_the_story():
     nothing; the consequence is not named as a cause.
     """
     f = FailureInfo(A.node_id, "host-a", 0, 1, message="RuntimeError: gloo", local_rank=0)
-    cause = RoundCause("worker rank 0 failed", (Departure(B.node_id, "lease expired"),), (), f)
+    cause = RoundCause(
+        "worker rank 0 failed", (Departure(B.node_id, DepartureCause.LEASE_EXPIRED),), (), f
+    )
     line = story.round_change(info(1, (A, B)), info(2, (A,), cause=cause))
     assert line == (
         "node 1 (host-b, pid 4711) lost: lease expired; new round 2 with 1 node "
@@ -104,8 +107,8 @@ def test_our_own_lease_lost_and_the_first_round():
 
 
 def test_reasons_for_metrics_are_few():
-    lost = RoundCause("x", (Departure("n", "lease expired"),))
-    left = RoundCause("x", (Departure("n", "left"),))
+    lost = RoundCause("x", (Departure("n", DepartureCause.LEASE_EXPIRED),))
+    left = RoundCause("x", (Departure("n", DepartureCause.LEFT),))
     failed = RoundCause("x", failure=FailureInfo("n", "h", 1, 1))
     joined = RoundCause("x", arrived=("n",))
     got = [story.why_class(c, False) for c in (None, lost, left, failed, joined)]
@@ -117,3 +120,10 @@ def test_the_static_backend_restarts_in_one_round_and_says_so():
     # Static: the round number never moves; "new round 0" after every restart would mislead.
     line = story.round_change(info(0, (A,)), info(0, (A,), restarts=1))
     assert line == "a worker failed; the workers restart on 1 node (restart 1 of 3 charged)"
+
+
+def test_a_departure_cause_given_as_a_word_is_taken_as_the_enum():
+    """A backend written against rendezvous/api.py alone may give the word etcd keeps."""
+    assert Departure("n", "lease expired").cause is DepartureCause.LEASE_EXPIRED
+    assert Departure("n", "left").cause is DepartureCause.LEFT
+    assert Departure("n", "eaten by a grue").cause is DepartureCause.GONE  # unknown: not seen

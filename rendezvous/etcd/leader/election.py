@@ -26,6 +26,7 @@ from collections.abc import Callable
 
 from etcdrun.proto import etcd_api_pb2 as pb
 from etcdrun.proto import etcdrun_state_pb2 as st
+from etcdrun.rendezvous.api import DepartureCause
 from etcdrun.rendezvous.client import Watch, WatchBatch
 from etcdrun.rendezvous.errors import RendezvousError
 from etcdrun.rendezvous.etcd import codec
@@ -47,9 +48,9 @@ class Election:
         self._on_change = on_change
         self._watch: Watch | None = None
         self.is_leader = False
-        # How the predecessors we watched went ("left": it marked itself leaving first; else
-        # "lease expired"): the leader this agent becomes says why the round opened.
-        self.departed: dict[str, str] = {}
+        # How the predecessors we watched went (LEFT: it marked itself leaving first; else
+        # LEASE_EXPIRED): the leader this agent becomes says why the round opened.
+        self.departed: dict[str, DepartureCause] = {}
         self._leaving: set[str] = set()
         # The agent registered just before this one (the session's tail read), until it is
         # found gone: it never comes back, so a later check does not read it again.
@@ -119,7 +120,9 @@ class Election:
         for ev in batch.events:
             node = self._session.keys.parse(ev.kv.key)[2] or ""
             if ev.type == pb.Event.DELETE:
-                self.departed[node] = "left" if node in self._leaving else "lease expired"
+                self.departed[node] = (
+                    DepartureCause.LEFT if node in self._leaving else DepartureCause.LEASE_EXPIRED
+                )
             elif ev.kv.value:
                 self._note_leaving(node, ev.kv.value)
         if batch.error is not None or batch.events:

@@ -20,6 +20,7 @@ from dataclasses import replace
 
 from etcdrun.proto import etcd_api_pb2 as pb
 from etcdrun.proto import etcdrun_state_pb2 as st
+from etcdrun.rendezvous.api import DepartureCause
 from etcdrun.rendezvous.client import (
     EtcdError,
     EtcdLeaseNotFoundError,
@@ -70,7 +71,7 @@ class Leader:
         session: Session,
         *,
         deliver: Callable[[WatchBatch], None],
-        departed: dict[str, str] | None = None,
+        departed: dict[str, DepartureCause] | None = None,
     ) -> None:
         self._ctx = ctx
         self._session = session
@@ -359,7 +360,8 @@ class Leader:
         """Why a round opens: each departure with how it went, and the arrivals."""
         causes = self.departures.causes(action.departed)
         reason = departures.reason(action.departed, causes) or action.reason
-        return codec.Why(reason, action.departed, causes, action.arrived)
+        words = tuple(c.value for c in causes)  # etcd keeps the words
+        return codec.Why(reason, action.departed, words, action.arrived)
 
     def _close_failed(self, r: Round | None, action: CloseFailed) -> bool:
         """The budget is spent: close the run with the root cause every node will report."""

@@ -30,7 +30,14 @@ from collections.abc import Callable, Sequence
 
 from etcdrun.proto import etcd_api_pb2 as pb
 from etcdrun.proto import etcdrun_state_pb2 as st
-from etcdrun.rendezvous.client import EtcdClient, EtcdError, Lease, Watch, WatchBatch
+from etcdrun.rendezvous.client import (
+    EtcdClient,
+    EtcdError,
+    Lease,
+    LeaseLoss,
+    Watch,
+    WatchBatch,
+)
 from etcdrun.rendezvous.client import txn as t
 from etcdrun.rendezvous.client.lease import fence_margin
 from etcdrun.rendezvous.errors import RendezvousStateError
@@ -165,6 +172,10 @@ class Session:
     @property
     def lost_reason(self) -> str:
         return self._lease.lost_reason
+
+    @property
+    def lost_how(self) -> LeaseLoss | None:
+        return self._lease.lost_how
 
     def is_owner(self) -> pb.Compare:
         """The fence: true while our agent key exists, held by our lease."""
