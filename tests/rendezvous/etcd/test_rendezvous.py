@@ -8,6 +8,7 @@ import threading
 import time
 
 import pytest
+from agent_helpers import wait_for
 from etcd_helpers import assert_no_leases
 from rdzv_helpers import (
     accepted_events,
@@ -26,6 +27,7 @@ from etcdrun.rendezvous.errors import (
     RendezvousStateError,
     RendezvousTimeoutError,
 )
+from etcdrun.rendezvous.etcd.keys import RunKeys
 
 
 def ranks(infos):
@@ -159,8 +161,14 @@ def test_hot_spares_wait_without_restarting_anyone_and_fill_a_freed_place(etcd):
             ths = [threading.Thread(target=spare, args=(s,)) for s in spares]
             for th in ths:
                 th.start()
-                time.sleep(0.2)
-            time.sleep(1)
+            keys = RunKeys("/etcdrun", run)
+            with EtcdClient(etcd.endpoints) as c:  # both spares are in etcd, waiting
+                wait_for(
+                    lambda: c.get_prefix(keys.agents, count_only=True).count == 4,
+                    10,
+                    "both spares registered",
+                )
+            time.sleep(1)  # nothing may happen now, and no event says so: a second to show it
             assert not any(h.membership_changed.is_set() for h in hs)  # spares restart nobody
             assert got == []
             leaver = next(h for h, i in zip(hs, infos, strict=True) if i.node_rank == 1)
@@ -194,7 +202,14 @@ def test_min_equals_max_waits_for_a_replacement(etcd):
             results: list = []
             th = threading.Thread(target=lambda: results.append(rendezvous([hs[0]])))
             th.start()
-            time.sleep(1.0)
+            keys = RunKeys("/etcdrun", run)
+            with EtcdClient(etcd.endpoints) as c:  # the survivor has joined round 2
+                wait_for(
+                    lambda: c.get_prefix(keys.joined(2), count_only=True).count == 1,
+                    10,
+                    "the survivor joined round 2",
+                )
+            time.sleep(1.0)  # and waits there: no event says it did not freeze
             assert results == []  # waiting, not frozen with 1 < min
             repl = handler(etcd.endpoints, run, 2, 2)
             hs.append(repl)
