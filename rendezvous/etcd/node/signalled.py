@@ -29,7 +29,7 @@ from etcdrun.rendezvous.client import txn as t
 from etcdrun.rendezvous.etcd import shard_reads
 from etcdrun.rendezvous.etcd.context import RunContext
 from etcdrun.rendezvous.etcd.node import lifecycle
-from etcdrun.rendezvous.etcd.protocol import Phase, Round
+from etcdrun.rendezvous.etcd.protocol import Round
 
 TRIES = 16  # compare-and-swap attempts: each lost one means another node's entry went in
 
@@ -89,7 +89,8 @@ def claim(ctx: RunContext, r: Round, node: str, by: str) -> bool | None:
 def stopped(ctx: RunContext, r: Round, node: str, by: str) -> bool:
     """``node`` stops on a signal in frozen round ``r`` (entered already when ``claim`` said
     so; entered here otherwise); when that completes the round, close the run CANCELLED.
-    True when the run is (now) CANCELLED.
+    True when this call closed it: two nodes that both find the round complete (their entries
+    went in together) race to close it, and only the winner says so, once for the job.
     """
     try:
         every = shard_reads.whole(ctx.client, ctx.keys, r)  # a sharded round lists its shard
@@ -111,11 +112,10 @@ def stopped(ctx: RunContext, r: Round, node: str, by: str) -> bool:
         if not members <= cur.taken():
             return False
         try:
-            lifecycle.set_closed(ctx, st.CANCELLED, by=node)
-            closed = lifecycle.read_round(ctx.client, ctx.keys)
+            done = lifecycle.set_closed(ctx, st.CANCELLED, by=node)
         except EtcdError:
             return False
-        return closed is not None and closed.phase is Phase.CLOSED and closed.cancelled
+        return done is not None  # None: another node's close came first
     return False
 
 
