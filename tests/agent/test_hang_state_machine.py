@@ -116,14 +116,19 @@ def node(tmp_path: Path, name: str, ranks: list[int], pids: list[int], nodes: in
     return Group(Info(1, nodes), workers, paths)
 
 
-def assert_nothing_posted(port: Recorder) -> None:
-    """Three timeouts with no notice: the watchdog, had it judged the rank, would have posted
-    its alarm within one.
+def assert_never_judged(group: Group) -> None:
+    """Three timeouts with no notice from a watchdog over ``group``: had it judged a rank, it
+    would have posted its alarm within one.
     """
-    deadline = time.monotonic() + 3 * TIMEOUT
-    while time.monotonic() < deadline:
-        assert not port.seen
-        time.sleep(0.05)
+    port = Recorder()
+    dog = watchdog(group, port, "a")
+    try:
+        deadline = time.monotonic() + 3 * TIMEOUT
+        while time.monotonic() < deadline:
+            assert not port.seen
+            time.sleep(0.05)
+    finally:
+        dog.close()
 
 
 def watchdog(group: Group, port: HangPort, name: str, events: Events | None = None):
@@ -226,12 +231,7 @@ def test_a_rank_that_cannot_tell_its_progress_is_never_judged(tmp_path, sleepers
     group = node(tmp_path, "a", [0], [pid], nodes=1)
     if page == "finished":
         write_beat(group.log_paths[0].progress, beat.FINISHED, time.monotonic_ns())
-    port = Recorder()
-    dog = watchdog(group, port, "a")
-    try:
-        assert_nothing_posted(port)
-    finally:
-        dog.close()
+    assert_never_judged(group)
     assert stacks.alive(pid)
 
 
@@ -261,9 +261,4 @@ def test_a_worker_that_ended_is_the_agents_not_the_watchdogs(tmp_path, sleepers)
     write_beat(group.log_paths[0].progress, 1, time.monotonic_ns() - int(60e9))
     subprocess.run(["kill", "-9", str(pid)], check=True)
     wait_for(lambda: not stacks.alive(pid), 5, "the worker gone")
-    port = Recorder()
-    dog = watchdog(group, port, "a")
-    try:
-        assert_nothing_posted(port)
-    finally:
-        dog.close()
+    assert_never_judged(group)
