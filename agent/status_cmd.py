@@ -55,6 +55,8 @@ def render(s: Any) -> str:
             left = (
                 "gone"
                 if n.lease_ttl_left is None and n.node_id in s.missing
+                else "unknown"
+                if n.alive is None
                 else (f"{n.lease_ttl_left} s" if n.lease_ttl_left is not None else "?")
             )
             lines.append(
@@ -71,6 +73,7 @@ def render(s: Any) -> str:
             f"(min {s.min_nodes}); starting in {left:.0f} s unless more join"
         )
     lines += _missing_lines(s)
+    lines += _unknown_lines(s)
     for n in s.joining:
         lines.append(f"  {'joined' if n.joined else 'not yet joined'}: {n.node_id} on {n.host}")
     if s.waiting:
@@ -110,6 +113,22 @@ def _missing_lines(s: Any) -> list[str]:
         why = causes.get(node, "its agent is gone")
         lines.append(f"  MISSING: {node}{who}: {why} ({after})")
     return lines
+
+
+def _unknown_lines(s: Any) -> list[str]:
+    """One line per node whose liveness cannot be told (``Node.alive`` is None), and when it
+    will be: right after etcd restarts or changes leader, every lease looks freshly renewed,
+    a dead agent's too, until its agent renews it (alive) or it runs out (gone).
+    """
+    return [
+        f"  UNKNOWN: {n.node_id} ({n.host}, pid {n.pid}): not heard from since etcd restarted "
+        "or changed leader, which renews every lease; told within its lease TTL "
+        "(renewed: alive; run out: gone)"
+        if n.lease_ttl_left is not None
+        else f"  UNKNOWN: {n.node_id} ({n.host}, pid {n.pid}): its lease could not be read"
+        for n in (*s.participants, *s.joining)
+        if n.alive is None
+    ]
 
 
 def _cooldown_lines(s: Any) -> list[str]:

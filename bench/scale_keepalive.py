@@ -40,7 +40,7 @@ def relay_main(conn: mpc.Connection, endpoints: str) -> None:
     import grpc
 
     from etcdrun.rendezvous.client.config import ClientConfig
-    from etcdrun.rendezvous.client.lease import send_keepalives
+    from etcdrun.rendezvous.client.keeper import send_keepalives
     from etcdrun.rendezvous.client.transport import Transport
 
     t = Transport(ClientConfig.create(endpoints))

@@ -44,6 +44,7 @@ class FakeLease:
         self._etcd = etcd
         self._callbacks: list[Callable[[FakeLease], None]] = []
         self.orphaned = False
+        self.term = 1  # one leader forever: the term never changes
 
     @property
     def presumed_lost_at(self) -> float:

@@ -32,7 +32,7 @@ _WHERE = {
     "EtcdPermissionError": "errors",
     "EtcdRequestError": "errors",
     "EtcdTokenExpiredError": "errors",
-    "KeepAliveStats": "lease",
+    "KeepAliveStats": "keeper",
     "Lease": "lease",
     "LeaseLoss": "lease",
     "RetryPolicy": "policy",

@@ -20,7 +20,8 @@ from typing import NamedTuple
 from etcdrun.proto import etcd_api_pb2 as pb
 from etcdrun.rendezvous.client import txn as t
 from etcdrun.rendezvous.client.config import ClientConfig
-from etcdrun.rendezvous.client.lease import KeepAliveRelay, KeepAliveStats, Lease, LeaseKeeper
+from etcdrun.rendezvous.client.keeper import KeepAliveRelay, KeepAliveStats, LeaseKeeper
+from etcdrun.rendezvous.client.lease import Lease
 from etcdrun.rendezvous.client.policy import RetryPolicy
 from etcdrun.rendezvous.client.transport import Transport
 from etcdrun.rendezvous.client.watch import Watch, WatchBatch, WatchManager
@@ -39,6 +40,7 @@ class TxnResult(NamedTuple):
     succeeded: bool
     responses: list  # of etcd_api_pb2.ResponseOp
     revision: int
+    term: int = 0  # the raft term of the member that answered (0: not known)
 
 
 class EtcdClient:
@@ -142,7 +144,9 @@ class EtcdClient:
         """One atomic if/then/else (build parts with etcdrun.rendezvous.client.txn)."""
         req = pb.TxnRequest(compare=list(compare), success=list(success), failure=list(failure))
         resp = self._t.call("Txn", req, timeout=timeout)
-        return TxnResult(resp.succeeded, list(resp.responses), resp.header.revision)
+        return TxnResult(
+            resp.succeeded, list(resp.responses), resp.header.revision, resp.header.raft_term
+        )
 
     def compact(self, revision: int, physical: bool = True) -> None:
         self._t.call("Compact", pb.CompactionRequest(revision=revision, physical=physical))

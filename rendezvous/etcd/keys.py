@@ -58,6 +58,19 @@ class RunKeys:
         return self.agents + node_id
 
     @property
+    def lease_terms(self) -> str:
+        """Each agent's term mark (session.py): the etcd raft term in which it last renewed its
+        lease, under that lease. Why: a new etcd leader renews every lease, so a lease's time
+        left tells a live agent from a dead one only once its agent renewed in the new term
+        (``etcdrun status`` says "unknown" until then). Outside agents/, so that no agent's
+        watch carries it.
+        """
+        return self.root + "term/"
+
+    def lease_term(self, node_id: str) -> str:
+        return self.lease_terms + node_id
+
+    @property
     def tail(self) -> str:
         """The node id of the agent registered last, put by the Txn that registered it and
         under its lease (session.py); the next registration reads it there as its predecessor

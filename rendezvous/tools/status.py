@@ -43,6 +43,10 @@ class Node:
     node_rank: int | None = None  # in the current frozen round
     joined: bool = False  # has a join record for the current round
     version: str = ""
+    # True: its agent key lives, and its lease was renewed since etcd's leader last changed;
+    # False: gone; None: cannot be told (its lease did not answer, or etcd restarted or changed
+    # leader, which renews every lease, and this agent has not renewed its own since)
+    alive: bool | None = True
 
 
 @dataclass(frozen=True)
@@ -141,6 +145,8 @@ class RunStatus:
         if self.round is None:
             return "forming"
         if self.phase == "JOINING":
+            if any(n.alive is None for n in self.joining):
+                return "unknown"
             live = len(self.joining)
             short = self.min_nodes is not None and live < self.min_nodes
             return "waiting for nodes" if short else "forming"
@@ -149,8 +155,8 @@ class RunStatus:
             live = len(left) + len(self.waiting)
             short = self.min_nodes is not None and live < self.min_nodes
             return "waiting for nodes" if short else "forming"
-        if any(n.lease_ttl_left is None for n in left):
-            return "unknown"  # a node's lease could not be read: alive or not, nobody can say
+        if any(n.alive is None for n in left):
+            return "unknown"  # alive or not, nobody can say yet (``Node.alive``)
         return "running"
 
     def to_json(self) -> dict[str, Any]:
@@ -175,10 +181,12 @@ def read(
             t.get(keys.cooldowns, prefix=True),
             t.get(keys.kept_rounds, prefix=True),
             t.get(keys.paces, prefix=True),
+            t.get(keys.lease_terms, prefix=True),
         ],
     )
     kvs = [r.response_range.kvs for r in res.responses]
-    got = _read(client, keys, res.revision, *kvs[:3], ttls=ttls)
+    stale = _not_renewed(keys, kvs[6], res.term)
+    got = _read(client, keys, res.revision, *kvs[:3], ttls=ttls, stale=stale)
     bad: list[str] = []
     cooled = _cooldowns(keys, kvs[3], bad, time.time())
     kept = _kept(kvs[4], bad)
@@ -195,6 +203,22 @@ def read(
         median_rate=median,
         straggler_fraction=fraction,
     )
+
+
+def _not_renewed(keys: RunKeys, kvs, term: int) -> frozenset[str]:
+    """The agents whose term mark (session.py) is older than the term this read was answered
+    in: etcd's new leader renewed their leases, they have not since. An agent without a mark
+    (an older etcdrun) or a mark that does not parse is judged by its lease alone, as before.
+    """
+    out = set()
+    for kv in kvs:
+        try:
+            marked = int(kv.value)
+        except ValueError:
+            continue
+        if 0 < marked < term:
+            out.add(kv.key.decode(errors="replace")[len(keys.lease_terms) :])
+    return frozenset(out)
 
 
 def _kept(kvs, unreadable: list[str]) -> tuple[KeptRound, ...]:
@@ -262,14 +286,24 @@ def _cooldowns(keys: RunKeys, kvs, unreadable: list[str], now: float) -> tuple[C
 
 
 def _read(
-    client: EtcdClient, keys: RunKeys, revision: int, agents_kvs, round_kvs, rounds_kvs, *, ttls
+    client: EtcdClient,
+    keys: RunKeys,
+    revision: int,
+    agents_kvs,
+    round_kvs,
+    rounds_kvs,
+    *,
+    ttls: bool,
+    stale: frozenset[str] = frozenset(),
 ) -> RunStatus:
-    """The run without its cooldowns: agents, round key, rounds/."""
+    """The run without its cooldowns: agents (``stale``: not renewed since etcd's leader
+    changed), round key, rounds/.
+    """
     base = dict(run_id=keys.run_id, prefix=keys.root, revision=revision)
     if not agents_kvs and not round_kvs and not rounds_kvs:
         return RunStatus(exists=False, **base)
     unreadable: list[str] = []
-    agents = _agents(client, keys, agents_kvs, unreadable, ttls)
+    agents = _agents(client, keys, agents_kvs, unreadable, ttls, stale)
     joined = {keys.parse(kv.key)[2] for kv in rounds_kvs if keys.parse(kv.key)[0] == "join"}
     hints = {keys.parse(kv.key)[1]: kv for kv in rounds_kvs if keys.parse(kv.key)[0] == "hint"}
     msg = _round_message(keys, round_kvs, unreadable)
@@ -288,7 +322,9 @@ def _read(
     return _with_round(base, msg, agents, joined, settings, tuple(unreadable), previous)
 
 
-def _agents(client, keys, kvs, unreadable: list[str], ttls: bool) -> dict[str, Node]:
+def _agents(
+    client, keys, kvs, unreadable: list[str], ttls: bool, stale: frozenset[str]
+) -> dict[str, Node]:
     out: dict[str, Node] = {}
     for kv in sorted(kvs, key=lambda kv: kv.create_revision):
         try:
@@ -302,6 +338,7 @@ def _agents(client, keys, kvs, unreadable: list[str], ttls: bool) -> dict[str, N
                 left = int(client.lease_ttl(kv.lease).TTL)
             except EtcdError:
                 left = None
+        told = not (ttls and left is None) and info.node_id not in stale
         out[info.node_id] = Node(
             info.node_id,
             info.host,
@@ -310,6 +347,7 @@ def _agents(client, keys, kvs, unreadable: list[str], ttls: bool) -> dict[str, N
             info.local_world_size,
             left,
             version=info.version,
+            alive=True if told else None,
         )
     return out
 
@@ -419,7 +457,15 @@ def _with_round(
 def _node(live: Node | None, p: Any) -> Node:
     """A node of a round (``p``: a Participant message or Member), live or as remembered."""
     if live is None:  # the node is gone: what the round remembers of it
-        return Node(p.node_id, p.host, p.addr, p.pid, p.local_world_size, node_rank=p.node_rank)
+        return Node(
+            p.node_id,
+            p.host,
+            p.addr,
+            p.pid,
+            p.local_world_size,
+            node_rank=p.node_rank,
+            alive=False,
+        )
     return _replace(live, node_rank=p.node_rank)
 
 

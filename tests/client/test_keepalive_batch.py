@@ -1,4 +1,4 @@
-"""The keeper's batches and its relay port (rendezvous/client/lease.py), without etcd: leases
+"""The keeper's batches and its relay port (rendezvous/client/keeper.py), without etcd: leases
 due within the batch window go on one stream (one relay call), the counters say whether the
 keeper kept up, and a lease nobody answers lapses and is counted.
 """
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 
+from etcdrun.rendezvous.client import keeper as keeper_mod
 from etcdrun.rendezvous.client import lease as lease_mod
 from etcdrun.rendezvous.client.policy import RetryPolicy
 
@@ -34,7 +35,7 @@ def _keeper(answer: bool = True):
         calls.append((list(ids), timeout))
         return {i: 5 for i in ids} if answer else {}
 
-    return lease_mod.LeaseKeeper(QuietTransport(), relay), calls  # type: ignore[arg-type]
+    return keeper_mod.LeaseKeeper(QuietTransport(), relay), calls  # type: ignore[arg-type]
 
 
 def _lease(keeper, lease_id: int, sent_at: float) -> lease_mod.Lease:

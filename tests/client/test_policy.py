@@ -17,6 +17,7 @@ from leader_world import World
 
 from etcdrun.rendezvous.api import RendezvousParameters
 from etcdrun.rendezvous.client import EtcdClient, EtcdConnectionError, RetryPolicy
+from etcdrun.rendezvous.client import keeper as keeper_mod
 from etcdrun.rendezvous.client import lease as lease_mod
 from etcdrun.rendezvous.client import policy as policy_mod
 from etcdrun.rendezvous.client import transport as transport_mod
@@ -104,7 +105,7 @@ class BrokenTransport:
 def test_the_keepalive_tick_and_its_retry(request_timeout, retry_timeout):
     policy = RetryPolicy(request_timeout, retry_timeout)
     transport = BrokenTransport(policy)
-    keeper = lease_mod.LeaseKeeper(transport)  # type: ignore[arg-type]
+    keeper = keeper_mod.LeaseKeeper(transport)  # type: ignore[arg-type]
     now = time.monotonic()
     ls = lease_mod.Lease(keeper, 7, 60, now, policy.keepalive_interval(60))
     assert ls._next_at == pytest.approx(now + 20)  # every TTL/3

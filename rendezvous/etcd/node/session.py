@@ -13,6 +13,12 @@ without ``--lease``) keeps the create revision but strips the lease, and such a 
 the agent forever. The value names the lease too (``AgentInfo.lease_id``): the leader counts a
 key as an agent only when both agree.
 
+The term mark (``keys.lease_term``): the etcd raft term in which this session last renewed its
+lease, put with the registration and again, off the keeper thread, after the first renewal in a
+newer term. Why: a new etcd leader (a restart, a failover) renews every lease it takes over, a
+dead agent's too, so ``etcdrun status`` trusts a lease's time left only when its mark is of the
+current term. Best effort: a mark that could not be written is tried again at the next renewal.
+
 Lifecycle: ``Session.open()`` (grants the lease and registers the key, or raises: a session is
 never half made) → use → ``close()`` (revokes: peers see the departure at once). Connection loss:
 when keep-alives stay unanswered until shortly before the lease could expire, ``lost`` is set
@@ -98,6 +104,9 @@ class Session:
         self._orphaned = False
         self._watch: Watch | None = None
         self._watch_own_key(created + 1)
+        self._marked_term = lease.term  # the registration's Txn put the mark of this term
+        self._marking = threading.Lock()
+        lease.on_refreshed(self._on_renewed)
 
     @classmethod
     def open(
@@ -124,9 +133,10 @@ class Session:
         try:
             extra = list(also(lease.id)) if also is not None else []
             line = [t.get(keys.tail), t.put(keys.tail, info.node_id.encode(), lease.id)]
+            mark = t.put(keys.lease_term(info.node_id), str(lease.term).encode(), lease.id)
             res = client.txn(
                 [t.create_revision(key, "==", 0)],
-                [t.put(key, codec.encode(info), lease.id), *extra, *line],
+                [t.put(key, codec.encode(info), lease.id), *extra, *line, mark],
                 [t.get(key)],
             )
         except BaseException:
@@ -253,6 +263,32 @@ class Session:
     def on_lost(self, callback: Callable[[Session], None]) -> None:
         """Run ``callback(session)`` once when the lease is lost (on the keep-alive thread)."""
         self._lease.on_lost(lambda _lease: callback(self))
+
+    # ---- the term mark -------------------------------------------------------------------------
+    def _on_renewed(self, lease: Lease) -> None:
+        """Keeper thread: a renewal in a newer term than the mark's rewrites the mark, on a
+        thread of its own (the keeper must not wait on etcd). At most one at a time.
+        """
+        if lease.term <= self._marked_term or self._closed or self._orphaned:
+            return
+        if self._marking.acquire(blocking=False):
+            threading.Thread(
+                target=self._mark_term, args=(lease.term,), name="etcd-term-mark", daemon=True
+            ).start()
+
+    def _mark_term(self, term: int) -> None:
+        """Put the mark, fenced on our lease; on failure the next renewal tries again. Bounded
+        by the fence margin, so that a session closed meanwhile leaves no thread behind for long.
+        """
+        try:
+            put = t.put(self.keys.lease_term(self.node_id), str(term).encode(), self.lease_id)
+            ok = self.client.txn([self.is_owner()], [put], timeout=fence_margin(self.ttl))
+            if ok.succeeded:
+                self._marked_term = max(self._marked_term, term)
+        except EtcdError as e:
+            log.debug("session %s: could not mark term %d: %s", self.node_id, term, e)
+        finally:
+            self._marking.release()
 
     # ---- our own key, watched -----------------------------------------------------------------
     def _watch_own_key(self, start_revision: int) -> None:

@@ -14,6 +14,7 @@ import uuid
 
 import pytest
 from agent_helpers import clean_env, etcdrun_bin, wait_for
+from etcd_helpers import require_local
 from rdzv_helpers import crash, exit_barriers, handler, new_run_id, rendezvous, shutdown_all
 
 from etcdrun.agent.status_cmd import render
@@ -72,6 +73,44 @@ def test_a_job_that_lost_a_node_which_node_which_round_why(etcd, monkeypatch):
         assert (after["round"], after["phase"], after["restart_count"]) == (2, "FROZEN", 0)
         assert lost not in [n["node_id"] for n in after["participants"]] and not after["missing"]
         assert (after["min_nodes"], after["max_nodes"], after["schema"]) == (2, 4, 1)
+    finally:
+        shutdown_all(hs)
+
+
+def test_right_after_etcd_restarts_a_dead_node_is_unknown_not_running(etcd):
+    """Found by a new user: right after etcd restarted, a dead run looked live (its leases at
+    "2 s"), since a new etcd leader renews every lease. A node is alive only once its agent has
+    renewed its lease since (its term mark); until then, or until the lease runs out, unknown.
+    """
+    local = require_local(etcd)
+    run = new_run_id()
+    hs = [handler(etcd.endpoints, run, 2, 3, lease_ttl=6, last_call_timeout=0) for _ in range(3)]
+    try:
+        rendezvous(hs)
+        assert as_json(etcd.endpoints, run)["state"] == "running"
+        victim = hs[2]
+        dead = victim.node_id
+        crash(victim)  # kill -9: no revoke; its lease lives on until its TTL
+        local.members[0].restart()  # the new leader renews every lease, the dead one's too
+        first = as_json(etcd.endpoints, run)
+        seen = {n["node_id"]: n for n in first["participants"]}
+        assert seen[dead]["lease_ttl_left"] > 0  # what misled: a lease with time left
+        assert seen[dead]["alive"] is None and first["state"] == "unknown", first
+        assert f"UNKNOWN: {dead}" in status(etcd.endpoints, run).stdout
+        survivors = {h.node_id for h in hs[:2]}
+
+        def survivors_alive() -> bool:
+            got = {n["node_id"]: n["alive"] for n in as_json(etcd.endpoints, run)["participants"]}
+            return all(got.get(n) is True for n in survivors)
+
+        wait_for(survivors_alive, 20, "the survivors to renew their leases in the new term")
+
+        def dead_told() -> bool:  # its lease ran out: missing, then left out of the new round
+            now = as_json(etcd.endpoints, run)
+            mine = [n for n in now["participants"] if n["node_id"] == dead]
+            return now["state"] != "unknown" and all(n["alive"] is False for n in mine)
+
+        wait_for(dead_told, 30, "the dead node to be told gone")
     finally:
         shutdown_all(hs)
 
@@ -235,7 +274,8 @@ def test_missing_line_says_whether_the_next_round_can_form(alive, said):
         ("FROZEN", {}, "running"),
         ("FROZEN", {"missing": ("n0",)}, "forming"),  # 2 of 3 left, min 2: a round forms
         ("FROZEN", {"missing": ("n0", "n1")}, "waiting for nodes"),
-        ("FROZEN", {"ttl": None}, "unknown"),  # a lease that could not be read
+        ("FROZEN", {"alive": None}, "unknown"),  # a lease that could not be read, or not
+        # renewed since etcd's leader changed
         ("JOINING", {"joining": 2}, "forming"),
         ("JOINING", {"joining": 1}, "waiting for nodes"),
         ("CLOSED", {"outcome": "SUCCEEDED"}, "finished"),
@@ -248,8 +288,10 @@ def test_the_state_is_said_in_peoples_words(phase, kw, state):
     the first line says running, forming, waiting for nodes, finished, failed or cancelled, and
     unknown when a node's liveness cannot be read.
     """
-    ttl = kw.get("ttl", 3)
-    nodes = tuple(Node(f"n{i}", host="h", node_rank=i, lease_ttl_left=ttl) for i in range(3))
+    alive = kw.get("alive", True)
+    nodes = tuple(
+        Node(f"n{i}", host="h", node_rank=i, lease_ttl_left=3, alive=alive) for i in range(3)
+    )
     joining = tuple(Node(f"n{i}", host="h") for i in range(kw.get("joining", 0)))
     s = RunStatus(
         "r",
