@@ -365,8 +365,8 @@ def _tree() -> str:
         return run.stdout.rstrip() if run.returncode == 0 else ""
 
     head = git("rev-parse", "--short", "HEAD") or "an unknown commit"
-    changed = git("status", "--porcelain", "--", "agent/_root/elastic").splitlines()
-    files = [x[3:].removeprefix("agent/_root/elastic/") for x in changed]
+    changed = git("status", "--porcelain", "--", "agent/elastic").splitlines()
+    files = [x[3:].removeprefix("agent/elastic/") for x in changed]
     return head + (f", with local changes to {', '.join(files)}" if files else "")
 
 

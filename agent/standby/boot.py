@@ -247,7 +247,7 @@ def _early_store(env):
 def await_listener(addr, port, wait, stop=None):
     """Until ``addr:port`` accepts a connection (closed at once: the server drops it without a
     word), or ``wait`` seconds: past torch's own retry interval, its retry is as quick. Also
-    etcdrun.elastic's group, for a kept rank dialling a round's store (agent/_root/elastic),
+    etcdrun.elastic's group, for a kept rank dialling a round's store (agent/elastic),
     which passes ``stop()``: the round ended, no one will listen (its host moved on).
     """
     import socket

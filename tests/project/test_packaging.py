@@ -60,6 +60,7 @@ def test_wheel_has_one_import_root(wheel):
         assert needed in names
     assert not any(n.startswith(("tests/", "bench/", "agent/", "examples/")) for n in names)
     assert not any("_root" in n for n in names), "agent/_root is the package etcdrun, not a copy"
+    assert not any(n.startswith("etcdrun/agent/elastic/") for n in names), "one etcdrun.elastic"
     # Exactly the repository's modules, in every folder: nothing stale, nothing left out (a new
     # subpackage must be listed in pyproject.toml, or the wheel and every image lack it).
     ours = set()
@@ -68,6 +69,8 @@ def test_wheel_has_one_import_root(wheel):
             rel = path.relative_to(ROOT / folder)
             if rel.parts[0] == "_root":  # the package etcdrun itself
                 ours.add("etcdrun/" + "/".join(rel.parts[1:]))
+            elif folder == "agent" and rel.parts[0] == "elastic":  # etcdrun.elastic
+                ours.add("etcdrun/" + "/".join(rel.parts))
             else:
                 ours.add(f"etcdrun/{folder}/" + "/".join(rel.parts))
     packed = {n for n in names if n.endswith(".py") and n.startswith("etcdrun/")}
