@@ -2,7 +2,7 @@
 importing torch (``--nproc-per-node gpu|xpu|auto``).
 
 Why not torch: ``etcdrun`` starts fast and its agent never loads torch, whose import alone costs
-many times etcdrun's whole start (bench/results.md, 'Figures cited by the code'). torch asks its
+many times etcdrun's whole start (bench/results/figures.md). torch asks its
 runtimes (CUDA/HIP, Level Zero); we read what the kernel drivers publish and apply the same
 visibility variables the runtimes apply:
 

@@ -282,7 +282,7 @@ def _prepare(ns: argparse.Namespace) -> tuple[LaunchConfig, Any, list[str]]:
 def _launch(config: LaunchConfig, entrypoint: Any, cmd_args: list[str]) -> dict[int, Any]:
     """The node's standbys first, then the launcher's imports (the rendezvous registry,
     errors, metrics, logs), so that those run beside the standbys' ``import torch``, not before
-    it (bench/results.md, 'Figures cited by the code').
+    it (bench/results/figures.md).
     """
     _setup_logging()
     from etcdrun.agent.standby import pool as standby

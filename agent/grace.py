@@ -13,7 +13,7 @@ user's signal, a finished job — keeps the long grace, for checkpoints. A lost 
 Why 3 s: a worker that does answer SIGTERM is gone in well under a second, even one that imported
 torch, so 3 s leaves a wide margin for a flush under load, while a recovery with SIGTERM-deaf
 workers stays a few seconds instead of the job-end grace (tests/rendezvous/etcd/test_fault_stops.py
-prints it; the figures: bench/results.md, 'Figures cited by the code').
+prints it; the figures: bench/results/figures.md).
 """
 
 from __future__ import annotations

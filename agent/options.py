@@ -4,8 +4,7 @@ Why apart from cli.py: this is the declaration (every option, its spelling and i
 cli.py is the flow (parse, resolve the rendezvous, build the LaunchConfig, run). What the help
 says about backends (their names, what their endpoint is, which take a node rank or a master
 address) is read from the registry, never typed here: the registry is plain data (no backend is
-loaded), so ``etcdrun --help`` stays cheap: it imports no gRPC (bench/results.md, 'Figures
-cited by the code').
+loaded), so ``etcdrun --help`` stays cheap: it imports no gRPC (bench/results/figures.md).
 """
 
 from __future__ import annotations

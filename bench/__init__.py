@@ -8,9 +8,10 @@ Run each benchmark as a module, from the repository root::
     python -m bench.soak --trials 20 --seed 1000
 
 Every benchmark runs the same way; its module docstring gives its usage line. Figures and the
-commands that produced them are in bench/results.md. ``python -m bench.compare``,
-``bench.standby_bench`` and ``bench.ab`` re-execute themselves (``python -m``, same working
-directory) under bench/.venv-torch, which they create on first use.
+commands that produced them are on each benchmark's page, bench/results/<bench>.md (compare.py's:
+bench/results.md). ``python -m bench.compare``, ``bench.standby_bench`` and ``bench.ab`` re-execute
+themselves (``python -m``, same working directory) under bench/.venv-torch, which they create on
+first use.
 
 Why a package: the benchmarks share one harness (procs, trial, scenarios, launchers, report), and
 its modules import one another as ``bench.<name>``: none edits ``sys.path`` to find another.

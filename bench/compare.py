@@ -49,9 +49,9 @@ def ensure_venv(module: str | None = None) -> None:
     runs (byte-compiled modules, no import hook). An editable install adds an import hook that every
     Python process in the venv pays at start-up (agents and workers of both launchers), and where
     PYTHONDONTWRITEBYTECODE is set (it is on this machine) an edited checkout is recompiled by every
-    agent that starts: both would show in the start-up times measured (bench/results.md, 'Figures
-    cited by the code'). bench/ itself is not installed: the re-executed ``python -m`` finds it in
-    the working directory, as the first run did.
+    agent that starts: both would show in the start-up times measured (bench/results/figures.md).
+    bench/ itself is not installed: the re-executed ``python -m`` finds it in the working directory,
+    as the first run did.
     """
     if Path(sys.prefix).resolve() == VENV.resolve():
         return

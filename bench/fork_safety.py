@@ -6,8 +6,8 @@ child (rendezvous/client/client.py). A child that inherits gRPC's C core while o
 parent's threads is inside a call can abort in its first request (``ev_epoll1_linux.cc``,
 SIGABRT) or hang on a lock; rendezvous/client/forks.py keeps the calls out of gRPC across a fork.
 Failures are rare per fork, so the suite's short version (tests/client/test_client_fork.py)
-makes them likely with a busy parent, and this one counts them over many forks: bench/results.md,
-'Fork safety', has the figures.
+makes them likely with a busy parent, and this one counts them over many forks:
+bench/results/fork_safety.md has the figures.
 
 What it does: the parent's client keeps a lease alive (TTL ``--ttl``: a keep-alive every TTL/3),
 with ``--watch`` holds a watch open, and with ``--busy N`` runs N threads making requests; then

@@ -2,7 +2,7 @@
 
     python -m bench.hang [--timeout 5] [--repeat 3] [--cap 60]
 
-Three measurements, printed as markdown for bench/results.md ("Hang watchdog"):
+Three measurements, printed as the markdown of bench/results/hang.md (its two tables):
 
 1. **From the hang to the action.** One node, 4 gloo workers (tests/agent_scripts/hang_train.py),
    rank 3 sleeps inside step 20 while its peers wait in ``all_reduce``; ``--max-restarts 1``.
@@ -193,7 +193,8 @@ def main(argv: list[str] | None = None) -> None:
         writes = {
             (w,): etcd_writes(w, a.writes_window, Path(d) / f"writes-{w}") for w in (False, True)
         }
-    print(f"### From the hang to the action (S = {a.timeout:g} s, 1 node x 4 gloo workers)\n")
+    print("## From the hang to the action\n")  # the page's headings: links into it stay put
+    print(f"S = {a.timeout:g} s, 1 node x 4 gloo workers.\n")
     print(
         "| launcher | stuck worker killed after (s) | line naming the frame after (s) | "
         "restarted workers' first step after (s) | launcher exited after (s), code | frame named |"
@@ -216,7 +217,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{ended or 'still running: stopped'} | {where} |"
         )
     mapped, off = progress_cost()
-    print("\n### Cost\n")
+    print("\n## Cost\n")
     print(
         f"- `progress(step)`: {mapped:.0f} ns per call with the watchdog's page, "
         f"{off:.0f} ns without an agent (one million calls each)"

@@ -16,8 +16,8 @@ standbys have imported torch by then), at the middle of a checkpoint interval (s
 so a restart's lost work is comparable between columns.
 
 Uses bench/compare.py's venv (torch 2.13 CPU; torchft must be installed there, see
-docs/benchmarks.md). Writes bench/out/inplace-<time>/results.json and section.md, the
-markdown that bench/results.md's section was made from.
+docs/benchmarks.md). Writes bench/out/inplace-<time>/results.json and section.md, the markdown that
+bench/results/in_place_compare.md's tables were made from.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ production.
 
 It prints how many kills restarted the job, every election's length (those of the restarting kills
 apart), and how often the agents paused, resumed and fenced their workers. Figures, before and after
-the pause: bench/results.md, 'etcd leader kills' and 'Figures cited by the code'. An election that
+the pause: bench/results/leader_kills.md. An election that
 outlasts TTL after the last acknowledged keep-alive still fences, by design — etcd could have
 expired the lease by then, and S4 comes first.
 

@@ -2,6 +2,11 @@
 
 Why apart from report.py: report.py decides (tables, verdicts); this module only lays those
 tables out with the run's metadata and the definitions a reader needs, and writes the files.
+
+results.md holds this run and nothing else, rewritten whole by each published run. Every other
+benchmark's figures are on that benchmark's own page, bench/results/<bench>.md, which compare.py
+never touches: a page keeps its benchmark's latest run under stable headings, and the history of
+every page lives in git.
 """
 
 from __future__ import annotations
@@ -139,10 +144,7 @@ def results_md(res: dict) -> str:
     m = res["meta"]
     return "\n".join(
         [
-            (
-                "# etcdrun vs torchrun (`python -m bench.compare` writes the tables; sections "
-                'marked "not from the compare.py run" are kept by hand)'
-            ),
+            "# etcdrun vs torchrun (`python -m bench.compare` writes this page)",
             "",
             _run_line(m),
             _load_note(m),
@@ -206,25 +208,11 @@ def ready_note(res: dict) -> str:
     )
 
 
-KEPT = "not from the compare.py run above)"  # a section of another bench's figures
-
-
-def kept_sections(text: str) -> list[str]:
-    """The sections of results.md that other benches wrote (their heading ends with KEPT)."""
-    parts = text.split("\n## ")
-    return ["## " + p.rstrip("\n") + "\n" for p in parts[1:] if p.split("\n", 1)[0].endswith(KEPT)]
-
-
 def publish(res: dict, md: Path, png: Path) -> None:
-    """Write results.md and the plot. README does not repeat the tables: a figure lives once,
-    and the docs link to results.md.
+    """Write results.md (the whole file: nothing in it is kept from an earlier run) and the plot.
+    README does not repeat the tables: a figure lives once, and the docs link to results.md.
     """
-    kept = kept_sections(md.read_text()) if md.exists() else []
-    text = results_md(res)
-    if kept:  # before "How it is measured", where they stood
-        i = text.index("\n## How it is measured")
-        text = text[:i] + "\n" + "\n".join(kept) + text[i:]
-    md.write_text(text)
+    md.write_text(results_md(res))
     from bench import plot
 
     plot.recovery_plot(res, png)

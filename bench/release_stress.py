@@ -11,7 +11,7 @@ time is a hang: its stacks (gdb's, every thread) are printed and the seed is cou
 saying that a released group is kept (a collective gloo still runs) are counted too.
 
 ``--no-hook`` trains through DDP's own all-reduce instead of ``InFlight``'s: what the code did
-before the hook (bench/results.md, "Chaos soak").
+before the hook (bench/results/release_stress.md, "Without the hook").
 """
 
 from __future__ import annotations

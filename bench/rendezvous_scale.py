@@ -27,7 +27,7 @@ summed over members and shown per member; bytes are ``etcd_network_client_grpc_s
 Writes of round 1 include registration (lease grant + agent key per participant). CPU: etcd's
 from /proc (utime+stime, summed over members); the leader's (the node that froze the round) as
 its driver thread's and its whole process's.
-Figures and the commands that produced them: bench/results.md, 'Rendezvous at scale'.
+Figures and the commands that produced them: bench/results/rendezvous_scale.md.
 
 Usage: ``python -m bench.rendezvous_scale [--n 10,100,1000] [--members 1,3] [--procs 4]
 [--per-client K] [--keepalive relay|in-process] [--grpc-proxy] [--leave member]

@@ -216,8 +216,8 @@ def ready_verdict(scenario: str, setting: str, runs: list[dict]) -> tuple[str, s
 
 def over(med: float, bound: float) -> str:
     """A MISS's reason, with as many digits as show the median over the bound: 1.003 s against
-    1 s, printed as "1.00 s > 1 s", reads as a pass marked MISS (bench/results.md, 'Where the
-    time goes', scale-up).
+    1 s, printed as "1.00 s > 1 s", reads as a pass marked MISS
+    (bench/results/where_the_time_goes.md, scale-up).
     """
     digits = 2
     while digits < 4 and round(med, digits) <= bound:

@@ -4,10 +4,10 @@ whether the simulation kept up.
 Why a relay: the N simulated nodes of a worker process share one client, so one keeper and one
 keep-alive stream per batch; but each keep-alive is several hand-offs of the GIL between gRPC's
 threads and the keeper, and while the process's handler threads compute they starve those
-hand-offs. Measured (bench/results.md, 'Simulation that keeps up'): 1024 leases in one process
-beside two busy threads got under 20 of their 614 keep-alives a second answered, and lost every
-lease. With ``--keepalive relay`` (the default) each worker has a relay process of its own; the
-keeper hands it a batch of lease ids and gets the answers back, two pipe messages a batch,
+hand-offs. Measured (bench/results/rendezvous_scale.md, 'Simulation that keeps up'): 1024 leases in
+one process beside two busy threads got under 20 of their 614 keep-alives a second answered, and
+lost every lease. With ``--keepalive relay`` (the default) each worker has a relay process of its
+own; the keeper hands it a batch of lease ids and gets the answers back, two pipe messages a batch,
 through the client's ``keepalive_relay`` port. The rendezvous code is the real one; the keeper
 still decides each lease's fate (in doubt, lost) in the worker.
 

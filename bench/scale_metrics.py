@@ -117,8 +117,8 @@ def wait_quiet_machine(max_wait: float, window: float = 2.0) -> tuple[float, flo
     (seconds waited, CPUs busy in the last window). Why: with two CPUs taken by other programs (two
     busy loops) N=1000 all at once never formed its round — most sessions lost ("no keep-alive
     acknowledged") while etcd itself was lightly loaded: the simulation's own processes starved,
-    which a real job, one agent per machine, is not (bench/results.md, 'Rendezvous at scale',
-    N=1000's MISS).
+    which a real job, one agent per machine, is not (bench/results/rendezvous_scale.md, 'N=1000 on a
+    busy machine').
     """
     t0 = time.monotonic()
     while True:

@@ -8,9 +8,9 @@ page repeats its upstream member's counters, so what it sent its clients is not 
 its coalescing counters are.)
 
 Keep-alives pass it by: etcd 3.4's proxy answered none of the keepers' short keep-alive streams
-(50 leases, 0 answers in 8 s, in-process or relayed; bench/results.md, 'Simulation that keeps
-up'), so the relays talk to the members directly and ``--grpc-proxy`` needs ``--keepalive
-relay``. A deployment behind the proxy must do the same, or keep a long-lived stream.
+(50 leases, 0 answers in 8 s, in-process or relayed; bench/results/rendezvous_scale.md, 'Through
+etcd's grpc-proxy'), so the relays talk to the members directly and ``--grpc-proxy`` needs
+``--keepalive relay``. A deployment behind the proxy must do the same, or keep a long-lived stream.
 """
 
 from __future__ import annotations

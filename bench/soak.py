@@ -59,7 +59,8 @@ def pick(first: int, trials: int, only_in_place: bool) -> list[int]:
 
 def run_one(seed: int, etcd_bin: str, keep: bool = False) -> Result:
     """One trial; its files (agents' logs, events, worker start files) are kept when it fails:
-    a timing-dependent failure may not come back on replay (bench/results.md, 'Chaos soak').
+    a timing-dependent failure may not come back on replay (bench/results/soak.md, 'What the soak
+    found').
     """
     root = Path(tempfile.mkdtemp(prefix=f"etcdrun-soak-{seed}-"))
     r = Result(generate(seed))

@@ -103,8 +103,8 @@ def _settled_standby(agent_pid: int, deadline: float) -> tuple[int, float] | Non
 
     Why re-check that it still waits: the node's first standby is handed the first round
     while it imports, and then it is the worker (gloo's loop thread, the script's sleeps use a
-    little CPU: an earlier version measured that by mistake, bench/results.md, 'Standby
-    workers'); the one to measure is the refill started at that hand-over.
+    little CPU: an earlier version measured that by mistake, bench/results/standby_bench.md, 'What a
+    waiting standby costs'); the one to measure is the refill started at that hand-over.
     """
     t0 = time.monotonic()
     while time.monotonic() < deadline:

@@ -6,8 +6,8 @@ Two 3-node jobs (etcd backend, one worker each, ``--prewarm none``) on one local
 side for the same window: *idle* runs tests/agent_scripts/worker.py ``sleep`` (it never calls
 ``progress``), *training* runs tests/agent_scripts/straggler.py (``progress(step)`` every
 0.1 s, no node slow). A watch on the etcd root counts every put and delete per run and per key
-kind (``progress/``, the rest) once both jobs run; the line for bench/results.md
-("Stragglers") is printed as markdown with the load average. The times from a slowdown to the
+kind (``progress/``, the rest) once both jobs run; the lines for bench/results/stragglers.md ("etcd
+writes of the pace") are printed as markdown with the load average. The times from a slowdown to the
 straggler's naming and eviction come from tests/agent/test_stragglers.py (``pytest -s``).
 """
 

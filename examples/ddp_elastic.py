@@ -19,7 +19,7 @@ none here), so it runs unmodified under both.
   of the ranks' gradients is the full batch's gradient. So the run repeats no step beyond the
   last checkpoint, loses none, and follows the same loss curve whatever the world size (equal to
   a one-process run's to float rounding: tests/pytorch/test_ddp_elastic.py checks it within 1e-4
-  at world sizes 2, 3 and 4; what it sees: bench/results.md, 'Other measurements').
+  at world sizes 2, 3 and 4; what it sees: bench/results/by_hand.md, 'Other measurements').
 
 Rank 0 prints one line per step, ``ddp_elastic step=<s> world=<W> loss=<mean over the batch>``,
 plus ``resume``, ``checkpoint`` and ``done`` lines in the same ``key=value`` form.
@@ -34,7 +34,7 @@ failure of the script's own, resumes from them, as without ``--in-place``).
 ``--fail-attempts`` limits it to the first N attempts (by TORCHELASTIC_RESTART_COUNT).
 
 What a step and a worker's start (Python, ``import torch``, the gloo init) take on a small CPU
-machine: bench/results.md, 'Other measurements' and 'Figures cited by the code'.
+machine: bench/results/by_hand.md, 'Other measurements', and bench/results/figures.md.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The one place etcdrun's version is written (pyproject.toml reads it from here).
 
 Why a module and not ``importlib.metadata``: that import costs an agent measurable CPU at start-up
-(bench/results.md, 'Figures cited by the code'), and N agents starting on one machine pay it N times
+(bench/results/figures.md), and N agents starting on one machine pay it N times
 before the first round.
 """
 

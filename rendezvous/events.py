@@ -9,7 +9,7 @@ failing subscriber never disturbs the rendezvous. ``time`` (seconds, float) stay
 ``time_ms`` for the readers written before it.
 
 Cost: one dict and, when nobody listens at INFO, no JSON at all; a round emits a few events per
-node (bench/results.md, 'Figures cited by the code').
+node (bench/results/figures.md).
 
 Why an object per handler and not a module-level list: several handlers can share a process (the
 scale bench runs hundreds; two jobs on two etcd clusters may share a run id), and a subscriber

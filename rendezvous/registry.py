@@ -9,7 +9,7 @@ what it takes — an endpoint that names the master node (static), a required se
 normalise (etcd), a node rank — never by its name typed again in their code. The metadata is plain
 data plus lazy hooks, so reading it loads no backend (``etcdrun --help`` lists the backends from
 here: it costs this package's interface and errors modules, no gRPC, and a real run imports the
-registry anyway; bench/results.md, 'Figures cited by the code').
+registry anyway; bench/results/figures.md).
 
 A lazy entry names any callable that takes the RendezvousParameters and returns the handler: a
 function (``create_rdzv_handler``, torch's name for the hook) or the handler class itself.

@@ -6,7 +6,7 @@ before, or the peer's reset came first) to retry it later. When the connection t
 gloo errors every operation it keeps pending, but not the sends in that queue. The collective's
 thread then waits on that send until the group's timeout (30 minutes), and DDP's backward waits
 on the collective. A release during training met that window about once in a hundred rounds
-(bench/results.md, "Chaos soak"), and the worker held its round and every peer with it.
+(bench/results/release_stress.md), and the worker held its round and every peer with it.
 
 So etcdrun gives DDP a communication hook that does what DDP does without one: divide the
 bucket by the world size, then sum it over the group. What DDP waits on is a future of ours,

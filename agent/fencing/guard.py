@@ -20,12 +20,12 @@ Why a lead: killed at the very moment the lease could expire, a worker is gone o
 SIGKILL takes a while to end a process that imported torch (every standby worker) on a busy
 machine, so a keep-alive acknowledged just before an etcd cut left such workers alive past the
 moment etcd could expire the lease (tests/deploy/test_netns.py, the long outage; figures in
-bench/results.md, 'Design notes' figures', S4). The workers are paused already: killing them
+bench/results/figures.md, 'Design notes' figures', S4). The workers are paused already: killing them
 ``KILL_LEAD`` sooner loses only an answer that comes in that window.
 
 Without the warden, a stopped agent's workers lived on beside the survivors' new workers of the same
 RANK, and a killed agent's workers' children outlived it, adopted by init
-(bench/results.md, 'Figures cited by the code'). Linux only (pidfds); elsewhere the agent
+(bench/results/figures.md). Linux only (pidfds); elsewhere the agent
 fences its workers itself and nothing here runs.
 """
 

@@ -4,7 +4,7 @@ Why outside the agent: an agent that is frozen (SIGSTOP, a VM hiccup that stops 
 deadlock) cannot stop its own workers, while its lease runs out and the survivors start workers
 with the same ranks: two live processes per RANK, each believing it is the one. And an agent
 killed with -9 cannot stop what its workers started: a grandchild, or a setsid'd one, survives
-it, adopted by init (bench/results.md, 'Figures cited by the code').
+it, adopted by init (bench/results/figures.md).
 
 What it does, and nothing more:
 - The agent hands it each worker's pidfd (over a Unix socket: no pid-reuse race) and, after every
@@ -120,8 +120,8 @@ class Warden:
         """Take every message already sent before acting on a deadline that passed: a warden
         frozen with its node, or descheduled, wakes after its deadlines while the agent (thawed
         first, or never stopped) kept sending newer ones. Acting on the stale ones fenced a
-        live lease (found by the chaos soak: bench/results.md, 'Chaos soak'). False when the
-        agent is gone.
+        live lease (found by the chaos soak: bench/results/soak.md, 'Restart trials before network
+        cuts'). False when the agent is gone.
         """
         while True:
             ready, _, _ = select.select([self.sock, self.agent_fd], [], [], 0)

@@ -14,8 +14,8 @@ Without ``--log-dir`` the file is in the agent's temporary log folder, which the
 after a successful run (agent/worker/logdir.py) — events.jsonl with it; a failed run keeps the
 folder and the agent names it. Give ``--log-dir`` to keep the events of every run.
 
-Cost: one ``json.dumps`` and one ``write`` per event (bench/results.md, 'Figures cited by the
-code'); a node sees a few events per round, none on the hot path of a running job.
+Cost: one ``json.dumps`` and one ``write`` per event (bench/results/figures.md); a node sees a few
+events per round, none on the hot path of a running job.
 """
 
 from __future__ import annotations

@@ -67,7 +67,7 @@ class HealthServer:
     def _serve(self) -> None:
         """Sleep in accept until a request comes. Why not ``serve_forever``: it wakes every
         0.5 s to look for a shutdown, and its shutdown waits for that wake-up — up to half a
-        second added to every agent's exit (bench/results.md, 'Figures cited by the code').
+        second added to every agent's exit (bench/results/figures.md).
         """
         while not self._stopping:
             self._server.handle_request()

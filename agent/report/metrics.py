@@ -68,7 +68,7 @@ class MetricsConfig:
 
 class Histogram:
     """Buckets, count and sum; thread-safe; an observation is one bisect and three additions
-    (bench/results.md, 'Figures cited by the code').
+    (bench/results/figures.md).
     """
 
     def __init__(self, buckets: tuple[float, ...]) -> None:

@@ -5,7 +5,7 @@ seconds), while the round's facts (RANK, WORLD_SIZE, MASTER_*) arrive only at th
 does the first part early and waits for the second on a socket; then it runs the command line a
 fresh worker would have run (``python -u script.py ...``, ``-m module``, or the ``-c`` of a spawned
 callable), in this process, as ``__main__``. So a survivor's worker is ready almost as soon as it
-runs, where a spawned one first imports torch (bench/results.md, 'Standby workers').
+runs, where a spawned one first imports torch (bench/results/standby_bench.md).
 
 Invisible to the script, by construction: ``os.environ`` is replaced wholesale by the round's
 (nothing of the standby's own start stays; the block ``/proc/<pid>/environ`` shows is rewritten
@@ -90,18 +90,20 @@ def _prewarm(names):
     """Import what the user named; ``auto``: torch when importable. Not ``torch._dynamo``,
     although DDP's constructor imports it: with it imported before DDP is built, torch 2.13's gloo
     DDP scripts hang at exit (the Reducer's destructor joins a gloo thread that waits for the GIL),
-    under torchrun too when the script imports it first (bench/results.md, 'Clean exit'). A user
-    may still name it. A failure is left for the worker's own import to report.
+    under torchrun too when the script imports it first (bench/results/clean_exit.md, 'A hang at
+    exit with torch._dynamo imported'). A user may still name it. A failure is left for the worker's
+    own import to report.
 
     The collector is off while they import, and what they built is then frozen (``gc.freeze``: the
     permanent generation, which collections never walk), as pre-fork servers do. Why: the import's
     own collections walk its ever-growing heap again and again, a share of ``import torch``'s CPU
     worth saving, on the critical path of a newcomer and of a first round's last node; turning the
     collector back on without a freeze would only move that cost (one pass over every object the
-    imports built) to the worker's first allocations (bench/results.md, 'Design notes' figures', §4,
-    and 'Figures cited by the code'). Module-level objects live as long as the process anyway. The
-    script sees the collector as it left it (on, default thresholds); only ``gc.get_objects()``
-    omits the frozen ones and ``gc.get_freeze_count()`` counts them (README, "what differs").
+    imports built) to the worker's first allocations (bench/results/figures.md, 'Design notes'
+    figures', §4, and 'Figures cited by the code'). Module-level objects live as long as the process
+    anyway. The script sees the collector as it left it (on, default thresholds); only
+    ``gc.get_objects()`` omits the frozen ones and ``gc.get_freeze_count()`` counts them (README,
+    "what differs").
     """
     import gc
 
@@ -129,9 +131,9 @@ def _take_turn(sock, turns):
 
     Why: refills are speculative. Started at a hand-over, several importing together share the CPUs
     with the round that is starting; on a small machine the refills of a first round made the last
-    node's own import several times slower (bench/results.md, 'Design notes' figures', §4, refills
-    in turn). A turn is a bound abstract socket name, so the kernel frees it when its holder ends,
-    however it ends (nothing to clean up, no file).
+    node's own import several times slower (bench/results/figures.md, 'Design notes' figures', §4,
+    refills in turn). A turn is a bound abstract socket name, so the kernel frees it when its holder
+    ends, however it ends (nothing to clean up, no file).
     """
     import select
     import socket
@@ -211,11 +213,11 @@ def _early_store(env):
     Why: a round's workers start together, and a rank whose store client dials MASTER_PORT before
     rank 0 listens is refused and tries again only ~0.5 s later (torch 2.13): a rank 0 a few
     milliseconds late cost the round that half second, in half the scale-up trials
-    (bench/results.md, 'Design notes' figures', §4, rank 0's early store, and 'Figures cited by the
-    code'). torchrun's c10d has no such race: its agent serves MASTER_PORT before any worker starts.
-    Ours has no torch; rank 0's standby has. The script's own store (env:// and tcp:// start rank
-    0's with ``multi_tenant=True``) shares this server: same keys, same port, one more socket. Only
-    when torch.distributed was prewarmed (nothing is imported here), never under
+    (bench/results/figures.md, 'Design notes' figures', §4, rank 0's early store, and 'Figures cited
+    by the code'). torchrun's c10d has no such race: its agent serves MASTER_PORT before any worker
+    starts. Ours has no torch; rank 0's standby has. The script's own store (env:// and tcp:// start
+    rank 0's with ``multi_tenant=True``) shares this server: same keys, same port, one more socket.
+    Only when torch.distributed was prewarmed (nothing is imported here), never under
     TORCHELASTIC_USE_AGENT_STORE, and any failure (port taken, no gloo, rank 0 never listening)
     leaves the script to meet it itself, as a fresh worker.
     """

@@ -12,8 +12,8 @@ docs/design.md §4 says why: a newcomer that joins cold stalls the running job f
 With standbys, the survivors of a kill -9 and a scale-up's new world are ready a few times sooner
 than with spawned workers (a scale-up gained nothing until a newcomer waited for its own standbys'
 imports before joining), and a waiting standby costs the memory of its imports and no CPU: it blocks
-reading its socket (bench/results.md, 'Standby workers'). Hence on by default (``auto``);
-``--prewarm none`` is the spawn path unchanged.
+reading its socket (bench/results/standby_bench.md, 'What a waiting standby costs'). Hence on by
+default (``auto``); ``--prewarm none`` is the spawn path unchanged.
 
 What keeps it as safe as a spawned worker:
 - The standbys are started by one thread of their own that lives until ``close()``: the
@@ -85,7 +85,7 @@ def warmup_turns() -> int:
     """How many refills of this user may import at once on this host (_standby_boot's
     ``_take_turn``): half its CPUs, at least one, so that speculative imports leave the other
     half to the round that is starting (the last node's own import, which refills importing
-    beside it slow several times over: bench/results.md, 'Design notes' figures', §4).
+    beside it slow several times over: bench/results/figures.md, 'Design notes' figures', §4).
     """
     return max(1, len(os.sched_getaffinity(0)) // 2)
 
@@ -222,7 +222,7 @@ class Standbys:
             standby = self._slots.pop(slot, None)
         # The next round's, started right away, its imports in turn (warmup_turns()). A fixed
         # delay first measured no better for a scale-up and made a kill soon after a round
-        # slower: its standbys were still importing (bench/results.md, 'Standby workers').
+        # slower: its standbys were still importing (bench/results/standby_bench.md).
         self._queue(slot, warmup_turns())
         if standby is None:
             return None
@@ -347,8 +347,8 @@ class Early(NamedTuple):
 def early(spec: WorkerSpec) -> Early:
     """Start the standbys first thing: what the agent does before its first join (gRPC and protobuf
     imports, the handler, the warden) then runs beside their ``import torch``, not before it, on the
-    critical path of a node's first round (bench/results.md, 'Design notes' figures', §4, the early
-    fork). The CLI calls it before it imports the launcher.
+    critical path of a node's first round (bench/results/figures.md, 'Design notes' figures', §4,
+    the early fork). The CLI calls it before it imports the launcher.
     """
     tag = fencing.new_tag()
     pool = for_agent(spec, fencing.node_env(tag))

@@ -1,10 +1,14 @@
-"""MkDocs hook: publish bench/results.md (and the files it shows) inside the site.
+"""MkDocs hook: publish bench/results.md, each benchmark's page and the files they show inside
+the site.
 
-Why: the benchmark figures live once, in bench/results.md, which bench/compare.py writes next to
-its plot. The pages cite it as ``../bench/results.md`` so that the link also works where the
-Markdown is read as files (GitHub, an editor). MkDocs only knows files under docs/, so this hook
-adds the bench files to the site under ``bench/`` and points the pages' ``../bench/`` links there.
-No copy is kept in docs/: a copy would drift from the generated file.
+Why: the benchmark figures live once, beside the benchmarks: bench/results.md, which
+bench/compare.py writes next to its plot, and one page per benchmark, bench/results/<bench>.md,
+with its latest run. The pages cite them as ``../bench/results.md`` and
+``../bench/results/<bench>.md#<heading>`` so that the links also work where the Markdown is read
+as files (GitHub, an editor). MkDocs only knows files under docs/, so this hook adds the bench
+files to the site under ``bench/`` and points the pages' ``../bench/`` links there. No copy is
+kept in docs/: a copy would drift from the pages it copies. mkdocs.yml's nav lists every page
+(``--strict`` fails on one left out).
 """
 
 from __future__ import annotations

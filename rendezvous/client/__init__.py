@@ -4,7 +4,7 @@ Why the names load on first use (PEP 562 ``__getattr__``): the command line norm
 ``--rdzv-endpoint`` with ``parse_endpoints`` (config.py, standard library only) while it parses, and
 importing gRPC and protobuf with it delayed everything after the parse, the standby workers' start
 among them (agent/launcher.py starts them before the rendezvous handler, so that their ``import
-torch`` runs beside it: bench/results.md, 'Design notes' figures', §4, the early fork).
+torch`` runs beside it: bench/results/figures.md, 'Design notes' figures', §4, the early fork).
 gRPC's log level is still set before gRPC's import: every module here that imports grpc
 imports ``_grpc_quiet`` first.
 """

@@ -7,8 +7,8 @@ SIGABRT) or waits forever on the lock. gRPC's own fork handlers (on by default i
 run; ``GRPC_ENABLE_FORK_SUPPORT=0`` turns them off, and then children hang) restart the core in
 the child, but they cannot make a thread that is inside a call leave it; its poll strategies
 (``GRPC_POLL_STRATEGY=poll``) change which check fails, not whether one does. So the client keeps
-its own calls out of gRPC across a fork. Measured with bench/fork_safety.py (bench/results.md,
-'Fork safety').
+its own calls out of gRPC across a fork. Measured with bench/fork_safety.py
+(bench/results/fork_safety.md).
 
 How: every unary call and keep-alive tick passes the gate (``call``), and a watch stream also
 registers to be cancelled (``stream``). Just before ``os.fork()`` the gate closes: calls not yet

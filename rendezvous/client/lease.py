@@ -7,8 +7,9 @@ at least until ``sent + TTL``, where ``sent`` is when we sent the keep-alive etc
 while its keys still exist, and no two live agents ever hold the same place.
 
 Why a lease is first *in doubt*, and lost only later: an etcd leader election can outlast the
-margin (bench/results.md, 'Design notes' figures', S4), and declaring the lease lost then would
-fence every agent although etcd renews every lease when a new leader takes over. So at
+margin (bench/results/leader_kills.md; bench/results/figures.md, 'Design notes' figures', S4),
+and declaring the lease lost then would fence every agent although etcd renews every lease when
+a new leader takes over. So at
 ``presumed_lost_at`` the lease is only in doubt (``in_doubt`` set, ``on_doubt`` callbacks: the
 agent pauses its workers, SIGSTOP — a stopped process does not talk), keep-alives go on, and an
 answer with TTL > 0 clears the doubt (the workers resume); it is *lost* once etcd could have

@@ -74,9 +74,9 @@ class RetryPolicy:
         retryable: Callable[[BaseException], bool] | None = None,
     ) -> Any:
         """A tenacity loop for one call; built only after the bare first try failed (importing
-        tenacity costs an agent CPU it need not spend, bench/results.md, 'Figures cited by the
-        code', and almost every call succeeds the first time). ``retryable`` decides which errors
-        are worth another attempt (default: transient).
+        tenacity costs an agent CPU it need not spend, bench/results/figures.md, and almost every
+        call succeeds the first time). ``retryable`` decides which errors are worth another attempt
+        (default: transient).
         """
         import tenacity
 

@@ -171,7 +171,7 @@ class Transport:
         """Run ``attempt(endpoint_index)`` with failover and backoff; raise typed errors.
 
         The first try runs bare: building a tenacity loop costs a good share of a local Range
-        (bench/results.md, 'Figures cited by the code'), and almost every call succeeds the first
+        (bench/results/figures.md), and almost every call succeeds the first
         time.
         """
         idx = self._preferred

@@ -85,7 +85,7 @@ def encode(msg: Message) -> bytes:
 def encode_round(msg: st.RoundState) -> bytes:
     """A round value as etcd stores it: from PACK_AT participants on, deflated. Every watcher
     receives the frozen round, so its size times N is what etcd sends per round: O(N^2) bytes,
-    hundreds of megabytes at thousands of nodes (bench/results.md, 'Rendezvous at scale'). Below
+    hundreds of megabytes at thousands of nodes (bench/results/rendezvous_scale.md). Below
     PACK_AT the value stays schema 1, readable by any agent version.
     """
     if len(msg.participants) < PACK_AT:

@@ -2,10 +2,10 @@
 
 Why: every agent watches the round key, so a frozen round that lists all N participants makes
 etcd send N copies of an O(N) value, O(N^2) bytes a round, where each node needs only its own
-entry (bench/results.md, 'What a node needs from a round'). From ``shard_at`` participants
-(rdzv_conf; 0, the default, is never: design.md §2 says why) the round key holds a header
-(number, phase, master, world size, restart count, the shard count) and the participants go to
-the run's ``SHARDS`` shard keys, a node's shard picked by a hash of its node id; each node
+entry (bench/results/rendezvous_scale.md, 'What a node needs from a round'). From ``shard_at``
+participants (rdzv_conf; 0, the default, is never: design.md §2 says why) the round key holds a
+header (number, phase, master, world size, restart count, the shard count) and the participants go
+to the run's ``SHARDS`` shard keys, a node's shard picked by a hash of its node id; each node
 watches its own shard key, so etcd sends each node one shard of about N/SHARDS entries:
 O(N^2/SHARDS) bytes a round. The count is fixed, not grown with N, so that a node knows its key
 before any round and places its watch once per session (node/own_shard.py). It is

@@ -8,7 +8,7 @@ restarts, token expiry, TLS) that only the real server shows. Why these rules:
 - Each member in its own session, stopped by PID: a terminal's Ctrl-C does not hit etcd mid-test,
   and we never signal a process we did not start.
 - Fast raft timings by default: a member is healthy, and a new leader elected after a kill -9,
-  in a fraction of the time etcd's defaults take (bench/results.md, 'Figures cited by the code').
+  in a fraction of the time etcd's defaults take (bench/results/figures.md).
 Probes use gRPC with our generated messages, the real client's path (TLS included).
 """
 

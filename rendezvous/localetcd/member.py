@@ -255,9 +255,9 @@ class EtcdMember:
 
         Why: a new member asks each peer whether it is already bootstrapped, with a 1 s timeout. A
         peer that has bound its port but does not serve yet costs that full second, so a 3-member
-        start took seconds instead of a fraction of one (bench/results.md, 'Figures cited by the
-        code'); a peer not bound yet is refused at once.
-        Starting members one after the other, each serving before the next one asks, avoids it.
+        start took seconds instead of a fraction of one (bench/results/figures.md); a peer not bound
+        yet is refused at once. Starting members one after the other, each serving before the next
+        one asks, avoids it.
         """
         deadline = time.monotonic() + timeout
         while self.is_running() and time.monotonic() < deadline:

@@ -23,9 +23,9 @@ reached some other program on the port never sends it anything; the client says 
 (and the client stops with it) or, once every rank is there, ``GO`` to all. At the end each
 client sends ``DONE`` and waits for ``ALL``; node 0 sends ``ALL`` once every peer said ``DONE``.
 
-What it costs, against torchrun's static rendezvous: bench/static_meeting.py (bench/results.md,
-'Static backend', and 'Figures cited by the code'). A waiting node retries a refused connect
-every 20 ms doubling to 200 ms, so it goes on at most ~0.2 s after node 0 listens.
+What it costs, against torchrun's static rendezvous: bench/static_meeting.py
+(bench/results/static_meeting.md). A waiting node retries a refused connect every 20 ms doubling to
+200 ms, so it goes on at most ~0.2 s after node 0 listens.
 """
 
 from __future__ import annotations

@@ -28,8 +28,7 @@ torch's calls, mapped:
 
 torchrun's ``--rdzv-conf`` keys: torch/conf.py. What torchrun's agent asks of the store per node
 and round, and how soon the plugin recovers from a kill -9 beside torchrun's own backends:
-bench/results.md, 'Figures cited by the code', and the ``torchrun + etcd-v3`` column of its
-tables.
+bench/results/figures.md, and the ``torchrun + etcd-v3`` column of bench/results.md's tables.
 """
 
 from __future__ import annotations

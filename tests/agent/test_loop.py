@@ -491,7 +491,7 @@ def test_a_kept_worker_that_cannot_be_handed_the_round_is_started_afresh_in_it()
 
 
 def test_kept_workers_that_finished_before_resuming_close_the_run_as_succeeded():
-    """Seed 1067 of the in-place soak (bench/results.md): a newcomer arrived as the survivors
+    """Seed 1067 of the in-place soak (bench/results/soak.md): a newcomer arrived as the survivors
     ended their training. Handed the new round, they had already returned: waiting at the exit
     barrier for the newcomer, whose workers wait for a store nobody serves, would hang.
     """

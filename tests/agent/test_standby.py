@@ -275,7 +275,8 @@ def test_a_newcomer_joins_once_its_standbys_are_warm(etcd, tmp_path):
     """Scale-up: the running job keeps its workers while a newcomer's standby imports (here a
     3 s import), and the round that takes the newcomer in starts only after that import. Had
     the newcomer joined at once, the survivors' workers would be stopped at once and the job
-    would wait for the import (the fix measured in bench/results.md, scale-up).
+    would wait for the import (the fix measured in bench/results/standby_bench.md, 'Recovery and
+    scale-up').
     """
     job = Job(
         etcd.endpoints,

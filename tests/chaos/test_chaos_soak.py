@@ -8,8 +8,8 @@ command replaying it. The long soak is ``python bench/soak.py --trials 500 --see
 (README, 'Chaos and soak').
 
 No in-place trial (chaos_inplace.py) is among them: every worker imports torch, and one trial
-takes longer than the suite can give a seed (bench/results.md, 'Chaos soak'); the in-place soak
-is ``python -m bench.soak --in-place --trials 200 --seed 1000``.
+takes longer than the suite can give a seed (bench/results/soak.md, 'In place only'); the in-place
+soak is ``python -m bench.soak --in-place --trials 200 --seed 1000``.
 
 Measured here: 7-18 s a trial on 2 shared cores; six seeds took 50-80 s (load average 3-18).
 """

@@ -10,12 +10,14 @@ bench/ is a package, importable from the repository root (pyproject.toml: pytest
 from __future__ import annotations
 
 import sys
+import types
 import uuid
 from pathlib import Path
 
 import pytest
 from layout import ROOT
 
+import bench
 from bench import publish, report, scale_fanout
 
 
@@ -138,16 +140,21 @@ def test_published_tables_ready_first_both_judged():
     assert "median 2.60 s > 1 s; of it the workers' own start-up (running -> ready) 2.40 s" in row5
 
 
-def test_publish_keeps_the_sections_other_benches_wrote(tmp_path):
-    md = tmp_path / "results.md"
+def test_publish_writes_the_run_alone(tmp_path, monkeypatch):
+    """results.md is compare.py's run and nothing else: a section another bench once kept there
+    is gone after the next publish (each bench has its own page, bench/results/<bench>.md).
+    """
+    plots = []  # the plot needs matplotlib (the bench venv's): a stand-in records the call
+    stand_in = types.SimpleNamespace(recovery_plot=lambda res, path: plots.append(path))
+    monkeypatch.setitem(sys.modules, "bench.plot", stand_in)
+    monkeypatch.setattr(bench, "plot", stand_in, raising=False)
+    md, png = tmp_path / "results.md", tmp_path / "recovery.png"
     other = "## Rendezvous at scale (bench/x.py; not from the compare.py run above)\n\nfigures\n"
     md.write_text("# old\n\n## To workers ready\n\nold table\n\n" + other + "\n## Notes\n")
-    assert publish.kept_sections(md.read_text()) == [other]
     res = _results([_run("5", "etcdrun", [_t(2.6, 0.2)])])
-    text = publish.results_md(res)
-    i = text.index("\n## How it is measured")
-    merged = text[:i] + "\n" + other + text[i:]
-    assert publish.kept_sections(merged) == [other] and "old table" not in merged
+    publish.publish(res, md, png)
+    assert md.read_text() == publish.results_md(res) and plots == [png]
+    assert "Rendezvous at scale" not in md.read_text() and "old table" not in md.read_text()
 
 
 def test_ready_verdicts_use_the_ready_targets():

@@ -133,6 +133,30 @@ def test_slugs_match_github_and_mkdocs():
     assert mkdocs_slug("Status, events — metrics") == "status-events-metrics"
 
 
+UNSTABLE = re.compile(r"\b\d{4}-\d{2}-\d{2}\b|\bissue \d+|not from the compare\.py run", re.I)
+
+
+def bench_pages() -> list[Path]:
+    """compare.py's bench/results.md and every benchmark's own page, bench/results/<bench>.md."""
+    return [ROOT / "bench" / "results.md", *sorted((ROOT / "bench" / "results").glob("*.md"))]
+
+
+def test_bench_pages_have_a_title_and_stable_headings():
+    """Each results page has a title, and headings that a rerun leaves as they are: no date, no
+    issue number. The docs link into the pages by those headings' anchors, so a heading that
+    named its run broke every link on the next run; the run's date goes in the text instead.
+    """
+    problems = []
+    for page in bench_pages():
+        rel = page.relative_to(ROOT)
+        text = page.read_text()
+        if not text.startswith("# "):
+            problems.append(f"{rel}: no title on its first line")
+        headings = HEADING.findall(FENCE.sub("", text))
+        problems += [f"{rel}: {h!r}" for h in headings if UNSTABLE.search(h)]
+    assert len(bench_pages()) > 3 and not problems, "\n".join(problems)
+
+
 def test_required_files_exist():
     for name in ("CONTRIBUTING.md", "mkdocs.yml", "docs/index.md"):
         assert (ROOT / name).is_file(), name
@@ -164,4 +188,5 @@ def test_mkdocs_build_strict(mkdocs_available, tmp_path):
     assert proc.returncode == 0, f"mkdocs build --strict failed:\n{proc.stdout}{proc.stderr}"
     assert (site / "index.html").is_file()
     assert (site / "bench" / "results.html").is_file()  # the hook published it
-    assert (site / "bench" / "results" / "reform.html").is_file()  # and each benchmark's page
+    for page in bench_pages()[1:]:  # and each benchmark's page
+        assert (site / "bench" / "results" / f"{page.stem}.html").is_file(), page.name

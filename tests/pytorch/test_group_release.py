@@ -126,7 +126,7 @@ print("formed", flush=True)
 def test_a_kept_rank_dials_the_store_once_rank_0_listens(torch_available):
     """Rank 0 may still be releasing its old group when the other kept ranks are handed the
     round. A torch store client that is refused dials again only ~0.5 s later, and the whole
-    re-form waits for it (bench/results.md, 'In place against restarts and torchft'), so a kept
+    re-form waits for it (bench/results/in_place_compare.md, 'The kept ranks' redial'), so a kept
     rank waits for the listener before it dials: torch never logs a refused try.
     """
     port = unused_port()

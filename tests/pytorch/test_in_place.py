@@ -167,7 +167,7 @@ def test_survivors_keep_their_processes_and_lose_no_step(job, how):
 
 def test_a_newcomer_handed_a_round_as_the_survivors_finish_ends_the_job(job):
     """The survivors' training returns while a newcomer joins (the in-place soak's seed 1067,
-    bench/results.md): they never resume in the new round, so nobody would serve the store
+    bench/results/soak.md): they never resume in the new round, so nobody would serve the store
     the newcomer's workers wait for. The survivors close the run as SUCCEEDED and the newcomer
     leaves with it, rather than everyone waiting out the exit barrier.
     """

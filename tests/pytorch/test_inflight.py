@@ -3,9 +3,9 @@ design.md §4a).
 
 Why: gloo leaves a send that it queued after a failed write without an error when the
 connection fails, and the collective behind it then waits out the group's 30 minutes; DDP's
-backward waited with it, and a kept worker held its round and every peer (bench/results.md,
-"Chaos soak"). Here the all-reduce that DDP is given never ends, as that send's, and the
-release must still end the backward.
+backward waited with it, and a kept worker held its round and every peer
+(bench/results/release_stress.md). Here the all-reduce that DDP is given never ends, as that send's,
+and the release must still end the backward.
 """
 
 from __future__ import annotations

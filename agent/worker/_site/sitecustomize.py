@@ -14,14 +14,14 @@ before exiting; only ``setsid`` matters: alone in its session (its own scheduler
 thread loses the race far more often. torchrun's ``--run-path`` and callable workers escape by their
 exit path: they block, GIL released, until the agent has read every return value. Its script and
 ``-m`` workers (own sessions, like ours) do not. bench/clean_exit.py counts the launches that abort,
-case by case, under both launchers: with this hook, etcdrun's never do (bench/results.md, 'Clean
-exit'; the counts before the hook and the runs by hand: 'Figures cited by the code').
+case by case, under both launchers: with this hook, etcdrun's never do (bench/results/clean_exit.md;
+the counts before the hook and the runs by hand: bench/results/figures.md).
 
 What it does: ``settle`` runs last at exit (registered here, before any user code, and atexit is
 last-in first-out): it sleeps, GIL released, until no other thread of the process is running or
 runnable (``/proc/self/task/*/stat``) twice in a row, at most ``CAP`` seconds. A process with no
-other thread returns at once; a torch worker waits briefly for gloo's threads (bench/results.md,
-'Clean exit').
+other thread returns at once; a torch worker waits briefly for gloo's threads
+(bench/results/clean_exit.md).
 
 It also arms the stack dump of the agent's hang watchdog (etcdrun_stacks.py, beside it).
 

@@ -5,7 +5,7 @@ lives (N join events per round reach this one watcher). Every write is guarded t
 key's mod_revision (S1: at most one outcome per round) and on the session's ``is_owner()`` (a
 leader whose lease was lost cannot write, S4). A failed guard is not an error: the watch brings
 the newer state, and the next decision starts from it. What a round costs at N agents (time,
-writes per agent): bench/rendezvous_scale.py, and bench/results.md, 'Rendezvous at scale'.
+writes per agent): bench/rendezvous_scale.py, and bench/results/rendezvous_scale.md.
 
 The leader borrows the session and the round view; it publishes what it knows as an immutable
 ``LeaderStatus`` after every decision, so the status line (another thread) reads a consistent

@@ -11,10 +11,10 @@ itself (``--nproc-per-node``, lease_ttl, timeouts) are not compared.
 Who speaks for the job: the oldest agent (the leader's rule). Found as "the oldest", that is a range
 sorted by create revision, which etcd 3.4 answers by reading the whole agents/ prefix: two per
 registration, beside the election's one, made N registrations O(N^2) in etcd, and at 4,096 agents
-the round never formed (bench/results.md, 'Rendezvous at scale'). So the first look is at the round
-key's writer, two O(1) gets: once a job runs that is its leader (the oldest) or one of its members,
-and each of them passed this very check. The sorted range is left for when there is no round yet
-(the first agents, a small prefix) or its writer is gone.
+the round never formed (bench/results/rendezvous_scale.md, 'Round time against N'). So the first
+look is at the round key's writer, two O(1) gets: once a job runs that is its leader (the oldest) or
+one of its members, and each of them passed this very check. The sorted range is left for when there
+is no round yet (the first agents, a small prefix) or its writer is gone.
 """
 
 from __future__ import annotations

@@ -123,8 +123,9 @@ def _rewritten(client: EtcdClient, keys: RunKeys, running: Round, tried: Round) 
     """The round key as it is now when it still holds ``running`` itself, rewritten at a newer
     revision than ``tried`` (the leader's repair of a corrupt value, repair.py): the round has
     not moved on, so the restart is fenced on the rewrite. Else None. Found by the chaos soak
-    (bench/results.md, 'Chaos soak'): the restart, fenced on the revision accepted before the
-    repair, failed on every node as if the round had moved on, and the failure was lost.
+    (bench/results/soak.md, 'Restart trials before network cuts'): the restart, fenced on the
+    revision accepted before the repair, failed on every node as if the round had moved on, and the
+    failure was lost.
     """
     kv = client.get(keys.round)
     if kv is None or kv.mod_revision <= tried.mod_revision:
@@ -177,10 +178,11 @@ def exit_barrier(ctx: RunContext, session: Session, running: Round, *, timeout: 
     arrive closes the run as SUCCEEDED. True when everyone made it in time.
 
     A member whose lease lapsed before it arrived (frozen past its TTL near the end: found by the
-    chaos soak, bench/results.md, 'Chaos soak') can never arrive as itself. When the round moves on
-    without it, or time is up, and every member still registered has arrived, the run is closed
-    SUCCEEDED all the same — else the fenced node, back, joined a run nobody else would join and
-    waited out join_timeout before failing. It finds the run closed and leaves at once.
+    chaos soak, bench/results/soak.md, 'Restart trials before network cuts') can never arrive as
+    itself. When the round moves on without it, or time is up, and every member still registered has
+    arrived, the run is closed SUCCEEDED all the same — else the fenced node, back, joined a run
+    nobody else would join and waited out join_timeout before failing. It finds the run closed and
+    leaves at once.
     """
     client, view = ctx.client, ctx.view
     prefix = ctx.keys.barrier(running.number, "exit")

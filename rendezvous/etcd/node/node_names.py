@@ -30,7 +30,7 @@ from etcdrun.rendezvous.etcd.node.session import NodeIdTaken, Session
 
 # 5 hex digits: with 4, the scale bench's 1000 handlers on one host clashed often enough (each
 # clash costs writes) to push a round past its 3N + 10 writes bound; with 5, clashes are rare
-# (bench/results.md, 'Figures cited by the code').
+# (bench/results/figures.md).
 SUFFIX_HEX = 5
 CLASH_TRIES = 8
 _taken: set[str] = set()  # suffixes drawn by this process

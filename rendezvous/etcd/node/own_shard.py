@@ -1,11 +1,11 @@
 """OwnShard: this node's entry in sharded rounds, delivered by a watch of its one shard key.
 
 Why a watch: a sharded round's header (the round key) lists nobody, and a Range per node per
-round at the header's revision cost etcd more than the bytes it saved (bench/results.md,
-"Sharded rounds"). The shard keys are the same every round and their count is fixed
-(shards.py), so a node knows its key at registration and watches it from there: the Txn that
-freezes a round puts the header and every shard at one revision, and etcd sends each node the
-shard it needs as it sends the header, one event each.
+round at the header's revision cost etcd more than the bytes it saved
+(bench/results/rendezvous_scale.md, "Shards read by Range"). The shard keys are the same every round
+and their count is fixed (shards.py), so a node knows its key at registration and watches it from
+there: the Txn that freezes a round puts the header and every shard at one revision, and etcd sends
+each node the shard it needs as it sends the header, one event each.
 
 Why from the session's create revision: a node is in a round only once its agent key exists,
 so every round that can hold it was frozen after its registration, and its shard event comes

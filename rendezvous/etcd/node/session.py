@@ -295,9 +295,10 @@ class Session:
         """Our key deleted or rewritten by anyone else (an ``etcdctl put`` of garbage strips its
         lease; the leader then removes it as no agent) ends our place in the run while the lease
         still lives: the others count us gone and hand our ranks out. Found by the chaos soak
-        (bench/results.md, 'Chaos soak'): a node already joined to a gathering round never noticed,
-        led a round alone beside the real leader, and the job was lost at join_timeout. Now the
-        session is lost at once — workers fenced, a new node id — as when the lease lapses.
+        (bench/results/soak.md, 'Restart trials before network cuts'): a node already joined to a
+        gathering round never noticed, led a round alone beside the real leader, and the job was
+        lost at join_timeout. Now the session is lost at once — workers fenced, a new node id — as
+        when the lease lapses.
         """
         self._watch = self.client.watch(
             self.key, start_revision=start_revision, callback=self._on_own_key
