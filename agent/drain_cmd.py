@@ -3,7 +3,7 @@
 Why a subcommand with ``etcdrun status``'s flags: the operator who sees a bad or doomed node in
 ``etcdrun status`` drains it with the same endpoint, run id, TLS and auth (agent/run_flags.py).
 The node hears of it through a watch; this command only writes the request
-(rendezvous/tools/drain.py) and returns: the node's own last line says when it is gone.
+(rendezvous/etcd/core/drain_request.py) and returns: the node's own last line says when it is gone.
 """
 
 from __future__ import annotations
@@ -46,12 +46,12 @@ def _who() -> str:
 
 
 def run(argv: Sequence[str]) -> int:
-    from etcdrun.rendezvous.tools import drain
+    from etcdrun.rendezvous.etcd.core import drain_request
 
     ns = _parser().parse_args(list(argv))
     keys, client = keys_and_client(ns, "drain")
     with client:
-        got = drain.request(client, keys, ns.node, _who(), force=ns.force)
+        got = drain_request.request(client, keys, ns.node, _who(), force=ns.force)
     where = f"round {got.round}" if got.round is not None else "no round yet"
     said = "was already asked to drain" if got.already else "asked to drain"
     print(

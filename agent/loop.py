@@ -1,12 +1,12 @@
 """The elastic agent's decisions as a pure function: ``next_step(state, event) -> (state, action)``.
 
-Why pure, the way rendezvous/etcd/protocol.py's ``decide(view, settings, now)`` is: every path of
-the loop — a round superseded while workers run, our lease lost, the run closed by our own failure
-or by a peer's, an exit barrier that times out on a job that failed elsewhere, a signal at any point
-— is decided here from small frozen values and tested exhaustively without processes, etcd or
-signals (tests/agent/test_loop.py). elastic_agent.py is the driver: it performs each action (join,
-start, stop, ask for a restart, wait at the barrier, raise) and reports what happened as the next
-event. It decides nothing.
+Why pure, the way rendezvous/etcd/core/protocol.py's ``decide(view, settings, now)`` is: every
+path of the loop — a round superseded while workers run, our lease lost, the run closed by our
+own failure or by a peer's, an exit barrier that times out on a job that failed elsewhere, a
+signal at any point — is decided here from small frozen values and tested exhaustively without
+processes, etcd or signals (tests/agent/test_loop.py). elastic_agent.py is the driver: it
+performs each action (join, start, stop, ask for a restart, wait at the barrier, raise) and
+reports what happened as the next event. It decides nothing.
 
 One attempt goes JOINING → RUNNING → STOPPING → (BARRIER | JOINING), or to DONE after a drain
 (the node was asked to leave: docs/drain.md); the workers are always stopped before anything

@@ -47,7 +47,7 @@ OPERATOR_RETRY_TIMEOUT = "5"
 
 def run_config(ns: argparse.Namespace) -> Any:
     """The job's etcd settings as ``--rdzv-conf`` gives them (EtcdRendezvousConfig)."""
-    from etcdrun.rendezvous.torch.conf import etcd_config
+    from etcdrun.rendezvous.etcd.core.rdzv_conf import etcd_config
 
     conf = parse_rdzv_conf(ns.rdzv_conf)
     conf.setdefault("retry_timeout", OPERATOR_RETRY_TIMEOUT)
@@ -56,7 +56,7 @@ def run_config(ns: argparse.Namespace) -> Any:
 
 def keys_and_client(ns: argparse.Namespace, command: str) -> tuple[Any, Any]:
     """The run's keys and a client for its etcd (not yet connected: the first call connects)."""
-    from etcdrun.rendezvous.etcd.keys import RunKeys
+    from etcdrun.rendezvous.etcd.core.keys import RunKeys
 
     if not ns.rdzv_endpoint.strip() or not ns.rdzv_id.strip():
         raise UsageError(f"{command} needs --rdzv-endpoint and --rdzv-id (the job's own)")

@@ -215,7 +215,7 @@ def threads(pool: Pool, which: list[int]) -> dict[int, dict]:
 def check_run(pool: Pool, endpoints: str, cfg: dict, res: dict) -> None:
     """The invariant checker over what etcd holds and every accepted round; then close."""
     from etcdrun.rendezvous.client import EtcdClient
-    from etcdrun.rendezvous.etcd.keys import RunKeys
+    from etcdrun.rendezvous.etcd.core.keys import RunKeys
     from etcdrun.rendezvous.tools import checker
 
     every = list(range(res["procs"]))

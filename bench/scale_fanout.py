@@ -21,7 +21,7 @@ def members(n: int, hosts: str) -> tuple:
     """N participants as the scale bench makes them (``one`` host: ids differ by suffix) or as
     a cluster would (``distinct`` hosts and addresses); 8 workers each.
     """
-    from etcdrun.rendezvous.etcd.protocol import Member
+    from etcdrun.rendezvous.etcd.core.protocol import Member
 
     out = []
     for i in range(n):
@@ -37,8 +37,8 @@ def sizes(n: int, hosts: str) -> dict:
     the world size, master, round and restart count).
     """
     from etcdrun.proto import etcdrun_state_pb2 as st
-    from etcdrun.rendezvous.etcd import codec
-    from etcdrun.rendezvous.etcd.protocol import Phase, Round
+    from etcdrun.rendezvous.etcd.core import codec
+    from etcdrun.rendezvous.etcd.core.protocol import Phase, Round
 
     ms = members(n, hosts)
     r = Round(7, Phase.FROZEN, ms, 2, ms[0].addr, 29500, run_lease=0x7E57_0000_0000_0001)
@@ -63,7 +63,7 @@ def sharded_sizes(r) -> dict:
     shard a node gets, averaged over the nodes; ``sharded_bytes`` is what one round then costs
     etcd in all: N x header plus, for each shard, its size times the nodes that watch it.
     """
-    from etcdrun.rendezvous.etcd import codec, shards
+    from etcdrun.rendezvous.etcd.core import codec, shards
 
     whole = shards.shard(r, 2)
     header = codec.round_to(whole)

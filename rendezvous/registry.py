@@ -91,7 +91,7 @@ _ETCD = Backend(
     endpoint_help="comma list of [http[s]://]host[:port] (port 2379 when omitted)",
     endpoint_example="localhost:2379",
     normalize=_etcd_endpoints,
-    pick_run_id="etcdrun.rendezvous.etcd.keys:one_node_run_id",
+    pick_run_id="etcdrun.rendezvous.etcd.core.keys:one_node_run_id",
 )
 
 _lock = threading.Lock()

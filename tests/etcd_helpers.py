@@ -167,7 +167,7 @@ def assert_only_the_closed_record(
     by itself, not a leak. Waits up to ``within`` s, as assert_no_leases does.
     """
     from etcdrun.proto import etcdrun_state_pb2 as st
-    from etcdrun.rendezvous.etcd import codec
+    from etcdrun.rendezvous.etcd.core import codec
 
     key = f"/etcdrun/{run_id}/round".encode()
     deadline = time.monotonic() + within

@@ -10,15 +10,15 @@ from fake_etcd import FakeEtcd
 from etcdrun.proto import etcdrun_state_pb2 as st
 from etcdrun.rendezvous.api import FailureInfo
 from etcdrun.rendezvous.client import RetryPolicy
-from etcdrun.rendezvous.etcd import codec
-from etcdrun.rendezvous.etcd.config import EtcdRendezvousConfig
-from etcdrun.rendezvous.etcd.context import RunContext
-from etcdrun.rendezvous.etcd.keys import RunKeys
+from etcdrun.rendezvous.etcd.core import codec
+from etcdrun.rendezvous.etcd.core.config import EtcdRendezvousConfig
+from etcdrun.rendezvous.etcd.core.context import RunContext
+from etcdrun.rendezvous.etcd.core.keys import RunKeys
+from etcdrun.rendezvous.etcd.core.protocol import Round, Settings
+from etcdrun.rendezvous.etcd.core.round_view import RoundView
+from etcdrun.rendezvous.etcd.core.round_watch import RoundWatch
+from etcdrun.rendezvous.etcd.core.session import Session
 from etcdrun.rendezvous.etcd.leader.term import Leader
-from etcdrun.rendezvous.etcd.node.session import Session
-from etcdrun.rendezvous.etcd.protocol import Round, Settings
-from etcdrun.rendezvous.etcd.round_view import RoundView
-from etcdrun.rendezvous.etcd.round_watch import RoundWatch
 from etcdrun.rendezvous.events import EventLog
 
 KEYS = RunKeys("/etcdrun", "unit")

@@ -10,9 +10,9 @@ from collections.abc import Iterator, Sequence
 
 from etcdrun.rendezvous.api import RendezvousInfo, RendezvousParameters
 from etcdrun.rendezvous.client import EtcdClient
-from etcdrun.rendezvous.etcd import shard_reads
+from etcdrun.rendezvous.etcd.core import shard_reads
+from etcdrun.rendezvous.etcd.core.keys import RunKeys
 from etcdrun.rendezvous.etcd.handler import EtcdRendezvousHandler
-from etcdrun.rendezvous.etcd.keys import RunKeys
 from etcdrun.rendezvous.tools import checker
 
 

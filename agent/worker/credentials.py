@@ -1,6 +1,6 @@
 """The job's etcd credentials never reach the workers' environment (issue 11).
 
-Why: the agent reads its etcd login from etcdctl's variables (rendezvous/etcd/config.py), and a
+Why: the agent reads its etcd login from etcdctl's variables (rendezvous/etcd/core/config.py), and a
 worker inherited the agent's environment whole — ``ETCDCTL_PASSWORD``, or ``ETCDCTL_USER`` in
 its ``user:password`` form, was readable by user code (``os.environ``), which could then rewrite
 the rendezvous of every node.
@@ -16,7 +16,7 @@ method):
 - any other variable whose value holds a ``password=`` setting (``PET_RDZV_CONF``, the Slurm
   script's ``ETCDRUN_RDZV_CONF``, ``ETCDRUN_ARGS``) or one of the passwords above.
 
-etcd/config.py reads no key passphrase (gRPC takes unencrypted keys only), so there is none to
+etcd/core/config.py reads no key passphrase (gRPC takes unencrypted keys only), so there is none to
 remove. A variable of the user's own that holds the password under another name, and that
 does not say ``password=``, is the user's to unset.
 """

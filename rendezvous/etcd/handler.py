@@ -46,27 +46,27 @@ from etcdrun.rendezvous.errors import (
     RendezvousError,
     RendezvousTimeoutError,
 )
-from etcdrun.rendezvous.etcd import codec
-from etcdrun.rendezvous.etcd.context import RunContext
-from etcdrun.rendezvous.etcd.hang import EtcdHang
-from etcdrun.rendezvous.etcd.incarnation import Incarnation
-from etcdrun.rendezvous.etcd.keys import RunKeys, require_run_id
+from etcdrun.rendezvous.etcd.core import codec
+from etcdrun.rendezvous.etcd.core.context import RunContext
+from etcdrun.rendezvous.etcd.core.keys import RunKeys, require_run_id
+from etcdrun.rendezvous.etcd.core.protocol import Phase, Round, Settings
+from etcdrun.rendezvous.etcd.core.rdzv_conf import etcd_config
+from etcdrun.rendezvous.etcd.core.round_view import RoundView
+from etcdrun.rendezvous.etcd.core.session import Session
 from etcdrun.rendezvous.etcd.leader.driver import Driver, SessionLost
 from etcdrun.rendezvous.etcd.node import joining, lifecycle, node_names
 from etcdrun.rendezvous.etcd.node.cooldown import Cooldown
-from etcdrun.rendezvous.etcd.node.drain import EtcdDrain
-from etcdrun.rendezvous.etcd.node.liveness import SessionLiveness
 from etcdrun.rendezvous.etcd.node.own_shard import OwnShard
-from etcdrun.rendezvous.etcd.node.ports import NodePorts
-from etcdrun.rendezvous.etcd.node.progress import EtcdProgress
 from etcdrun.rendezvous.etcd.node.run_gate import RunGate
-from etcdrun.rendezvous.etcd.node.session import Session
 from etcdrun.rendezvous.etcd.node.spare_port import SparePort
-from etcdrun.rendezvous.etcd.protocol import Phase, Round, Settings
-from etcdrun.rendezvous.etcd.report import EtcdReport
-from etcdrun.rendezvous.etcd.round_view import RoundView
+from etcdrun.rendezvous.etcd.ports.drain import EtcdDrain
+from etcdrun.rendezvous.etcd.ports.hang import EtcdHang
+from etcdrun.rendezvous.etcd.ports.incarnation import Incarnation
+from etcdrun.rendezvous.etcd.ports.liveness import SessionLiveness
+from etcdrun.rendezvous.etcd.ports.node_ports import NodePorts
+from etcdrun.rendezvous.etcd.ports.progress import EtcdProgress
+from etcdrun.rendezvous.etcd.ports.report import EtcdReport
 from etcdrun.rendezvous.events import EventLog
-from etcdrun.rendezvous.torch.conf import etcd_config
 
 log = logging.getLogger(__name__)
 

@@ -28,9 +28,9 @@ from etcdrun.proto import etcdrun_state_pb2 as st
 from etcdrun.rendezvous.client import EtcdClient
 from etcdrun.rendezvous.client import txn as t
 from etcdrun.rendezvous.errors import RendezvousStateError
-from etcdrun.rendezvous.etcd import codec, shards
-from etcdrun.rendezvous.etcd.keys import RunKeys
-from etcdrun.rendezvous.etcd.protocol import SHARDED, Sharded
+from etcdrun.rendezvous.etcd.core import codec, shards
+from etcdrun.rendezvous.etcd.core.keys import RunKeys
+from etcdrun.rendezvous.etcd.core.protocol import SHARDED, Sharded
 
 Shards = Mapping[int, Mapping[int, st.RoundState]]  # round number -> shard index -> shard
 

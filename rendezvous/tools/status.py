@@ -23,11 +23,11 @@ from etcdrun.rendezvous.api import KeptRound
 from etcdrun.rendezvous.client import EtcdClient, EtcdError
 from etcdrun.rendezvous.client import txn as t
 from etcdrun.rendezvous.errors import RendezvousError
-from etcdrun.rendezvous.etcd import codec, shards
-from etcdrun.rendezvous.etcd.keys import RunKeys
+from etcdrun.rendezvous.etcd.core import codec, shards
+from etcdrun.rendezvous.etcd.core.keys import RunKeys
+from etcdrun.rendezvous.etcd.core.protocol import Sharded
+from etcdrun.rendezvous.etcd.core.stragglers import Pace, judge
 from etcdrun.rendezvous.etcd.node import cooldown
-from etcdrun.rendezvous.etcd.protocol import Sharded
-from etcdrun.rendezvous.etcd.stragglers import Pace, judge
 
 SCHEMA = 1
 
@@ -65,7 +65,7 @@ class Cooldown:
 
 @dataclass(frozen=True)
 class NodePace:
-    """A node's published pace (rendezvous/etcd/stragglers.py) and how it compares."""
+    """A node's published pace (rendezvous/etcd/core/stragglers.py) and how it compares."""
 
     node_id: str
     round: int  # the round it was measured in
@@ -222,7 +222,7 @@ def _not_renewed(keys: RunKeys, kvs, term: int) -> frozenset[str]:
 
 
 def _kept(kvs, unreadable: list[str]) -> tuple[KeptRound, ...]:
-    """The rounds taken in place (rendezvous/etcd/report.py writes them), in key order: by
+    """The rounds taken in place (rendezvous/etcd/ports/report.py writes them), in key order: by
     round number.
     """
     out = []

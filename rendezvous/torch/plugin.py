@@ -26,9 +26,10 @@ torch's calls, mapped:
 - ``is_closed``, ``set_closed``, ``get_run_id``: ours. ``use_agent_store``: False (no TCPStore
   hosted by the agent). Our errors become torch's of the same name.
 
-torchrun's ``--rdzv-conf`` keys: torch/conf.py. What torchrun's agent asks of the store per node
-and round, and how soon the plugin recovers from a kill -9 beside torchrun's own backends:
-bench/results/figures.md, and the ``torchrun + etcd-v3`` column of bench/results.md's tables.
+torchrun's ``--rdzv-conf`` keys: etcd/core/rdzv_conf.py. What torchrun's agent asks of the store
+per node and round, and how soon the plugin recovers from a kill -9 beside torchrun's own
+backends: bench/results/figures.md, and the ``torchrun + etcd-v3`` column of bench/results.md's
+tables.
 """
 
 from __future__ import annotations
@@ -41,9 +42,9 @@ from etcdrun.rendezvous import errors as ours
 from etcdrun.rendezvous.api import RendezvousInfo as OurInfo
 from etcdrun.rendezvous.api import RendezvousParameters
 from etcdrun.rendezvous.client import EtcdError
+from etcdrun.rendezvous.etcd.core.keys import one_node_run_id
+from etcdrun.rendezvous.etcd.core.rdzv_conf import endpoints, read_torch_conf
 from etcdrun.rendezvous.etcd.handler import EtcdRendezvousHandler
-from etcdrun.rendezvous.etcd.keys import one_node_run_id
-from etcdrun.rendezvous.torch.conf import endpoints, read_torch_conf
 from etcdrun.rendezvous.torch.entry import BACKEND
 from etcdrun.rendezvous.torch.store import EtcdStore
 

@@ -260,7 +260,7 @@ def test_a_run_whose_nodes_all_died_unclosed_is_taken_up_afresh_and_says_so(etcd
     from agent_helpers import WORKER, Job, wait_for
 
     from etcdrun.rendezvous.client import EtcdClient
-    from etcdrun.rendezvous.etcd.keys import RunKeys
+    from etcdrun.rendezvous.etcd.core.keys import RunKeys
 
     old = Job(etcd.endpoints, tmp_path / "old", nnodes="1", nproc=1, conf="lease_ttl=2")
     try:

@@ -16,7 +16,7 @@ import time
 from agent_helpers import SCRIPTS, clean_env, etcdrun_bin, wait_for
 
 from etcdrun.rendezvous.client import EtcdClient
-from etcdrun.rendezvous.etcd.keys import RunKeys
+from etcdrun.rendezvous.etcd.core.keys import RunKeys
 from etcdrun.rendezvous.tools import checker
 
 BASE = 3  # seconds: the first cooldown (the status reads must fit in it on a busy machine)

@@ -1,7 +1,7 @@
 """agent/loop.py's ``next_step``: every (phase, event) pair, and the paths a job takes.
 
 No processes, no etcd, no signals: the decisions are a pure function of frozen values, as
-rendezvous/etcd/protocol.py's ``decide`` is (tests/rendezvous/etcd/test_protocol.py). The
+rendezvous/etcd/core/protocol.py's ``decide`` is (tests/rendezvous/etcd/test_protocol.py). The
 driver's side — that the actions really happen — is tests/agent/test_agent_e2e.py's and
 tests/agent/test_agent_loop.py's.
 """

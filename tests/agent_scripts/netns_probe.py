@@ -56,7 +56,7 @@ def ready(endpoint: str, timeout: str) -> bool:
 
 def outcome(endpoint: str, run_id: str) -> str | None:
     from etcdrun.proto import etcdrun_state_pb2 as st
-    from etcdrun.rendezvous.etcd import codec
+    from etcdrun.rendezvous.etcd.core import codec
 
     key = f"/etcdrun/{run_id}/round"
     with grpc_channel(endpoint) as ch:

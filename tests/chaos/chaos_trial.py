@@ -41,7 +41,7 @@ from etcdrun.agent.hang import stacks
 from etcdrun.proto import etcdrun_state_pb2 as st
 from etcdrun.rendezvous.client import EtcdClient
 from etcdrun.rendezvous.client.txn import prefix_end
-from etcdrun.rendezvous.etcd.keys import RunKeys
+from etcdrun.rendezvous.etcd.core.keys import RunKeys
 from etcdrun.rendezvous.localetcd import LocalEtcd
 from etcdrun.rendezvous.tools import checker
 

@@ -22,8 +22,8 @@ from etcdrun.rendezvous.client import lease as lease_mod
 from etcdrun.rendezvous.client import policy as policy_mod
 from etcdrun.rendezvous.client import transport as transport_mod
 from etcdrun.rendezvous.client import watch as watch_mod
+from etcdrun.rendezvous.etcd.core.protocol import Settings
 from etcdrun.rendezvous.etcd.handler import EtcdRendezvousHandler
-from etcdrun.rendezvous.etcd.protocol import Settings
 
 SETTINGS = [(2.0, 30.0), (0.4, 5.0)]
 

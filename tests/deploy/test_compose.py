@@ -28,7 +28,7 @@ from rank_sampler import RESUME_WINDOW
 from rdzv_helpers import violations
 
 from etcdrun.rendezvous.client import EtcdClient
-from etcdrun.rendezvous.etcd.keys import RunKeys
+from etcdrun.rendezvous.etcd.core.keys import RunKeys
 
 pytestmark = [pytest.mark.compose, pytest.mark.timeout(900)]
 MIN_NODES, MAX_NODES, NPROC = 2, 4, 2

@@ -30,7 +30,7 @@ from agent_helpers import (
 )
 
 from etcdrun.rendezvous.client import EtcdClient
-from etcdrun.rendezvous.etcd.keys import RunKeys
+from etcdrun.rendezvous.etcd.core.keys import RunKeys
 from etcdrun.rendezvous.tools import status
 
 SCRIPT = str(SCRIPTS / "elastic_train.py")

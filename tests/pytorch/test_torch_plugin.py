@@ -18,7 +18,7 @@ import pytest
 from agent_helpers import SCRIPTS, wait_for, wait_leases_only
 from torchrun_helpers import TorchrunJob
 
-from etcdrun.rendezvous.torch.conf import endpoints, read_torch_conf
+from etcdrun.rendezvous.etcd.core.rdzv_conf import endpoints, read_torch_conf
 
 PY = sys.executable
 TORCH_MODULES = ("torch", "etcdrun.rendezvous.torch.")
@@ -162,9 +162,9 @@ def test_etcdruns_agent_loads_neither_torch_nor_the_plugin(etcd, tmp_path):
     assert "etcdrun.rendezvous.etcd.handler" in mods
     # torch_conf is the one torch-free module of the plugin's: torchrun's rdzv-conf keys, which
     # etcdrun's own agent reads through the same mapping (one mapping for both).
-    assert "etcdrun.rendezvous.torch.conf" in mods
+    assert "etcdrun.rendezvous.etcd.core.rdzv_conf" in mods
     loaded = [m for m in mods if m.startswith(TORCH_MODULES)]
-    assert loaded == ["etcdrun.rendezvous.torch.conf"]
+    assert loaded == ["etcdrun.rendezvous.etcd.core.rdzv_conf"]
 
 
 # ---- the handler, in process ---------------------------------------------------------------------

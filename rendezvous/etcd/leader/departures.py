@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 from etcdrun.proto import etcdrun_state_pb2 as st
 from etcdrun.rendezvous.api import DepartureCause
-from etcdrun.rendezvous.etcd.protocol import Member
+from etcdrun.rendezvous.etcd.core.protocol import Member
 
 LIMIT = 4096  # departures remembered: only the last rounds' matter
 

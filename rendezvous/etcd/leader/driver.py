@@ -22,12 +22,12 @@ from dataclasses import dataclass
 
 from etcdrun.rendezvous.client import EtcdError, WatchBatch
 from etcdrun.rendezvous.errors import RendezvousError
-from etcdrun.rendezvous.etcd.context import RunContext
+from etcdrun.rendezvous.etcd.core.context import RunContext
+from etcdrun.rendezvous.etcd.core.round_watch import RoundWatch
+from etcdrun.rendezvous.etcd.core.session import Session
 from etcdrun.rendezvous.etcd.leader.election import Election
 from etcdrun.rendezvous.etcd.leader.status import LeaderStatus
 from etcdrun.rendezvous.etcd.leader.term import Leader
-from etcdrun.rendezvous.etcd.node.session import Session
-from etcdrun.rendezvous.etcd.round_watch import RoundWatch
 
 log = logging.getLogger(__name__)
 

@@ -29,8 +29,8 @@ from etcdrun.proto import etcdrun_state_pb2 as st
 from etcdrun.rendezvous.api import DepartureCause
 from etcdrun.rendezvous.client import Watch, WatchBatch
 from etcdrun.rendezvous.errors import RendezvousError
-from etcdrun.rendezvous.etcd import codec
-from etcdrun.rendezvous.etcd.node.session import Session
+from etcdrun.rendezvous.etcd.core import codec
+from etcdrun.rendezvous.etcd.core.session import Session
 
 log = logging.getLogger(__name__)
 PAGE = 8  # predecessors read at a time (values included, to check each one is an agent)

@@ -22,9 +22,9 @@ from etcdrun.proto import etcdrun_state_pb2 as st
 from etcdrun.rendezvous import api
 from etcdrun.rendezvous.client import EtcdError
 from etcdrun.rendezvous.client import txn as t
-from etcdrun.rendezvous.etcd.context import RunContext
-from etcdrun.rendezvous.etcd.node.session import Session
-from etcdrun.rendezvous.etcd.protocol import Phase, Round
+from etcdrun.rendezvous.etcd.core.context import RunContext
+from etcdrun.rendezvous.etcd.core.protocol import Phase, Round
+from etcdrun.rendezvous.etcd.core.session import Session
 
 log = logging.getLogger(__name__)
 ANNOUNCE_AFTER = 1.0  # seconds a last call must last before the leader publishes it

@@ -18,9 +18,9 @@ import logging
 from dataclasses import replace
 
 from etcdrun.rendezvous.client import txn as t
-from etcdrun.rendezvous.etcd import codec
-from etcdrun.rendezvous.etcd.context import RunContext
-from etcdrun.rendezvous.etcd.node.session import Session
+from etcdrun.rendezvous.etcd.core import codec
+from etcdrun.rendezvous.etcd.core.context import RunContext
+from etcdrun.rendezvous.etcd.core.session import Session
 
 log = logging.getLogger(__name__)
 

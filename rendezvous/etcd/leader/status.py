@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from etcdrun.rendezvous.etcd.protocol import Phase, Round, Settings
+from etcdrun.rendezvous.etcd.core.protocol import Phase, Round, Settings
 
 
 @dataclass(frozen=True)

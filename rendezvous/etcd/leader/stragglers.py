@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import logging
 
-from etcdrun.rendezvous.etcd.context import RunContext
-from etcdrun.rendezvous.etcd.node.session import Session
-from etcdrun.rendezvous.etcd.protocol import Phase, Round
-from etcdrun.rendezvous.etcd.stragglers import Pace, judge
-from etcdrun.rendezvous.tools import drain
+from etcdrun.rendezvous.etcd.core import drain_request
+from etcdrun.rendezvous.etcd.core.context import RunContext
+from etcdrun.rendezvous.etcd.core.protocol import Phase, Round
+from etcdrun.rendezvous.etcd.core.session import Session
+from etcdrun.rendezvous.etcd.core.stragglers import Pace, judge
 
 log = logging.getLogger(__name__)
 
@@ -100,8 +100,8 @@ class Stragglers:
     def _evict(self, number: int, pace: Pace) -> None:
         by = f"straggler eviction (leader {self._session.node_id})"
         try:
-            asked = drain.request(self._ctx.client, self._ctx.keys, pace.node, by)
-        except drain.DrainRefused as e:  # it stays, until a spare gives the job room
+            asked = drain_request.request(self._ctx.client, self._ctx.keys, pace.node, by)
+        except drain_request.DrainRefused as e:  # it stays, until a spare gives the job room
             if pace.node not in self._refused:
                 self._refused.add(pace.node)
                 log.warning("straggler %s not evicted yet: %s", pace.node, e)

@@ -31,15 +31,9 @@ from etcdrun.rendezvous.client import (
 )
 from etcdrun.rendezvous.client import txn as t
 from etcdrun.rendezvous.errors import RendezvousError
-from etcdrun.rendezvous.etcd import codec, shard_reads, shards, transitions
-from etcdrun.rendezvous.etcd.context import RunContext
-from etcdrun.rendezvous.etcd.leader import departures, last_call, repair
-from etcdrun.rendezvous.etcd.leader.status import LeaderStatus
-from etcdrun.rendezvous.etcd.leader.stragglers import Stragglers
-from etcdrun.rendezvous.etcd.node import cooldown, lifecycle
-from etcdrun.rendezvous.etcd.node.node_names import node_name
-from etcdrun.rendezvous.etcd.node.session import Session
-from etcdrun.rendezvous.etcd.protocol import (
+from etcdrun.rendezvous.etcd.core import codec, shard_reads, shards, transitions
+from etcdrun.rendezvous.etcd.core.context import RunContext
+from etcdrun.rendezvous.etcd.core.protocol import (
     CARRIED,
     Action,
     Agent,
@@ -55,6 +49,12 @@ from etcdrun.rendezvous.etcd.protocol import (
     Wait,
     decide,
 )
+from etcdrun.rendezvous.etcd.core.session import Session
+from etcdrun.rendezvous.etcd.leader import departures, last_call, repair
+from etcdrun.rendezvous.etcd.leader.status import LeaderStatus
+from etcdrun.rendezvous.etcd.leader.stragglers import Stragglers
+from etcdrun.rendezvous.etcd.node import cooldown, lifecycle
+from etcdrun.rendezvous.etcd.node.node_names import node_name
 
 log = logging.getLogger(__name__)
 MAX_STEPS = 4  # decisions in a row without a new event: each write changes the view

@@ -28,9 +28,9 @@ from dataclasses import asdict, dataclass, replace
 from etcdrun.rendezvous.api import FailureInfo
 from etcdrun.rendezvous.client import EtcdLeaseNotFoundError
 from etcdrun.rendezvous.errors import RendezvousStateError
-from etcdrun.rendezvous.etcd.context import RunContext
+from etcdrun.rendezvous.etcd.core.context import RunContext
+from etcdrun.rendezvous.etcd.core.protocol import Round
 from etcdrun.rendezvous.etcd.node.node_names import node_name
-from etcdrun.rendezvous.etcd.protocol import Round
 
 log = logging.getLogger(__name__)
 

@@ -23,11 +23,11 @@ from etcdrun.proto import etcd_api_pb2 as pb
 from etcdrun.proto import etcdrun_state_pb2 as st
 from etcdrun.rendezvous.client import EtcdClient
 from etcdrun.rendezvous.errors import RendezvousError, RendezvousStateError
-from etcdrun.rendezvous.etcd import codec
-from etcdrun.rendezvous.etcd.keys import RunKeys
+from etcdrun.rendezvous.etcd.core import codec
+from etcdrun.rendezvous.etcd.core.keys import RunKeys
+from etcdrun.rendezvous.etcd.core.protocol import Phase, Round
+from etcdrun.rendezvous.etcd.core.session import Session
 from etcdrun.rendezvous.etcd.node import joining
-from etcdrun.rendezvous.etcd.node.session import Session
-from etcdrun.rendezvous.etcd.protocol import Phase, Round
 
 PAGE = 8  # agents read at a time while looking for the oldest valid one
 

@@ -18,11 +18,11 @@ from etcdrun.rendezvous._version import __version__
 from etcdrun.rendezvous.api import RendezvousInfo, RoundCause
 from etcdrun.rendezvous.client import EtcdClient
 from etcdrun.rendezvous.client import txn as t
-from etcdrun.rendezvous.etcd import codec
-from etcdrun.rendezvous.etcd.context import RunContext
-from etcdrun.rendezvous.etcd.keys import RunKeys
-from etcdrun.rendezvous.etcd.node.session import Session
-from etcdrun.rendezvous.etcd.protocol import PROTOCOL, Round, Settings
+from etcdrun.rendezvous.etcd.core import codec
+from etcdrun.rendezvous.etcd.core.context import RunContext
+from etcdrun.rendezvous.etcd.core.keys import RunKeys
+from etcdrun.rendezvous.etcd.core.protocol import PROTOCOL, Round, Settings
+from etcdrun.rendezvous.etcd.core.session import Session
 from etcdrun.rendezvous.free_port import reserve_free_port
 
 

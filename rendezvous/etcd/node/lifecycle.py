@@ -21,11 +21,11 @@ from etcdrun.rendezvous.client import EtcdClient, EtcdError
 from etcdrun.rendezvous.client import txn as t
 from etcdrun.rendezvous.client.errors import NO_SPACE_REMEDY, EtcdLeaseNotFoundError
 from etcdrun.rendezvous.errors import RendezvousError
-from etcdrun.rendezvous.etcd import codec, shard_reads, transitions
-from etcdrun.rendezvous.etcd.context import RunContext
-from etcdrun.rendezvous.etcd.keys import RunKeys
-from etcdrun.rendezvous.etcd.node.session import Session
-from etcdrun.rendezvous.etcd.protocol import Phase, Round
+from etcdrun.rendezvous.etcd.core import codec, shard_reads, transitions
+from etcdrun.rendezvous.etcd.core.context import RunContext
+from etcdrun.rendezvous.etcd.core.keys import RunKeys
+from etcdrun.rendezvous.etcd.core.protocol import Phase, Round
+from etcdrun.rendezvous.etcd.core.session import Session
 
 log = logging.getLogger(__name__)
 

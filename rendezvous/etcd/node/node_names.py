@@ -23,10 +23,10 @@ import threading
 from collections.abc import Callable
 
 from etcdrun.proto import etcdrun_state_pb2 as st
-from etcdrun.rendezvous.etcd.context import RunContext
+from etcdrun.rendezvous.etcd.core.context import RunContext
+from etcdrun.rendezvous.etcd.core.session import NodeIdTaken, Session
 from etcdrun.rendezvous.etcd.node import job_settings
 from etcdrun.rendezvous.etcd.node.joining import FoldedJoin
-from etcdrun.rendezvous.etcd.node.session import NodeIdTaken, Session
 
 # 5 hex digits: with 4, the scale bench's 1000 handlers on one host clashed often enough (each
 # clash costs writes) to push a round past its 3N + 10 writes bound; with 5, clashes are rare

@@ -29,9 +29,9 @@ from dataclasses import replace
 from etcdrun.proto import etcd_api_pb2 as pb
 from etcdrun.rendezvous.client import Watch, WatchBatch
 from etcdrun.rendezvous.errors import RendezvousError
-from etcdrun.rendezvous.etcd import codec, shard_reads, shards
-from etcdrun.rendezvous.etcd.context import RunContext
-from etcdrun.rendezvous.etcd.protocol import Phase, Round
+from etcdrun.rendezvous.etcd.core import codec, shard_reads, shards
+from etcdrun.rendezvous.etcd.core.context import RunContext
+from etcdrun.rendezvous.etcd.core.protocol import Phase, Round
 
 log = logging.getLogger(__name__)
 

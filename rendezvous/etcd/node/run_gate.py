@@ -13,9 +13,9 @@ import logging
 
 from etcdrun.rendezvous._version import __version__
 from etcdrun.rendezvous.errors import RendezvousClosedError, RendezvousStateError
-from etcdrun.rendezvous.etcd.context import RunContext
+from etcdrun.rendezvous.etcd.core.context import RunContext
+from etcdrun.rendezvous.etcd.core.protocol import FRESH_AFTER_ABANDONED, PROTOCOL, Phase, Round
 from etcdrun.rendezvous.etcd.node import lifecycle
-from etcdrun.rendezvous.etcd.protocol import FRESH_AFTER_ABANDONED, PROTOCOL, Phase, Round
 
 log = logging.getLogger(__name__)
 

@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 from etcdrun.proto import etcdrun_state_pb2 as st
 from etcdrun.rendezvous.client import EtcdError
 from etcdrun.rendezvous.client import txn as t
-from etcdrun.rendezvous.etcd import shard_reads
-from etcdrun.rendezvous.etcd.context import RunContext
+from etcdrun.rendezvous.etcd.core import shard_reads
+from etcdrun.rendezvous.etcd.core.context import RunContext
+from etcdrun.rendezvous.etcd.core.protocol import Round
 from etcdrun.rendezvous.etcd.node import lifecycle
-from etcdrun.rendezvous.etcd.protocol import Round
 
 TRIES = 16  # compare-and-swap attempts: each lost one means another node's entry went in
 

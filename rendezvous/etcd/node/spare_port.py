@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import socket
 
+from etcdrun.rendezvous.etcd.core.protocol import Round
+from etcdrun.rendezvous.etcd.core.session import Session
 from etcdrun.rendezvous.etcd.node import joining
-from etcdrun.rendezvous.etcd.node.session import Session
-from etcdrun.rendezvous.etcd.protocol import Round
 from etcdrun.rendezvous.events import EventLog
 
 

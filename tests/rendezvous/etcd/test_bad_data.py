@@ -25,8 +25,8 @@ from rdzv_helpers import (
 )
 
 from etcdrun.rendezvous.client import EtcdClient
-from etcdrun.rendezvous.etcd import codec
-from etcdrun.rendezvous.etcd.keys import RunKeys
+from etcdrun.rendezvous.etcd.core import codec
+from etcdrun.rendezvous.etcd.core.keys import RunKeys
 
 GARBAGE = b"\xff\xfe etcdctl put of garbage"
 
@@ -275,8 +275,8 @@ def test_a_rewrite_of_the_accepted_round_is_never_run_again():
     """S5, whatever rewrote it (the repair above): the round view refuses the same round number
     at a newer revision, not only an older copy.
     """
-    from etcdrun.rendezvous.etcd.protocol import Phase, Round
-    from etcdrun.rendezvous.etcd.round_view import RoundView
+    from etcdrun.rendezvous.etcd.core.protocol import Phase, Round
+    from etcdrun.rendezvous.etcd.core.round_view import RoundView
 
     view = RoundView()
     view.accept(Round(3, Phase.FROZEN, mod_revision=10))

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from etcdrun.rendezvous.etcd import carry
-from etcdrun.rendezvous.etcd.protocol import (
+from etcdrun.rendezvous.etcd.core import carry
+from etcdrun.rendezvous.etcd.core.protocol import (
     PROTOCOL,
     Agent,
     Carry,

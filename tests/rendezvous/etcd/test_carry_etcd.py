@@ -12,9 +12,9 @@ from rdzv_helpers import accepted_events, handler, new_run_id, rendezvous, shutd
 from etcdrun.proto import etcdrun_state_pb2 as st
 from etcdrun.rendezvous.client import EtcdClient
 from etcdrun.rendezvous.errors import RendezvousStateError
-from etcdrun.rendezvous.etcd import codec
-from etcdrun.rendezvous.etcd.keys import RunKeys
-from etcdrun.rendezvous.etcd.protocol import PROTOCOL, Member, Phase, Round
+from etcdrun.rendezvous.etcd.core import codec
+from etcdrun.rendezvous.etcd.core.keys import RunKeys
+from etcdrun.rendezvous.etcd.core.protocol import PROTOCOL, Member, Phase, Round
 
 
 def round_state(c: EtcdClient, keys: RunKeys) -> st.RoundState:

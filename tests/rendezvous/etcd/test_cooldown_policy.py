@@ -8,9 +8,7 @@ import pytest
 
 from etcdrun.rendezvous.api import FailureInfo
 from etcdrun.rendezvous.errors import RendezvousStateError
-from etcdrun.rendezvous.etcd.node import cooldown as cd
-from etcdrun.rendezvous.etcd.node.node_names import node_name
-from etcdrun.rendezvous.etcd.protocol import (
+from etcdrun.rendezvous.etcd.core.protocol import (
     Agent,
     Freeze,
     Join,
@@ -23,7 +21,9 @@ from etcdrun.rendezvous.etcd.protocol import (
     assign,
     decide,
 )
-from etcdrun.rendezvous.torch.conf import etcd_config
+from etcdrun.rendezvous.etcd.core.rdzv_conf import etcd_config
+from etcdrun.rendezvous.etcd.node import cooldown as cd
+from etcdrun.rendezvous.etcd.node.node_names import node_name
 
 POLICY = cd.Policy(failures=3, base=10.0, cap=60.0)
 CLOCK = 1_000_000.0  # the fake wall clock, in seconds

@@ -17,13 +17,13 @@ from leader_world import KEYS, open_session
 
 from etcdrun.rendezvous.api import RendezvousParameters
 from etcdrun.rendezvous.client import EtcdCompactedError, EtcdConnectionError, WatchBatch
-from etcdrun.rendezvous.etcd.config import EtcdRendezvousConfig
-from etcdrun.rendezvous.etcd.context import RunContext
+from etcdrun.rendezvous.etcd.core.config import EtcdRendezvousConfig
+from etcdrun.rendezvous.etcd.core.context import RunContext
+from etcdrun.rendezvous.etcd.core.protocol import Phase, Settings
+from etcdrun.rendezvous.etcd.core.round_view import RoundView
+from etcdrun.rendezvous.etcd.core.session import Session
 from etcdrun.rendezvous.etcd.handler import EtcdRendezvousHandler
 from etcdrun.rendezvous.etcd.leader.driver import Driver, RoundChanged
-from etcdrun.rendezvous.etcd.node.session import Session
-from etcdrun.rendezvous.etcd.protocol import Phase, Settings
-from etcdrun.rendezvous.etcd.round_view import RoundView
 from etcdrun.rendezvous.events import EventLog
 
 

@@ -15,9 +15,9 @@ from rdzv_helpers import new_run_id
 
 from etcdrun.proto import etcdrun_state_pb2 as st
 from etcdrun.rendezvous.client import EtcdClient
-from etcdrun.rendezvous.etcd.keys import RunKeys
+from etcdrun.rendezvous.etcd.core.keys import RunKeys
+from etcdrun.rendezvous.etcd.core.session import Session
 from etcdrun.rendezvous.etcd.leader.election import Election
-from etcdrun.rendezvous.etcd.node.session import Session
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from etcdrun.agent.flags import parse_rdzv_conf
-from etcdrun.rendezvous.torch.conf import etcd_config
+from etcdrun.rendezvous.etcd.core.rdzv_conf import etcd_config
 
 
 def test_defaults():

@@ -20,8 +20,8 @@ from torchrun_helpers import descendants
 from etcdrun.proto import etcdrun_state_pb2 as st
 from etcdrun.rendezvous.api import Liveness
 from etcdrun.rendezvous.client import EtcdClient
-from etcdrun.rendezvous.etcd import codec
-from etcdrun.rendezvous.etcd.keys import RunKeys
+from etcdrun.rendezvous.etcd.core import codec
+from etcdrun.rendezvous.etcd.core.keys import RunKeys
 
 UNTIL = """
 import os, pathlib, sys, time

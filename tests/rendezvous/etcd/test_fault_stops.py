@@ -18,8 +18,8 @@ from rank_sampler import RankSampler, alive, tagged_env
 from etcdrun.proto import etcd_api_pb2 as pb
 from etcdrun.rendezvous.client import EtcdClient
 from etcdrun.rendezvous.client.lease import fence_margin
-from etcdrun.rendezvous.etcd import codec
-from etcdrun.rendezvous.etcd.keys import RunKeys
+from etcdrun.rendezvous.etcd.core import codec
+from etcdrun.rendezvous.etcd.core.keys import RunKeys
 
 TTL = 2
 

@@ -14,9 +14,9 @@ from rdzv_helpers import crash, handler, new_run_id, rendezvous, shutdown_all
 
 from etcdrun.rendezvous.client import EtcdClient
 from etcdrun.rendezvous.errors import RendezvousStateError
-from etcdrun.rendezvous.etcd.keys import RunKeys
+from etcdrun.rendezvous.etcd.core.keys import RunKeys
+from etcdrun.rendezvous.etcd.core.protocol import Settings
 from etcdrun.rendezvous.etcd.node import job_settings, joining
-from etcdrun.rendezvous.etcd.protocol import Settings
 
 
 class CountingClient(EtcdClient):

@@ -17,12 +17,12 @@ from leader_world import FAIL, KEYS, World, open_session
 
 from etcdrun.proto import etcdrun_state_pb2 as st
 from etcdrun.rendezvous.client import EtcdConnectionError, RetryPolicy
-from etcdrun.rendezvous.etcd import codec
+from etcdrun.rendezvous.etcd.core import codec
+from etcdrun.rendezvous.etcd.core.protocol import Phase, Round, Settings
+from etcdrun.rendezvous.etcd.core.session import Session
 from etcdrun.rendezvous.etcd.leader import last_call
 from etcdrun.rendezvous.etcd.leader.last_call import ANNOUNCE_AFTER
 from etcdrun.rendezvous.etcd.leader.status import LeaderStatus
-from etcdrun.rendezvous.etcd.node.session import Session
-from etcdrun.rendezvous.etcd.protocol import Phase, Round, Settings
 
 
 def test_first_round_opens_then_freezes_once_every_live_agent_joined():
@@ -267,7 +267,7 @@ def test_leader_status_defaults_are_empty():
 
 
 def _restart_txn(running: Round):
-    from etcdrun.rendezvous.etcd import transitions
+    from etcdrun.rendezvous.etcd.core import transitions
 
     new = transitions.opening(running.number + 1, running.restart_count, FAIL)
     return transitions.start_round(KEYS, running, new, running.members, codec.Why("x"), "n1")

@@ -4,8 +4,8 @@ port on two paths), as every other port's.
 
 from __future__ import annotations
 
-from etcdrun.rendezvous.etcd.incarnation import Incarnation
-from etcdrun.rendezvous.etcd.node.liveness import SessionLiveness
+from etcdrun.rendezvous.etcd.ports.incarnation import Incarnation
+from etcdrun.rendezvous.etcd.ports.liveness import SessionLiveness
 
 
 def test_a_second_unsubscribe_is_harmless():

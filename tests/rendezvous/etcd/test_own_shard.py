@@ -12,13 +12,13 @@ import pytest
 from rdzv_helpers import new_run_id, shard_reads_recorded
 
 from etcdrun.rendezvous.client import EtcdClient, EtcdError, WatchBatch
-from etcdrun.rendezvous.etcd import codec, shard_reads, shards, transitions
-from etcdrun.rendezvous.etcd.config import EtcdRendezvousConfig
-from etcdrun.rendezvous.etcd.context import RunContext
-from etcdrun.rendezvous.etcd.keys import RunKeys
+from etcdrun.rendezvous.etcd.core import codec, shard_reads, shards, transitions
+from etcdrun.rendezvous.etcd.core.config import EtcdRendezvousConfig
+from etcdrun.rendezvous.etcd.core.context import RunContext
+from etcdrun.rendezvous.etcd.core.keys import RunKeys
+from etcdrun.rendezvous.etcd.core.protocol import Member, Phase, Round, Settings
+from etcdrun.rendezvous.etcd.core.round_view import RoundView
 from etcdrun.rendezvous.etcd.node.own_shard import OwnShard
-from etcdrun.rendezvous.etcd.protocol import Member, Phase, Round, Settings
-from etcdrun.rendezvous.etcd.round_view import RoundView
 from etcdrun.rendezvous.events import EventLog
 
 ME = "me-1.1"

@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from etcdrun.rendezvous.api import FailureInfo
-from etcdrun.rendezvous.etcd.protocol import (
+from etcdrun.rendezvous.etcd.core.protocol import (
     FRESH_AFTER_ABANDONED,
     Agent,
     CloseFailed,

@@ -27,7 +27,7 @@ from etcdrun.rendezvous.errors import (
     RendezvousStateError,
     RendezvousTimeoutError,
 )
-from etcdrun.rendezvous.etcd.keys import RunKeys
+from etcdrun.rendezvous.etcd.core.keys import RunKeys
 
 
 def ranks(infos):

@@ -20,7 +20,7 @@ from rdzv_helpers import (
 from etcdrun.rendezvous.api import Liveness
 from etcdrun.rendezvous.client import EtcdClient
 from etcdrun.rendezvous.errors import RendezvousConnectionError
-from etcdrun.rendezvous.etcd.keys import RunKeys
+from etcdrun.rendezvous.etcd.core.keys import RunKeys
 from etcdrun.rendezvous.tools import checker
 
 

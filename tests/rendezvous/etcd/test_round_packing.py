@@ -13,10 +13,10 @@ from etcdrun.proto import etcdrun_state_pb2 as st
 from etcdrun.rendezvous.client import EtcdClient
 from etcdrun.rendezvous.client import txn as t
 from etcdrun.rendezvous.errors import RendezvousStateError
-from etcdrun.rendezvous.etcd import codec
-from etcdrun.rendezvous.etcd.keys import RunKeys
+from etcdrun.rendezvous.etcd.core import codec
+from etcdrun.rendezvous.etcd.core.keys import RunKeys
+from etcdrun.rendezvous.etcd.core.protocol import Member, Phase, Round
 from etcdrun.rendezvous.etcd.node import lifecycle
-from etcdrun.rendezvous.etcd.protocol import Member, Phase, Round
 from etcdrun.rendezvous.tools import status
 
 KEY = "/etcdrun/r/round"

@@ -9,10 +9,10 @@ import pytest
 
 from etcdrun.proto import etcdrun_state_pb2 as st
 from etcdrun.rendezvous.errors import RendezvousStateError
-from etcdrun.rendezvous.etcd import codec, shards, transitions
-from etcdrun.rendezvous.etcd.config import SETTINGS, EtcdRendezvousConfig
-from etcdrun.rendezvous.etcd.keys import RunKeys
-from etcdrun.rendezvous.etcd.protocol import SHARDED, Member, Phase, Round, Sharded
+from etcdrun.rendezvous.etcd.core import codec, shards, transitions
+from etcdrun.rendezvous.etcd.core.config import SETTINGS, EtcdRendezvousConfig
+from etcdrun.rendezvous.etcd.core.keys import RunKeys
+from etcdrun.rendezvous.etcd.core.protocol import SHARDED, Member, Phase, Round, Sharded
 
 KEYS = RunKeys("/etcdrun", "job")
 

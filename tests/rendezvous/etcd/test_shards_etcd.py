@@ -20,8 +20,8 @@ from rdzv_helpers import (
 from etcdrun.proto import etcdrun_state_pb2 as st
 from etcdrun.rendezvous.client import EtcdClient
 from etcdrun.rendezvous.errors import RendezvousStateError
-from etcdrun.rendezvous.etcd import codec, shard_reads, shards
-from etcdrun.rendezvous.etcd.keys import RunKeys
+from etcdrun.rendezvous.etcd.core import codec, shard_reads, shards
+from etcdrun.rendezvous.etcd.core.keys import RunKeys
 from etcdrun.rendezvous.etcd.node import run_gate
 from etcdrun.rendezvous.tools import status
 

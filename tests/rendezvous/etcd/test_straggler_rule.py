@@ -1,5 +1,5 @@
-"""The straggler rule (rendezvous/etcd/stragglers.py) and the agent's pace (agent/hang/pace.py),
-pure: no etcd, no processes (design.md §4d).
+"""The straggler rule (rendezvous/etcd/core/stragglers.py) and the agent's pace
+(agent/hang/pace.py), pure: no etcd, no processes (design.md §4d).
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 
 from etcdrun.agent.hang import stacks
 from etcdrun.agent.hang.pace import Sample, measure
-from etcdrun.rendezvous.etcd.stragglers import MIN_NODES, Pace, judge
-from etcdrun.rendezvous.torch.conf import etcd_config
+from etcdrun.rendezvous.etcd.core.rdzv_conf import etcd_config
+from etcdrun.rendezvous.etcd.core.stragglers import MIN_NODES, Pace, judge
 
 
 def _pace(node: str, rate: float, step: int = 100, rnd: int = 1) -> Pace:

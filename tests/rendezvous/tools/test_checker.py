@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from etcdrun.proto import etcd_api_pb2 as pb
 from etcdrun.proto import etcdrun_state_pb2 as st
-from etcdrun.rendezvous.etcd import shards, transitions
-from etcdrun.rendezvous.etcd.keys import RunKeys
-from etcdrun.rendezvous.etcd.protocol import Member, Phase, Round
+from etcdrun.rendezvous.etcd.core import shards, transitions
+from etcdrun.rendezvous.etcd.core.keys import RunKeys
+from etcdrun.rendezvous.etcd.core.protocol import Member, Phase, Round
 from etcdrun.rendezvous.tools import checker
 
 

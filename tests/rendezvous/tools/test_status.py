@@ -20,7 +20,7 @@ from rdzv_helpers import crash, exit_barriers, handler, new_run_id, rendezvous, 
 from etcdrun.agent.status_cmd import render
 from etcdrun.rendezvous.api import FailureInfo, KeptRound
 from etcdrun.rendezvous.client import EtcdClient
-from etcdrun.rendezvous.etcd.keys import RunKeys
+from etcdrun.rendezvous.etcd.core.keys import RunKeys
 from etcdrun.rendezvous.etcd.node import joining
 from etcdrun.rendezvous.tools.status import Node, RunStatus
 

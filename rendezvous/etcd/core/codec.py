@@ -19,7 +19,7 @@ from google.protobuf.message import DecodeError, Message
 from etcdrun.proto import etcdrun_state_pb2 as st
 from etcdrun.rendezvous.api import Departure, DepartureCause, FailureInfo, RoundCause
 from etcdrun.rendezvous.errors import RendezvousStateError
-from etcdrun.rendezvous.etcd.protocol import Agent, Join, Member, Phase, Round, Sharded
+from etcdrun.rendezvous.etcd.core.protocol import Agent, Join, Member, Phase, Round, Sharded
 
 SCHEMA_VERSION = 1
 PACKED_SCHEMA_VERSION = 2  # a RoundState whose participants are deflated (participants_zlib)

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from etcdrun.rendezvous.etcd.context import RunContext
-from etcdrun.rendezvous.etcd.hang import EtcdHang
-from etcdrun.rendezvous.etcd.incarnation import Incarnation
-from etcdrun.rendezvous.etcd.node.drain import EtcdDrain
-from etcdrun.rendezvous.etcd.node.liveness import SessionLiveness
-from etcdrun.rendezvous.etcd.node.progress import EtcdProgress
-from etcdrun.rendezvous.etcd.report import EtcdReport
+from etcdrun.rendezvous.etcd.core.context import RunContext
+from etcdrun.rendezvous.etcd.ports.drain import EtcdDrain
+from etcdrun.rendezvous.etcd.ports.hang import EtcdHang
+from etcdrun.rendezvous.etcd.ports.incarnation import Incarnation
+from etcdrun.rendezvous.etcd.ports.liveness import SessionLiveness
+from etcdrun.rendezvous.etcd.ports.progress import EtcdProgress
+from etcdrun.rendezvous.etcd.ports.report import EtcdReport
 
 
 @dataclass(frozen=True)

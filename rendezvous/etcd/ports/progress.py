@@ -17,9 +17,9 @@ import time
 
 from etcdrun.rendezvous.api import PaceReading, ProgressPort
 from etcdrun.rendezvous.client import EtcdError
-from etcdrun.rendezvous.etcd.context import RunContext
-from etcdrun.rendezvous.etcd.incarnation import Incarnation
-from etcdrun.rendezvous.etcd.stragglers import Pace
+from etcdrun.rendezvous.etcd.core.context import RunContext
+from etcdrun.rendezvous.etcd.core.stragglers import Pace
+from etcdrun.rendezvous.etcd.ports.incarnation import Incarnation
 
 log = logging.getLogger("etcdrun.rendezvous")
 

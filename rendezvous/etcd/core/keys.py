@@ -177,7 +177,7 @@ class RunKeys:
 
     @property
     def paces(self) -> str:
-        """Each node's published pace (rendezvous/etcd/stragglers.py), on its session lease:
+        """Each node's published pace (rendezvous/etcd/core/stragglers.py), on its session lease:
         at most one write per node per 5 s. Outside rounds/: the leader watches it apart.
         """
         return self.root + "progress/"

@@ -12,9 +12,9 @@ from etcdrun.proto import etcd_api_pb2 as pb
 from etcdrun.proto import etcdrun_state_pb2 as st
 from etcdrun.rendezvous.api import FailureInfo
 from etcdrun.rendezvous.client import txn as t
-from etcdrun.rendezvous.etcd import codec, shards
-from etcdrun.rendezvous.etcd.keys import RunKeys
-from etcdrun.rendezvous.etcd.protocol import Member, Phase, Round
+from etcdrun.rendezvous.etcd.core import codec, shards
+from etcdrun.rendezvous.etcd.core.keys import RunKeys
+from etcdrun.rendezvous.etcd.core.protocol import Member, Phase, Round
 
 Txn = tuple[list[pb.Compare], list[pb.RequestOp]]
 

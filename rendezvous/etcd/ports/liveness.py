@@ -15,8 +15,8 @@ from collections.abc import Callable
 
 from etcdrun.rendezvous.api import LeaseReading, Liveness, LivenessPort
 from etcdrun.rendezvous.client.lease import fence_margin
-from etcdrun.rendezvous.etcd.incarnation import Incarnation
-from etcdrun.rendezvous.etcd.node.session import Session
+from etcdrun.rendezvous.etcd.core.session import Session
+from etcdrun.rendezvous.etcd.ports.incarnation import Incarnation
 from etcdrun.rendezvous.listeners import Listeners
 
 Listener = Callable[[LeaseReading], None]

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from etcdrun.rendezvous.api import FailureInfo, Participant, check_node_range
-from etcdrun.rendezvous.etcd import carry
+from etcdrun.rendezvous.etcd.core import carry
 
 # The rendezvous protocol this code follows (AgentInfo.protocol, RoundState.protocol): 2 can be
 # carried into a round without writing (design.md §3a); 4 reads a round whose participants are

@@ -23,10 +23,10 @@ from dataclasses import asdict
 from etcdrun.rendezvous.api import KeptRound, LastCall, ReportPort
 from etcdrun.rendezvous.client import EtcdError
 from etcdrun.rendezvous.client import txn as t
-from etcdrun.rendezvous.etcd.context import RunContext
-from etcdrun.rendezvous.etcd.incarnation import Incarnation
+from etcdrun.rendezvous.etcd.core.context import RunContext
 from etcdrun.rendezvous.etcd.leader import last_call
 from etcdrun.rendezvous.etcd.leader.status import status_line
+from etcdrun.rendezvous.etcd.ports.incarnation import Incarnation
 from etcdrun.rendezvous.events import EventLog
 
 log = logging.getLogger("etcdrun.rendezvous")

@@ -47,8 +47,8 @@ from etcdrun.rendezvous.client import (
 from etcdrun.rendezvous.client import txn as t
 from etcdrun.rendezvous.client.lease import fence_margin
 from etcdrun.rendezvous.errors import RendezvousStateError
-from etcdrun.rendezvous.etcd import codec
-from etcdrun.rendezvous.etcd.keys import RunKeys
+from etcdrun.rendezvous.etcd.core import codec
+from etcdrun.rendezvous.etcd.core.keys import RunKeys
 
 log = logging.getLogger(__name__)
 

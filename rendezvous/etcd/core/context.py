@@ -13,10 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from etcdrun.rendezvous.client import EtcdClient, RetryPolicy
-from etcdrun.rendezvous.etcd.config import EtcdRendezvousConfig
-from etcdrun.rendezvous.etcd.keys import RunKeys
-from etcdrun.rendezvous.etcd.protocol import Settings
-from etcdrun.rendezvous.etcd.round_view import RoundView
+from etcdrun.rendezvous.etcd.core.config import EtcdRendezvousConfig
+from etcdrun.rendezvous.etcd.core.keys import RunKeys
+from etcdrun.rendezvous.etcd.core.protocol import Settings
+from etcdrun.rendezvous.etcd.core.round_view import RoundView
 from etcdrun.rendezvous.events import EventLog
 
 

@@ -3,7 +3,7 @@
 Why strict: a misspelled key (``lease_tll=2``) silently ignored is a job that behaves differently
 from what its owner believes. Every key is checked; an unknown one is an error naming it, with a
 "did you mean". torchrun's own keys (``timeout``, ``read_timeout``, ``keep_alive_interval``, ...)
-are read through the plugin's mapping (torch/conf.py: one mapping for both agents), so a
+are read through the plugin's mapping (etcd/core/rdzv_conf.py: one mapping for both agents), so a
 torchrun command line keeps its ``--rdzv-conf``; keys with no meaning here get one notice line.
 Credentials may come from the conf, from etcdctl's environment variables (``ETCDCTL_USER``,
 ``ETCDCTL_PASSWORD``, ``ETCDCTL_CACERT``, ``ETCDCTL_CERT``, ``ETCDCTL_KEY``) or from a file
@@ -11,7 +11,7 @@ Credentials may come from the conf, from etcdctl's environment variables (``ETCD
 
 Every setting has one name and one default, here: ``SETTINGS`` names the keys and how each is
 read, ``EtcdRendezvousConfig`` holds their defaults. torchrun's keys are mapped onto these by
-torch/conf.py, which depends on this module and never the other way round.
+etcd/core/rdzv_conf.py, which depends on this module and never the other way round.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ own drain key (design.md §2, ``drain/<node_id>``), never by polling.
 Why a key per node and a watch per session: a request must reach exactly one node and cost the
 others nothing; the leader's prefix watches (agents/, rounds/) never see it, and the round key
 every agent watches stays as it is. The key is put under the node's own lease by the one who
-asks (rendezvous/tools/drain.py), so it vanishes with the node: a new incarnation (a new node
-id) is never drained by a request meant for the old one, and nothing outlives the run.
+asks (rendezvous/etcd/core/drain_request.py), so it vanishes with the node: a new incarnation
+(a new node id) is never drained by a request meant for the old one, and nothing outlives the run.
 
 Why ``room`` reads the round view only: the agent asks from its signal handler (SIGTERM), where
 no etcd call may run. The frozen round this node runs in says how many nodes the job has; a
@@ -24,12 +24,12 @@ from etcdrun.proto import etcdrun_state_pb2 as st
 from etcdrun.rendezvous.api import DrainPort, DrainRequest
 from etcdrun.rendezvous.client import Watch, WatchBatch
 from etcdrun.rendezvous.errors import RendezvousError
-from etcdrun.rendezvous.etcd import codec
-from etcdrun.rendezvous.etcd.context import RunContext
-from etcdrun.rendezvous.etcd.incarnation import Incarnation
+from etcdrun.rendezvous.etcd.core import codec
+from etcdrun.rendezvous.etcd.core.context import RunContext
+from etcdrun.rendezvous.etcd.core.protocol import Phase, Round
+from etcdrun.rendezvous.etcd.core.session import Session
 from etcdrun.rendezvous.etcd.node import signalled
-from etcdrun.rendezvous.etcd.node.session import Session
-from etcdrun.rendezvous.etcd.protocol import Phase, Round
+from etcdrun.rendezvous.etcd.ports.incarnation import Incarnation
 
 log = logging.getLogger(__name__)
 

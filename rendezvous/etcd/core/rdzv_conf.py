@@ -3,7 +3,7 @@
 
 Why a translation: a torchrun user keeps the keys of torchrun's own backends (c10d, etcd-v2, the
 legacy etcd one), and torchrun itself always adds ``timeout`` (900 s unless given). The keys that
-mean something here are mapped onto etcdrun's (``etcd/config.py`` then validates them strictly:
+mean something here are mapped onto etcdrun's (``etcd/core/config.py`` then validates them strictly:
 a bad value is an error); etcdrun's own keys are read as they are, and win over a torchrun alias.
 
 torchrun's key -> etcdrun's:
@@ -39,10 +39,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-# etcdrun's keys, as etcd/config.py validates them (its table, not a copy that could drift),
+# etcdrun's keys, as etcd/core/config.py validates them (its table, not a copy that could drift),
 # and the keys etcdrun's launcher itself passes through the rendezvous config.
-from etcdrun.rendezvous.etcd.config import PASSTHROUGH, EtcdRendezvousConfig, with_scheme
-from etcdrun.rendezvous.etcd.config import SETTINGS as OURS
+from etcdrun.rendezvous.etcd.core.config import PASSTHROUGH, EtcdRendezvousConfig, with_scheme
+from etcdrun.rendezvous.etcd.core.config import SETTINGS as OURS
 
 log = logging.getLogger("etcdrun.rendezvous")
 ALIASES = {

@@ -12,7 +12,7 @@ than its only peer would be named. Why lag beside it: the newest step in the job
 own says how far behind it is; in synchronous training it stays small even for a straggler (the
 others wait), so it names nobody by itself.
 
-The record is one small JSON value per node, ``progress/<node_id>`` (rendezvous/etcd/keys.py),
+The record is one small JSON value per node, ``progress/<node_id>`` (rendezvous/etcd/core/keys.py),
 on the node's session lease; ``Pace`` is its one reader and writer.
 """
 

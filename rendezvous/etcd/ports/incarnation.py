@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from etcdrun.rendezvous.etcd.node.session import Session
+from etcdrun.rendezvous.etcd.core.session import Session
 
 if TYPE_CHECKING:  # the driver imports the leader's term, which imports the session: no cycle
     from etcdrun.rendezvous.etcd.leader.driver import Driver

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from etcdrun.proto import etcd_api_pb2 as pb
 from etcdrun.rendezvous.client import Watch, WatchBatch
 from etcdrun.rendezvous.errors import RendezvousError
-from etcdrun.rendezvous.etcd import codec
-from etcdrun.rendezvous.etcd.context import RunContext
+from etcdrun.rendezvous.etcd.core import codec
+from etcdrun.rendezvous.etcd.core.context import RunContext
 
 log = logging.getLogger(__name__)
 

@@ -14,9 +14,9 @@ from dataclasses import replace
 
 from etcdrun.rendezvous.client import EtcdClient, EtcdCompactedError, EtcdRequestError
 from etcdrun.rendezvous.errors import RendezvousStateError
-from etcdrun.rendezvous.etcd import codec, shards
-from etcdrun.rendezvous.etcd.keys import RunKeys
-from etcdrun.rendezvous.etcd.protocol import Member, Round
+from etcdrun.rendezvous.etcd.core import codec, shards
+from etcdrun.rendezvous.etcd.core.keys import RunKeys
+from etcdrun.rendezvous.etcd.core.protocol import Member, Round
 
 
 def own(client: EtcdClient, keys: RunKeys, r: Round, node_id: str) -> Round | None:

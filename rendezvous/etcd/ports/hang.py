@@ -23,8 +23,8 @@ from etcdrun.rendezvous.api import HangNotice, HangPort
 from etcdrun.rendezvous.client import EtcdError
 from etcdrun.rendezvous.client import txn as t
 from etcdrun.rendezvous.client.watch import WatchBatch
-from etcdrun.rendezvous.etcd.context import RunContext
-from etcdrun.rendezvous.etcd.incarnation import Incarnation
+from etcdrun.rendezvous.etcd.core.context import RunContext
+from etcdrun.rendezvous.etcd.ports.incarnation import Incarnation
 
 log = logging.getLogger("etcdrun.rendezvous")
 

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Protocol
 
-from etcdrun.rendezvous.etcd.protocol import SHARDED, Member, Phase, Round, Sharded
+from etcdrun.rendezvous.etcd.core.protocol import SHARDED, Member, Phase, Round, Sharded
 
 SHARDS = 64
 

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 
 from etcdrun.proto import etcdrun_state_pb2 as st
-from etcdrun.rendezvous.etcd.protocol import Round
+from etcdrun.rendezvous.etcd.core.protocol import Round
 
 log = logging.getLogger(__name__)
 
