@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 from etcdrun.rendezvous.etcd.core.protocol import Phase, Round, Settings
 
+WORDS = {Phase.JOINING: "forming", Phase.FROZEN: "running", Phase.CLOSED: "ended"}
+
 
 @dataclass(frozen=True)
 class LeaderStatus:
@@ -35,11 +37,13 @@ def status_line(
     r: Round | None, leader: LeaderStatus | None, settings: Settings, now: float
 ) -> str:
     """Where the rendezvous stands, in one line: the round, and while it gathers nodes, what the
-    leader counts (only the leader knows; the others say the round and its phase).
+    leader counts (only the leader knows; the others say the round and what it is doing). In
+    people's words, as ``etcdrun status`` says them (``WORDS``): "frozen" is what the docs call
+    a stopped node, and a new user read "round 1 frozen" as a job that hung.
     """
     if r is None:
         return "waiting for the first round"
-    s = f"round {r.number} {r.phase.name.lower()}"
+    s = f"round {r.number} {WORDS[r.phase]}"
     if leader is not None and leader.round == r.number and r.phase is Phase.JOINING:
         s += (
             f": {leader.joined}/{leader.live} live nodes joined "
@@ -53,4 +57,4 @@ def status_line(
     return s
 
 
-__all__ = ["LeaderStatus", "status_line"]
+__all__ = ["WORDS", "LeaderStatus", "status_line"]

@@ -22,7 +22,7 @@ from etcdrun.rendezvous.etcd.core.protocol import Phase, Round, Settings
 from etcdrun.rendezvous.etcd.core.session import Session
 from etcdrun.rendezvous.etcd.leader import last_call
 from etcdrun.rendezvous.etcd.leader.last_call import ANNOUNCE_AFTER
-from etcdrun.rendezvous.etcd.leader.status import LeaderStatus
+from etcdrun.rendezvous.etcd.leader.status import LeaderStatus, status_line
 
 
 def test_first_round_opens_then_freezes_once_every_live_agent_joined():
@@ -271,3 +271,19 @@ def _restart_txn(running: Round):
 
     new = transitions.opening(running.number + 1, running.restart_count, FAIL)
     return transitions.start_round(KEYS, running, new, running.members, codec.Why("x"), "n1")
+
+
+@pytest.mark.parametrize(
+    ("phase", "said"),
+    [
+        (Phase.JOINING, "round 4 forming"),
+        (Phase.FROZEN, "round 4 running with 0 nodes"),
+        (Phase.CLOSED, "round 4 ended"),
+    ],
+)
+def test_the_waiting_line_says_the_round_in_peoples_words(phase, said):
+    """A new user read "round 1 frozen with 3 nodes" (the docs' word for a stopped node) as a
+    hung job: the line says forming, running or ended, as ``etcdrun status`` does.
+    """
+    line = status_line(Round(4, phase), None, Settings(1, 2), 0.0)
+    assert line == said and "frozen" not in line and "joining" not in line

@@ -375,7 +375,7 @@ def test_status_line_while_waiting_names_counts_and_last_call(etcd):
                 break
             time.sleep(0.05)
         leader_line = next(s for s in lines if "last call in" in s)
-        assert leader_line.startswith("round 1 joining: 2/2 live nodes joined (min 2, max 4)")
+        assert leader_line.startswith("round 1 forming: 2/2 live nodes joined (min 2, max 4)")
     finally:
         shutdown_all(hs)
         for th in ths:
