@@ -77,7 +77,9 @@ def settle(handlers: Sequence[EtcdRendezvousHandler], timeout: float = 30) -> li
                 latest[k] = h.next_rendezvous()
                 while not stop.is_set() and not h.membership_changed.wait(0.05):
                     pass
-        except BaseException as e:  # reported below
+        except BaseException as e:  # reported below; where every handler stood, in the output
+            where = "; ".join(f"{x.node_id}: {x.report().status()}" for x in handlers)
+            print(f"settle: handler {k} failed ({e!r}); the handlers then: {where}")
             errors.append(e)
 
     def settled() -> bool:
