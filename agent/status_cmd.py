@@ -77,11 +77,15 @@ def render(s: Any) -> str:
     for n in s.joining:
         lines.append(f"  {'joined' if n.joined else 'not yet joined'}: {n.node_id} on {n.host}")
     if s.waiting:
-        room = s.max_nodes is not None and len(s.participants) >= s.max_nodes
+        held = [n for n in s.participants if n.node_id not in s.missing]  # a lost place is free
+        room = s.max_nodes is not None and len(held) >= s.max_nodes
         what = "hot spare (the job is at max)" if room else "newcomer"
         resting = {c.node_id for c in s.cooldowns if c.resting}
+        was = {new: old for old, new in s.rejoined.items()}
         for n in s.waiting:
             label = "cooled down (below)" if n.node_id in resting else what
+            if n.node_id in was:
+                label = f"registered again (was {was[n.node_id]}, missing above)"
             lines.append(f"  waiting: {n.node_id} on {n.host} — {label}")
     lines += _cooldown_lines(s)
     lines += _kept_lines(s)
@@ -111,7 +115,9 @@ def _missing_lines(s: Any) -> list[str]:
         n = known.get(node)
         who = f" ({n.host}, pid {n.pid})" if n is not None and n.host else ""
         why = causes.get(node, "its agent is gone")
-        lines.append(f"  MISSING: {node}{who}: {why} ({after})")
+        again = s.rejoined.get(node)
+        back = f"; its agent lives on and registered again as {again}" if again else ""
+        lines.append(f"  MISSING: {node}{who}: {why}{back} ({after})")
     return lines
 
 

@@ -28,6 +28,7 @@ from etcdrun.rendezvous.etcd.core.keys import RunKeys
 from etcdrun.rendezvous.etcd.core.protocol import Sharded
 from etcdrun.rendezvous.etcd.core.stragglers import Pace, judge
 from etcdrun.rendezvous.etcd.node import cooldown
+from etcdrun.rendezvous.etcd.node.node_names import node_name
 
 SCHEMA = 1
 
@@ -117,6 +118,9 @@ class RunStatus:
     last_call_deadline_unix_ms: int = 0  # JOINING, first round: the leader's last call
     last_call_joined: int = 0
     missing: tuple[str, ...] = ()  # nodes of the run whose agent is gone: lost
+    # missing node id -> the live node id of the same agent, registered again (a new incarnation
+    # after its lease was lost): the process lives on, the old place in the round is gone
+    rejoined: dict[str, str] = field(default_factory=dict)
     waiting: tuple[Node, ...] = ()  # live agents outside the frozen round (newcomers, spares)
     joining: tuple[Node, ...] = ()  # JOINING: live agents, with whether each has joined
     outcome: str | None = None  # CLOSED: SUCCEEDED | FAILED
@@ -187,6 +191,7 @@ def read(
     kvs = [r.response_range.kvs for r in res.responses]
     stale = _not_renewed(keys, kvs[6], res.term)
     got = _read(client, keys, res.revision, *kvs[:3], ttls=ttls, stale=stale)
+    got = replace(got, rejoined=_rejoined(got))
     bad: list[str] = []
     cooled = _cooldowns(keys, kvs[3], bad, time.time())
     kept = _kept(kvs[4], bad)
@@ -203,6 +208,15 @@ def read(
         median_rate=median,
         straggler_fraction=fraction,
     )
+
+
+def _rejoined(s: RunStatus) -> dict[str, str]:
+    """Each missing node whose agent registered again under a new incarnation (node_name: the
+    node id without ``.<incarnation>``), and the id it lives under now.
+    """
+    live = {node_name(n.node_id): n.node_id for n in (*s.participants, *s.waiting, *s.joining)}
+    live = {k: v for k, v in live.items() if v not in s.missing}
+    return {m: live[node_name(m)] for m in s.missing if live.get(node_name(m), m) != m}
 
 
 def _not_renewed(keys: RunKeys, kvs, term: int) -> frozenset[str]:

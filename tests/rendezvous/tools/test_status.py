@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import uuid
+from dataclasses import replace
 
 import pytest
 from agent_helpers import clean_env, etcdrun_bin, wait_for
@@ -22,6 +23,7 @@ from etcdrun.rendezvous.api import FailureInfo, KeptRound
 from etcdrun.rendezvous.client import EtcdClient
 from etcdrun.rendezvous.etcd.core.keys import RunKeys
 from etcdrun.rendezvous.etcd.node import joining
+from etcdrun.rendezvous.tools import status as status_mod
 from etcdrun.rendezvous.tools.status import Node, RunStatus
 
 
@@ -246,24 +248,20 @@ def test_watch_redraws_in_a_real_terminal_when_the_run_changes(etcd, tmux):
         shutdown_all(hs)
 
 
+def frozen_round(nodes: tuple[Node, ...], **kw) -> RunStatus:
+    """Run "r" in its FROZEN round 1 with ``nodes``, min 2 nodes (``kw``: the other fields)."""
+    return RunStatus(
+        "r", "/etcdrun", 7, True, round=1, phase="FROZEN", min_nodes=2, **kw, participants=nodes
+    )
+
+
 @pytest.mark.parametrize(("alive", "said"), [(2, "goes on without it"), (1, "waits for 1 more")])
 def test_missing_line_says_whether_the_next_round_can_form(alive, said):
     """Found by a new user: at min nodes, MISSING said the next round goes on without the node,
     where it waits for a newcomer.
     """
     nodes = tuple(Node(f"n{i}", host="h", node_rank=i) for i in range(alive + 1))
-    s = RunStatus(
-        "r",
-        "/etcdrun",
-        7,
-        True,
-        round=1,
-        phase="FROZEN",
-        min_nodes=2,
-        max_nodes=4,
-        participants=nodes,
-        missing=("n0",),
-    )
+    s = frozen_round(nodes, max_nodes=4, missing=("n0",))
     line = next(x for x in render(s).splitlines() if "MISSING: n0" in x)
     assert said in line, line
 
@@ -321,3 +319,19 @@ def test_a_mistyped_endpoint_gets_an_answer_in_seconds_not_the_agents_30():
     # the job's own retry_timeout, when the operator passes its --rdzv-conf, still wins
     proc = status("127.0.0.1:1", "no-such-run", "--rdzv-conf", "retry_timeout=1")
     assert proc.returncode == 1 and "(retry_timeout 1 s)" in proc.stderr, proc.stderr
+
+
+def test_a_node_whose_agent_registered_again_is_said_so_not_only_missing():
+    """Found by a new user: after an etcd outage a node showed as MISSING ("its agent is
+    gone") while its process lived on as the next incarnation, itself listed as a hot spare of
+    a job at max. Both lines now say what happened: the same agent, registered again.
+    """
+    nodes = tuple(Node(f"h-{c}.1", host="h", node_rank=i) for i, c in enumerate("abc"))
+    waiting = (Node("h-c.2", host="h"), Node("h-d.1", host="h"))
+    s = frozen_round(nodes, max_nodes=3, missing=("h-c.1",), waiting=waiting)
+    assert status_mod._rejoined(s) == {"h-c.1": "h-c.2"}
+    text = render(replace(s, rejoined=status_mod._rejoined(s)))
+    missing = next(x for x in text.splitlines() if "MISSING: h-c.1" in x)
+    assert "registered again as h-c.2" in missing, missing
+    assert "waiting: h-c.2 on h — registered again (was h-c.1" in text, text
+    assert "waiting: h-d.1 on h — newcomer" in text  # 2 places held of max 3: not a hot spare
