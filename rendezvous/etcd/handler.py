@@ -8,7 +8,7 @@ Leader, which decides (protocol.py) and applies. Membership changes reach the ag
 Who owns what: the handler owns the client (unless given one), the round view, the event log and
 the current incarnation (session and driver), and builds the RunContext the pieces borrow; each
 session has one Driver (the round watch, the election, the leader's term). The agent reaches the
-session through the ports the handler gives (node/ports.py: liveness, report, hang, drain,
+session through the ports the handler gives (ports/node_ports.py: liveness, report, hang, drain,
 progress); none holds the handler.
 
 Threads: the agent's own thread (next_rendezvous, joins, restarts, close), the client's watch and
