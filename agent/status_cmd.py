@@ -52,13 +52,7 @@ def render(s: Any) -> str:
             "  rank  node                                host            pid  workers  lease"
         )
         for n in s.participants:
-            left = (
-                "gone"
-                if n.lease_ttl_left is None and n.node_id in s.missing
-                else "unknown"
-                if n.alive is None
-                else (f"{n.lease_ttl_left} s" if n.lease_ttl_left is not None else "?")
-            )
+            left = _lease_cell(s, n)
             lines.append(
                 f"  {n.node_rank:>4}  {n.node_id[:34]:<34}  {n.host[:14]:<14} {n.pid:>6}"
                 f"  {n.local_world_size:>7}  {left}"
@@ -119,6 +113,15 @@ def _missing_lines(s: Any) -> list[str]:
         back = f"; its agent lives on and registered again as {again}" if again else ""
         lines.append(f"  MISSING: {node}{who}: {why}{back} ({after})")
     return lines
+
+
+def _lease_cell(s: Any, n: Any) -> str:
+    """A participant's lease column: its time left, or why there is none to show."""
+    if n.lease_ttl_left is None and n.node_id in s.missing:
+        return "gone"
+    if n.alive is None:
+        return "unknown"
+    return "?" if n.lease_ttl_left is None else f"{n.lease_ttl_left} s"
 
 
 def _unknown_lines(s: Any) -> list[str]:

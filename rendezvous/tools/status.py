@@ -214,9 +214,9 @@ def _rejoined(s: RunStatus) -> dict[str, str]:
     """Each missing node whose agent registered again under a new incarnation (node_name: the
     node id without ``.<incarnation>``), and the id it lives under now.
     """
-    live = {node_name(n.node_id): n.node_id for n in (*s.participants, *s.waiting, *s.joining)}
-    live = {k: v for k, v in live.items() if v not in s.missing}
-    return {m: live[node_name(m)] for m in s.missing if live.get(node_name(m), m) != m}
+    nodes = (*s.participants, *s.waiting, *s.joining)
+    live = {node_name(n.node_id): n.node_id for n in nodes if n.node_id not in s.missing}
+    return {m: live[node_name(m)] for m in s.missing if node_name(m) in live}
 
 
 def _not_renewed(keys: RunKeys, kvs, term: int) -> frozenset[str]:
